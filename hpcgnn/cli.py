@@ -1,0 +1,59 @@
+"""The `hpcgnn` command: one entry point, one module per subcommand.
+
+Each subcommand lives in ``hpcgnn/commands/<name>.py`` and provides
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only
+when their subcommand runs, so `hpcgnn inspect` does not pay for torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from hpcgnn.errors import EXIT_INPUT, InputError
+
+SUBCOMMANDS = {
+    "prepare": "write one canonical HDF5 graph file from a dataset or a generator",
+    "partition": "partition a graph file into an HDF5 partition store",
+    "inspect": "summarise a graph file or a partition directory",
+    "train": "train a GNN on a partition store (run under mpiexec/srun)",
+    "report": "summarise a run directory",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with exit code 2."""
+
+    def error(self, message):  # noqa: D401 - argparse hook
+        raise InputError(f"{self.prog}: {message}")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (all of them when None)."""
+    parser = _Parser(prog="hpcgnn", description=__doc__.splitlines()[0])
+    from hpcgnn import __version__
+
+    parser.add_argument("--version", action="version", version=f"hpcgnn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, help_text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if command is None or name == command:
+            module = importlib.import_module(f"hpcgnn.commands.{name}")
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = next((a for a in argv if not a.startswith("-")), None)
+        args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
+        return int(args._module.run(args) or 0)
+    except InputError as exc:
+        print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("hpcgnn: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,158 @@
+"""The canonical in-memory graph and its HDF5 file (see docs/formats.md).
+
+A :class:`Graph` is undirected, stored symmetrised as an in-edge CSR with no
+self-loops and no duplicate edges. Importers and generators build one with
+:func:`hpcgnn.data.clean.build_symmetric_csr` and write it with
+:func:`write_graph`; every other command reads it with :func:`read_graph`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcgnn import __version__
+from hpcgnn.errors import InputError
+from hpcgnn.fileio import atomic_file, check_output, open_h5, read_dataset
+
+GRAPH_FORMAT = "hpcgnn-graph"
+GRAPH_VERSION = 1
+MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+@dataclass
+class Graph:
+    """An undirected graph with vertex data.
+
+    indptr  int64 [N+1]   in-edge CSR row pointer (row = destination)
+    indices int64 [E]     sources, sorted within a row; E counts both directions
+    features float32 [N, F]
+    labels  int64 [N]     class in [0, num_classes) or -1 (unlabelled)
+    train_mask / val_mask / test_mask  bool [N], pairwise disjoint
+    meta    name, source (dict), self_loops_removed, duplicates_removed
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def degree(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    def validate(self, where: str = "graph") -> None:
+        """Raise InputError naming ``where`` and the field if any invariant fails."""
+        n = self.num_nodes
+        if n < 1:
+            raise InputError(f"{where}: graph has no vertices")
+        ip, ix = self.indptr, self.indices
+        if ip[0] != 0 or ip[-1] != ix.shape[0] or np.any(np.diff(ip) < 0):
+            raise InputError(f"{where}: 'indptr' is not a valid CSR row pointer for {ix.shape[0]} edges")
+        if ix.size and (ix.min() < 0 or ix.max() >= n):
+            bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
+            raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            raise InputError(f"{where}: 'features' has shape {self.features.shape}, expected ({n}, F)")
+        if not np.all(np.isfinite(self.features)):
+            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
+            raise InputError(f"{where}: 'features' holds NaN or inf (first at row {row})")
+        if self.labels.shape != (n,):
+            raise InputError(f"{where}: 'labels' has shape {self.labels.shape}, expected ({n},)")
+        if self.num_classes < 1:
+            raise InputError(f"{where}: num_classes is {self.num_classes}, expected >= 1")
+        bad = (self.labels < -1) | (self.labels >= self.num_classes)
+        if np.any(bad):
+            v = int(self.labels[np.argmax(bad)])
+            raise InputError(f"{where}: 'labels' holds {v}, expected -1 or a class in [0, {self.num_classes})")
+        union = np.zeros(n, dtype=np.int8)
+        for name in MASKS:
+            m = getattr(self, name)
+            if m.shape != (n,):
+                raise InputError(f"{where}: '{name}' has length {m.shape[0] if m.ndim else 0}, expected {n}")
+            if np.any(m & (self.labels < 0)):
+                raise InputError(f"{where}: '{name}' selects an unlabelled vertex (label -1)")
+            union += m
+        if np.any(union > 1):
+            raise InputError(f"{where}: split masks overlap (vertex {int(np.argmax(union > 1))} is in two splits)")
+
+
+def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False) -> Path:
+    """Validate ``graph`` and write it atomically to ``path``."""
+    path = check_output(path, force)
+    graph.validate(str(path))
+    with atomic_file(path) as tmp:
+        with h5py.File(tmp, "w", track_order=False) as f:
+            f.attrs["format"] = GRAPH_FORMAT
+            f.attrs["version"] = GRAPH_VERSION
+            f.attrs["name"] = str(graph.meta.get("name", path.stem))
+            f.attrs["source"] = json.dumps(graph.meta.get("source", {}), sort_keys=True)
+            f.attrs["num_nodes"] = graph.num_nodes
+            f.attrs["num_edges"] = graph.num_edges
+            f.attrs["num_features"] = graph.num_features
+            f.attrs["num_classes"] = int(graph.num_classes)
+            f.attrs["symmetrized"] = True
+            f.attrs["self_loops_removed"] = int(graph.meta.get("self_loops_removed", 0))
+            f.attrs["duplicates_removed"] = int(graph.meta.get("duplicates_removed", 0))
+            f.attrs["hpcgnn_version"] = __version__
+            f.create_dataset("indptr", data=np.ascontiguousarray(graph.indptr, dtype=np.int64))
+            f.create_dataset("indices", data=np.ascontiguousarray(graph.indices, dtype=np.int64))
+            f.create_dataset("features", data=np.ascontiguousarray(graph.features, dtype=np.float32))
+            f.create_dataset("labels", data=np.ascontiguousarray(graph.labels, dtype=np.int64))
+            for name in MASKS:
+                f.create_dataset(name, data=np.ascontiguousarray(getattr(graph, name), dtype=bool))
+    return path
+
+
+def read_graph_attrs(path: str | os.PathLike) -> dict:
+    """The root attributes of a graph file (cheap: reads no arrays)."""
+    with open_h5(path, GRAPH_FORMAT) as f:
+        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+
+def read_graph(path: str | os.PathLike, validate: bool = True) -> Graph:
+    """Read a graph file, checking every dataset's presence, dtype and shape."""
+    with open_h5(path, GRAPH_FORMAT) as f:
+        version = int(f.attrs.get("version", -1))
+        if version != GRAPH_VERSION:
+            raise InputError(f"{path}: attribute 'version' is {version}, expected {GRAPH_VERSION}")
+        for key in ("num_nodes", "num_classes"):
+            if key not in f.attrs:
+                raise InputError(f"{path}: attribute '{key}' is missing")
+        n = int(f.attrs["num_nodes"])
+        indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
+        indices = read_dataset(f, "indices", np.int64, (None,))
+        features = read_dataset(f, "features", np.float32, (n, None))
+        labels = read_dataset(f, "labels", np.int64, (n,))
+        masks = {name: read_dataset(f, name, bool, (n,)) for name in MASKS}
+        meta = {
+            "name": str(f.attrs.get("name", Path(path).stem)),
+            "source": json.loads(f.attrs.get("source", "{}")),
+            "self_loops_removed": int(f.attrs.get("self_loops_removed", 0)),
+            "duplicates_removed": int(f.attrs.get("duplicates_removed", 0)),
+        }
+        g = Graph(indptr, indices, features, labels, num_classes=int(f.attrs["num_classes"]),
+                  meta=meta, **masks)
+    if validate:
+        g.validate(str(path))
+    return g

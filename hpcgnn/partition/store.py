@@ -1,0 +1,225 @@
+"""The partition store: one HDF5 file per partition plus ``meta.h5`` (docs/formats.md).
+
+Readers only; :mod:`hpcgnn.partition.writer` writes the store. A rank loads
+its own partition with :func:`load_partition` and never needs a V-sized array:
+ownership is a range lookup in ``part_offsets``.
+
+Local numbering (derived here, not stored): solid vertices ``0..n_solid-1``
+(global ``solid_begin + i``), then halo vertices in ``halo_ids`` order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcgnn.errors import InputError
+from hpcgnn.fileio import open_h5, read_dataset
+
+META_FORMAT = "hpcgnn-partitions"
+PART_FORMAT = "hpcgnn-partition"
+STORE_VERSION = 1
+META_FILE = "meta.h5"
+META_DATASETS = ("part_offsets", "new_to_orig", "halo_counts")
+PART_DATASETS = ("indptr", "indices", "halo_ids", "halo_owner", "halo_degree", "degree",
+                 "features", "labels", "train_mask", "val_mask", "test_mask",
+                 "send_indptr", "send_ids")
+
+
+def part_file_name(part_id: int) -> str:
+    return f"part-{part_id:05d}.h5"
+
+
+def datasets_digest(f: h5py.File, names) -> str:
+    """Hex sha256 over the named datasets (name, dtype, shape, bytes), in the given order."""
+    h = hashlib.sha256()
+    for name in names:
+        ds = f[name]
+        h.update(name.encode())
+        h.update(str(ds.dtype).encode())
+        h.update(repr(tuple(ds.shape)).encode())
+        # Stream row blocks so large feature matrices are hashed without a full copy.
+        rows = ds.shape[0] if ds.shape else 0
+        step = max(1, (64 << 20) // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))))
+        if not ds.shape:
+            h.update(np.ascontiguousarray(ds[()]).tobytes())
+        for start in range(0, rows, step):
+            h.update(np.ascontiguousarray(ds[start:start + step]).tobytes())
+    return h.hexdigest()
+
+
+def combine_hashes(meta_digest: str, part_hashes) -> str:
+    """The store's content hash from meta.h5's digest and the partitions' hashes."""
+    h = hashlib.sha256(meta_digest.encode())
+    for ph in part_hashes:
+        h.update(ph.encode())
+    return h.hexdigest()
+
+
+def _attr(f: h5py.File, key: str):
+    if key not in f.attrs:
+        raise InputError(f"{f.filename}: attribute '{key}' is missing")
+    v = f.attrs[key]
+    return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass
+class PartitionMeta:
+    """Store-wide metadata (small: no V-sized array is loaded unless asked)."""
+
+    path: Path
+    num_parts: int
+    num_nodes: int
+    num_edges: int
+    num_features: int
+    num_classes: int
+    part_offsets: np.ndarray
+    halo_counts: np.ndarray
+    content_hash: str
+    method: str
+    seed: int
+    edge_cut: int
+    balance: dict
+    attrs: dict = field(default_factory=dict)
+
+    def owner_of(self, global_ids: np.ndarray) -> np.ndarray:
+        """Owner partition of each global ID (range lookup)."""
+        return (np.searchsorted(self.part_offsets, global_ids, side="right") - 1).astype(np.int32)
+
+    def new_to_orig(self) -> np.ndarray:
+        with open_h5(self.path / META_FILE, META_FORMAT) as f:
+            return read_dataset(f, "new_to_orig", np.int64, (self.num_nodes,))
+
+
+def read_meta(directory: str | os.PathLike) -> PartitionMeta:
+    """Read ``DIR/meta.h5``; InputError if the directory is not a partition store."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError(f"{d}: partition directory not found")
+    with open_h5(d / META_FILE, META_FORMAT) as f:
+        version = int(_attr(f, "version"))
+        if version != STORE_VERSION:
+            raise InputError(f"{f.filename}: attribute 'version' is {version}, expected {STORE_VERSION}")
+        k = int(_attr(f, "num_parts"))
+        attrs = {key: (v.decode() if isinstance(v, bytes) else v) for key, v in f.attrs.items()}
+        return PartitionMeta(
+            path=d, num_parts=k, num_nodes=int(_attr(f, "num_nodes")),
+            num_edges=int(_attr(f, "num_edges")), num_features=int(_attr(f, "num_features")),
+            num_classes=int(_attr(f, "num_classes")),
+            part_offsets=read_dataset(f, "part_offsets", np.int64, (k + 1,)),
+            halo_counts=read_dataset(f, "halo_counts", np.int64, (k,)),
+            content_hash=str(_attr(f, "content_hash")), method=str(_attr(f, "method")),
+            seed=int(_attr(f, "seed")), edge_cut=int(_attr(f, "edge_cut")),
+            balance=json.loads(_attr(f, "balance")), attrs=attrs)
+
+
+@dataclass
+class Partition:
+    """One partition as a rank holds it (see the module docstring for numbering)."""
+
+    part_id: int
+    num_parts: int
+    solid_begin: int
+    solid_end: int
+    indptr: np.ndarray        # int64 [n_solid+1]
+    indices: np.ndarray       # int64 [E_p], global source IDs
+    halo_ids: np.ndarray      # int64 [n_halo], sorted global IDs
+    halo_owner: np.ndarray    # int32 [n_halo]
+    halo_degree: np.ndarray   # int64 [n_halo]
+    degree: np.ndarray        # int64 [n_solid]
+    features: np.ndarray      # float32 [n_solid, F]
+    labels: np.ndarray        # int64 [n_solid]
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    send_indptr: np.ndarray   # int64 [K+1]
+    send_ids: np.ndarray      # int64 [S], global IDs
+    num_classes: int
+    content_hash: str
+    part_hash: str
+
+    @property
+    def num_solid(self) -> int:
+        return self.solid_end - self.solid_begin
+
+    @property
+    def num_halo(self) -> int:
+        return int(self.halo_ids.shape[0])
+
+    @property
+    def num_local(self) -> int:
+        return self.num_solid + self.num_halo
+
+    def send_list(self, dest: int) -> np.ndarray:
+        """Global IDs of own solid vertices that are halo vertices on ``dest`` (db_halo)."""
+        return self.send_ids[self.send_indptr[dest]:self.send_indptr[dest + 1]]
+
+    def to_local(self, global_ids: np.ndarray) -> np.ndarray:
+        """Local IDs of global IDs that are solid or halo here (undefined for others)."""
+        g = np.asarray(global_ids, dtype=np.int64)
+        solid = (g >= self.solid_begin) & (g < self.solid_end)
+        out = np.searchsorted(self.halo_ids, g) + self.num_solid
+        out[solid] = g[solid] - self.solid_begin
+        return out
+
+    def to_global(self, local_ids: np.ndarray) -> np.ndarray:
+        """Global IDs of local IDs."""
+        l = np.asarray(local_ids, dtype=np.int64)
+        out = l + self.solid_begin
+        halo = l >= self.num_solid
+        out[halo] = self.halo_ids[l[halo] - self.num_solid]
+        return out
+
+    def local_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indptr, local source IDs) of the solid vertices' in-edges."""
+        return self.indptr, self.to_local(self.indices)
+
+    def local_degree(self) -> np.ndarray:
+        """Full-graph degree of every local vertex (solid, then halo)."""
+        return np.concatenate([self.degree, self.halo_degree])
+
+
+def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
+                   verify: bool = True) -> Partition:
+    """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``)."""
+    d = Path(directory)
+    meta = meta or read_meta(d)
+    if not 0 <= part_id < meta.num_parts:
+        raise InputError(f"{d}: partition {part_id} requested, the store has {meta.num_parts}")
+    path = d / part_file_name(part_id)
+    with open_h5(path, PART_FORMAT) as f:
+        ch = str(_attr(f, "content_hash"))
+        if ch != meta.content_hash:
+            raise InputError(f"{path}: content_hash {ch[:12]}... does not match {d / META_FILE} "
+                             f"({meta.content_hash[:12]}...); the store mixes two partitionings")
+        if verify:
+            got = datasets_digest(f, PART_DATASETS)
+            if got != str(_attr(f, "part_hash")):
+                raise InputError(f"{path}: data does not match its part_hash (file modified or corrupt)")
+        b, e = int(_attr(f, "solid_begin")), int(_attr(f, "solid_end"))
+        if (b, e) != (int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])):
+            raise InputError(f"{path}: solid range [{b}, {e}) disagrees with meta.h5 part_offsets")
+        n, k = e - b, meta.num_parts
+        arrays = dict(
+            indptr=read_dataset(f, "indptr", np.int64, (n + 1,)),
+            indices=read_dataset(f, "indices", np.int64, (None,)),
+            halo_ids=read_dataset(f, "halo_ids", np.int64, (None,)),
+            halo_owner=read_dataset(f, "halo_owner", np.int32, (None,)),
+            halo_degree=read_dataset(f, "halo_degree", np.int64, (None,)),
+            degree=read_dataset(f, "degree", np.int64, (n,)),
+            features=read_dataset(f, "features", np.float32, (n, meta.num_features)),
+            labels=read_dataset(f, "labels", np.int64, (n,)),
+            train_mask=read_dataset(f, "train_mask", bool, (n,)),
+            val_mask=read_dataset(f, "val_mask", bool, (n,)),
+            test_mask=read_dataset(f, "test_mask", bool, (n,)),
+            send_indptr=read_dataset(f, "send_indptr", np.int64, (k + 1,)),
+            send_ids=read_dataset(f, "send_ids", np.int64, (None,)),
+        )
+        return Partition(part_id=part_id, num_parts=k, solid_begin=b, solid_end=e,
+                         num_classes=meta.num_classes, content_hash=ch,
+                         part_hash=str(_attr(f, "part_hash")), **arrays)

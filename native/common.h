@@ -1,0 +1,57 @@
+// Shared helpers for the hpcgnn native kernels.
+//
+// Arrays cross from Python as numpy buffers (pybind11 array_t, C-contiguous,
+// forcecast off where the dtype is part of the contract) and are used in place:
+// no copies on the way in. Outputs are allocated here and handed to numpy.
+#pragma once
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace hpcgnn {
+
+template <typename T>
+using carray = py::array_t<T, py::array::c_style>;  // no forcecast: dtype must match
+
+// Pointer to the data of a contiguous 1-D (or n-D) input array.
+template <typename T>
+inline const T* in_ptr(const carray<T>& a) { return a.data(); }
+
+template <typename T>
+inline T* out_ptr(carray<T>& a) { return a.mutable_data(); }
+
+// New 1-D numpy array of n elements.
+template <typename T>
+inline carray<T> new_array(int64_t n) { return carray<T>(static_cast<py::ssize_t>(n)); }
+
+// Move a std::vector into a numpy array without copying its contents twice.
+template <typename T>
+inline carray<T> from_vector(std::vector<T>&& v) {
+    auto* heap = new std::vector<T>(std::move(v));
+    py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    return carray<T>({static_cast<py::ssize_t>(heap->size())}, {sizeof(T)}, heap->data(), owner);
+}
+
+inline void require(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument(what);
+}
+
+}  // namespace hpcgnn
+
+// Each kernel family is its own extension module: native/<family>.cpp defines
+// PYBIND11_MODULE(_native_<family>, m) and calls hpcgnn::add_thread_control(m).
+#include <omp.h>
+
+namespace hpcgnn {
+inline void add_thread_control(py::module_& m) {
+    m.def("set_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"),
+          "Set the OpenMP thread count of this module's kernels.");
+    m.def("max_threads", []() { return omp_get_max_threads(); });
+}
+}  // namespace hpcgnn

@@ -1,0 +1,55 @@
+"""Run real MPI jobs from tests: `.venv/bin/mpiexec -n N python ...` with a timeout.
+
+The child's environment is stripped of the launcher variables of any
+surrounding MPI job (PMI_*, HYDRA_*, OMPI_*, MPI_LOCALNRANKS) so a test run
+inside mpiexec or srun still starts a fresh world. A job that outlives its
+timeout is killed with its whole process group and the test fails: no test can
+hang.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIP_PREFIXES)}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HPCGNN_PROGRESS", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None,
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Run ``python args...`` on ``n`` ranks; return the completed process (text output).
+
+    ``args`` starts with a script path or ``-m module``. Raises AssertionError
+    with the captured output if the job exceeds ``timeout`` seconds.
+    """
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(env), cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"MPI job timed out after {timeout}s: {' '.join(cmd)}\n"
+                             f"--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_cli(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m hpcgnn args...`` in one process (no MPI launcher)."""
+    cmd = [sys.executable, "-m", "hpcgnn", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
