@@ -1,0 +1,104 @@
+"""Variable-size all-to-all exchanges of numpy rows over mpi4py.
+
+Rows are the unit: ``send`` is an array whose first axis is ordered by
+destination rank (``send_counts[r]`` rows for rank ``r``); the result is the
+rows received, ordered by source rank. Every rank must call the same
+exchanges in the same order (they are collectives). Buffers are used in
+place: a C-contiguous ``send`` is not copied.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+_MPI_TYPES = {
+    np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.float64): MPI.DOUBLE,
+    np.dtype(np.int64): MPI.INT64_T,
+    np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.uint8): MPI.UINT8_T,
+    np.dtype(np.bool_): MPI.BOOL,
+    np.dtype(np.uint16): MPI.UINT16_T,  # bfloat16 rows travel as uint16
+}
+
+
+def exchange_counts(comm, send_counts: np.ndarray) -> np.ndarray:
+    """Alltoall of per-destination row counts: returns rows to expect from each source."""
+    send_counts = np.ascontiguousarray(send_counts, dtype=np.int64)
+    recv = np.empty_like(send_counts)
+    comm.Alltoall(send_counts, recv)
+    return recv
+
+
+def _spec(arr: np.ndarray, counts: np.ndarray):
+    row = int(np.prod(arr.shape[1:], dtype=np.int64)) if arr.ndim > 1 else 1
+    c = counts.astype(np.int64) * row
+    displs = np.zeros_like(c)
+    np.cumsum(c[:-1], out=displs[1:])
+    mpi_type = _MPI_TYPES.get(arr.dtype)
+    if mpi_type is None:
+        raise TypeError(f"alltoallv: unsupported dtype {arr.dtype}")
+    return [arr, (c, displs), mpi_type]
+
+
+def _recv_buffer(send: np.ndarray, recv_counts: np.ndarray) -> np.ndarray:
+    return np.empty((int(recv_counts.sum()),) + send.shape[1:], dtype=send.dtype)
+
+
+def alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
+              recv_counts: np.ndarray | None = None) -> np.ndarray:
+    """Blocking variable all-to-all of rows (counts exchanged first if not given)."""
+    send = np.ascontiguousarray(send)
+    send_counts = np.asarray(send_counts, dtype=np.int64)
+    if recv_counts is None:
+        recv_counts = exchange_counts(comm, send_counts)
+    recv = _recv_buffer(send, recv_counts)
+    comm.Alltoallv(_spec(send, send_counts), _spec(recv, recv_counts))
+    return recv
+
+
+class PendingExchange:
+    """A started non-blocking all-to-all; ``wait()`` returns the received rows.
+
+    The send buffer is kept alive until completion, as MPI requires.
+    """
+
+    def __init__(self, comm, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray):
+        self._send = np.ascontiguousarray(send)
+        self.recv_counts = np.asarray(recv_counts, dtype=np.int64)
+        self.send_counts = np.asarray(send_counts, dtype=np.int64)
+        self._recv = _recv_buffer(self._send, self.recv_counts)
+        self._request = comm.Ialltoallv(_spec(self._send, self.send_counts),
+                                        _spec(self._recv, self.recv_counts))
+        self.done = False
+
+    @property
+    def bytes_sent(self) -> int:
+        return int(self.send_counts.sum()) * (self._send.nbytes // max(1, self._send.shape[0])) \
+            if self._send.shape[0] else 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self._recv.nbytes
+
+    def test(self) -> bool:
+        """Drive progress; True once complete."""
+        if not self.done:
+            self.done = bool(self._request.Test())
+        return self.done
+
+    def wait(self) -> np.ndarray:
+        if not self.done:
+            self._request.Wait()
+            self.done = True
+        self._send = None
+        return self._recv
+
+
+def start_alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
+                    recv_counts: np.ndarray | None = None) -> PendingExchange:
+    """Start a non-blocking variable all-to-all (counts exchanged first, blocking, if not given)."""
+    send_counts = np.asarray(send_counts, dtype=np.int64)
+    if recv_counts is None:
+        recv_counts = exchange_counts(comm, send_counts)
+    return PendingExchange(comm, send, send_counts, recv_counts)
