@@ -7,8 +7,13 @@ cores and ranks on the node, and installs the failure policy:
 
 * an :class:`~hpcgnn.errors.InputError` raised on **every** rank (after
   :meth:`Runtime.agree`) prints one line on rank 0 and exits 2 everywhere;
+  one raised on some ranks only prints the message naming the rank and, after
+  HPCGNN_ERROR_WAIT seconds (default 10) without the other ranks, ends the job
+  through ``MPI_Abort(2)``;
 * any other exception on any rank prints one message naming the rank and
-  ends every rank through ``MPI_Abort`` instead of leaving the others waiting.
+  ends every rank through ``MPI_Abort`` instead of leaving the others waiting;
+* a rank that dies (SIGKILL, out of memory) is the launcher's to handle: MPICH's
+  mpiexec and srun --kill-on-bad-exit end the other ranks.
 
 ``init_torch_distributed`` optionally brings up ``torch.distributed`` (gloo on
 CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports).
@@ -19,20 +24,44 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NoReturn
 
 from hpcgnn.errors import EXIT_INPUT, InputError
 
+# In order of authority: the variables of the launcher that started this
+# process come first; SLURM_NTASKS (the allocation's) only counts when no MPI
+# launcher variable is set (e.g. `python ...` straight in an sbatch script).
 LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+ERROR_WAIT_S = 10.0
 
 
 def _launcher_size() -> tuple[str, int] | None:
+    """(variable, world size) announced by the launcher when it says more than 1 rank."""
     for var in LAUNCHER_SIZE_VARS:
-        value = os.environ.get(var)
-        if value and value.isdigit() and int(value) > 1:
-            return var, int(value)
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            return (var, int(value)) if int(value) > 1 else None
     return None
+
+
+def _env_int(name: str, minimum: int) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.lstrip("-").isdigit() or int(value) < minimum:
+        raise InputError(f"environment variable {name}={value!r}: expected an integer >= {minimum}")
+    return int(value)
+
+
+def _error_wait_s() -> float:
+    value = os.environ.get("HPCGNN_ERROR_WAIT", "").strip()
+    try:
+        return max(0.0, float(value)) if value else ERROR_WAIT_S
+    except ValueError:
+        return ERROR_WAIT_S
 
 
 @dataclass
@@ -45,6 +74,7 @@ class Runtime:
     local_rank: int
     local_size: int
     threads: int
+    error_comm: object = field(default=None, repr=False)  # private duplicate for the failure policy
 
     @property
     def is_root(self) -> bool:
@@ -54,8 +84,10 @@ class Runtime:
     def start(cls, threads: int = 0, comm=None) -> "Runtime":
         """Initialise MPI (via mpi4py), check the launcher, set threads per rank.
 
-        ``threads`` = 0 means cores on the node // ranks on the node (at least 1);
-        HPCGNN_THREADS overrides it.
+        ``threads`` = 0 means: the CPUs this job's ranks on the node may use (the
+        union of their affinity masks) // ranks on the node, at most this rank's own
+        mask, at least 1. HPCGNN_THREADS (an integer >= 1) overrides ``threads``.
+        Collective over ``comm``.
         """
         from mpi4py import MPI
 
@@ -70,17 +102,21 @@ class Runtime:
             raise SystemExit(EXIT_INPUT)
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         local_rank, local_size = node.Get_rank(), node.Get_size()
+        if hasattr(os, "sched_getaffinity"):
+            mask = sorted(os.sched_getaffinity(0))
+        else:  # pragma: no cover - not Linux
+            mask = list(range(os.cpu_count() or 1))
+        # Binding launchers (srun with task/affinity, Open MPI) give each rank its own
+        # mask: the node's share is the union of the masks, never more than one's own.
+        node_cpus = set().union(*node.allgather(mask))
         node.Free()
-        env_threads = os.environ.get("HPCGNN_THREADS")
-        if env_threads:
-            threads = int(env_threads)
+        env_threads = _env_int("HPCGNN_THREADS", 1)
+        if env_threads is not None:
+            threads = env_threads
         if threads <= 0:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            # under srun the affinity mask may already be per task; never divide below 1
-            cores = max(cores or 1, 1)
-            threads = max(1, cores // local_size) if cores >= local_size else 1
+            threads = max(1, min(len(mask), len(node_cpus) // local_size))
         rt = cls(comm=comm, rank=rank, size=size, local_rank=local_rank,
-                 local_size=local_size, threads=threads)
+                 local_size=local_size, threads=threads, error_comm=comm.Dup())
         rt.set_threads(threads)
         return rt
 
@@ -107,28 +143,48 @@ class Runtime:
         if first is not None:
             raise InputError(first)
 
-    def abort(self, code: int = 1) -> None:
-        """End every rank of the job now."""
+    def abort(self, code: int = 1) -> NoReturn:
+        """End every rank of the job now; does not return.
+
+        MPICH's MPI_Abort may return to the caller once the launcher has the
+        request (the launcher then kills every rank): this rank leaves at once
+        with ``os._exit`` rather than running Python's exit handlers meanwhile.
+        """
         sys.stdout.flush()
         sys.stderr.flush()
         self.comm.Abort(code)
+        os._exit(code)
 
     @contextlib.contextmanager
     def guard(self):
         """Run a rank's main body under the failure policy (see module docstring).
 
-        An InputError is expected to be raised on every rank (use :meth:`agree`
-        for checks whose outcome may differ between ranks); it exits 2. Any
-        other exception aborts the whole job with exit code 1.
+        An InputError should be raised on every rank (use :meth:`agree` for
+        checks whose outcome may differ between ranks): rank 0 prints each
+        distinct message once (one line after ``agree``), every rank exits 2.
+        Raised on some ranks only (or a non-zero SystemExit), the job ends with
+        MPI_Abort(code) after HPCGNN_ERROR_WAIT seconds. Ctrl-C aborts with 130.
+        Any other exception prints its traceback naming the rank and aborts the
+        job (exit 1).
         """
         try:
             yield self
         except InputError as exc:
-            if self.is_root or self.size == 1:
-                print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
+            messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {exc}")
+            if messages:  # rank 0, or every rank once finish() has freed the error communicator
+                for message in dict.fromkeys(messages):  # distinct messages, in rank order
+                    print(message, file=sys.stderr, flush=True)
             raise SystemExit(EXIT_INPUT)
-        except SystemExit:
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if code != 0:
+                self._exit_together(code, f"hpcgnn: exit code {code}")
             raise
+        except KeyboardInterrupt:
+            print(f"hpcgnn: rank {self.rank}/{self.size} interrupted", file=sys.stderr, flush=True)
+            if self.size > 1:
+                self.abort(130)
+            raise SystemExit(130)
         except BaseException as exc:  # noqa: BLE001 - the job must not hang
             tb = traceback.format_exc()
             print(f"hpcgnn: rank {self.rank}/{self.size} on {socket.gethostname()} failed: "
@@ -137,12 +193,37 @@ class Runtime:
                 self.abort(1)
             raise SystemExit(1)
 
+    def _exit_together(self, code: int, message: str) -> list[str] | None:
+        """Return once every rank is leaving with an error; else end the job.
+
+        Ranks leaving with an error meet in a non-blocking barrier on a private
+        communicator. When all of them arrive within HPCGNN_ERROR_WAIT seconds
+        this returns every rank's ``message`` on rank 0 (None elsewhere) and the
+        caller exits ``code`` cleanly; otherwise this rank prints ``message``
+        naming itself and ends every rank with MPI_Abort(code).
+        """
+        if self.size == 1 or self.error_comm is None:
+            return [message]
+        request = self.error_comm.Ibarrier()
+        deadline = time.monotonic() + _error_wait_s()
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                print(f"{message} [rank {self.rank}/{self.size} on {socket.gethostname()}; "
+                      "the other ranks did not stop with it: aborting the job]",
+                      file=sys.stderr, flush=True)
+                self.abort(code)
+            time.sleep(0.005)
+        return self.error_comm.gather(message, root=0)
+
     # ---- torch.distributed ----------------------------------------------
     def init_torch_distributed(self, backend: str = "auto", device: str = "cpu") -> str:
         """Initialise torch.distributed over this job; returns the backend used.
 
         ``auto``: nccl for CUDA devices, ccl when oneccl_bindings_for_pytorch
-        imports, else gloo. The rendezvous address comes from rank 0 over MPI.
+        imports, else gloo. The rendezvous address comes from rank 0 over MPI:
+        127.0.0.1 when every rank is on one node, else rank 0's host name
+        (MASTER_ADDR, when set in the environment, wins). For nccl the CUDA
+        device is ``local_rank`` modulo the visible devices. Collective.
         """
         import torch.distributed as dist
 
@@ -153,12 +234,19 @@ class Runtime:
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-            addr = socket.gethostbyname(socket.gethostname()) if self.size > 1 else "127.0.0.1"
+            # Debian maps the host name to 127.0.1.1 in /etc/hosts: resolving it here
+            # would hand other nodes a loopback address. They resolve the name themselves.
+            addr = os.environ.get("MASTER_ADDR") or (
+                "127.0.0.1" if self.local_size == self.size else socket.gethostname())
         else:
             port, addr = None, None
         addr, port = self.comm.bcast((addr, port), root=0)
         os.environ.update(MASTER_ADDR=str(addr), MASTER_PORT=str(port),
                           RANK=str(self.rank), WORLD_SIZE=str(self.size))
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(self.local_rank % max(1, torch.cuda.device_count()))
         dist.init_process_group(backend=backend, rank=self.rank, world_size=self.size)
         return backend
 
@@ -167,6 +255,9 @@ class Runtime:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        if self.error_comm is not None:
+            self.error_comm.Free()
+            self.error_comm = None
 
 
 def ccl_available() -> bool:

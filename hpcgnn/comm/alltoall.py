@@ -16,6 +16,8 @@ _MPI_TYPES = {
     np.dtype(np.float64): MPI.DOUBLE,
     np.dtype(np.int64): MPI.INT64_T,
     np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int16): MPI.INT16_T,  # bfloat16 tensors viewed as int16
+    np.dtype(np.int8): MPI.INT8_T,
     np.dtype(np.uint8): MPI.UINT8_T,
     np.dtype(np.bool_): MPI.BOOL,
     np.dtype(np.uint16): MPI.UINT16_T,  # bfloat16 rows travel as uint16
@@ -41,6 +43,19 @@ def _spec(arr: np.ndarray, counts: np.ndarray):
     return [arr, (c, displs), mpi_type]
 
 
+def _check(comm, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray) -> None:
+    """Reject counts MPI would turn into reads past the buffer or a crash."""
+    size = comm.Get_size()
+    if send.ndim == 0:
+        raise ValueError("alltoallv: send must have a row axis (ndim >= 1)")
+    for name, counts in (("send_counts", send_counts), ("recv_counts", recv_counts)):
+        if counts.shape != (size,) or (counts < 0).any():
+            raise ValueError(f"alltoallv: {name} must be {size} non-negative counts, got {counts!r}")
+    if int(send_counts.sum()) != send.shape[0]:
+        raise ValueError(f"alltoallv: send_counts sum to {int(send_counts.sum())} "
+                         f"but send has {send.shape[0]} rows")
+
+
 def _recv_buffer(send: np.ndarray, recv_counts: np.ndarray) -> np.ndarray:
     return np.empty((int(recv_counts.sum()),) + send.shape[1:], dtype=send.dtype)
 
@@ -52,6 +67,8 @@ def alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
     send_counts = np.asarray(send_counts, dtype=np.int64)
     if recv_counts is None:
         recv_counts = exchange_counts(comm, send_counts)
+    recv_counts = np.asarray(recv_counts, dtype=np.int64)
+    _check(comm, send, send_counts, recv_counts)
     recv = _recv_buffer(send, recv_counts)
     comm.Alltoallv(_spec(send, send_counts), _spec(recv, recv_counts))
     return recv
@@ -67,6 +84,8 @@ class PendingExchange:
         self._send = np.ascontiguousarray(send)
         self.recv_counts = np.asarray(recv_counts, dtype=np.int64)
         self.send_counts = np.asarray(send_counts, dtype=np.int64)
+        _check(comm, self._send, self.send_counts, self.recv_counts)
+        self._row_bytes = self._send.itemsize * int(np.prod(self._send.shape[1:], dtype=np.int64))
         self._recv = _recv_buffer(self._send, self.recv_counts)
         self._request = comm.Ialltoallv(_spec(self._send, self.send_counts),
                                         _spec(self._recv, self.recv_counts))
@@ -74,11 +93,12 @@ class PendingExchange:
 
     @property
     def bytes_sent(self) -> int:
-        return int(self.send_counts.sum()) * (self._send.nbytes // max(1, self._send.shape[0])) \
-            if self._send.shape[0] else 0
+        """Bytes this rank sends (including rows to itself)."""
+        return int(self.send_counts.sum()) * self._row_bytes
 
     @property
     def bytes_received(self) -> int:
+        """Bytes this rank receives (including rows from itself)."""
         return self._recv.nbytes
 
     def test(self) -> bool:
@@ -88,6 +108,7 @@ class PendingExchange:
         return self.done
 
     def wait(self) -> np.ndarray:
+        """Block until complete; returns the received rows, ordered by source rank."""
         if not self.done:
             self._request.Wait()
             self.done = True

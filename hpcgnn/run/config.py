@@ -67,6 +67,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
                                 _nonneg, ">= 0"),
         "device": Key(str, "cpu", "compute device: cpu, cuda, or auto", choices=("cpu", "cuda", "auto")),
+        "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
+                            "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
+        "debug_kill": Key(list, [], "tests: [rank, epoch, step] makes that rank SIGKILL itself "
+                          "before that step (failure handling)",
+                          lambda x: len(x) == 0 or (len(x) == 3 and all(
+                              isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x)),
+                          "[] or [rank, epoch, step] (integers >= 0)"),
     },
     "minibatch": {
         "batch_size": Key(int, 1000, "seed vertices per rank per iteration", _pos, "> 0"),

@@ -1,0 +1,368 @@
+"""Benchmark exact full-graph training: `python -m hpcgnn.bench.fullgraph --out FILE.h5 [--device cuda]`.
+
+1. Data: ``hpcgnn prepare --dataset products-like --scale S`` (an ogbn-products-shaped graph
+   scaled to this machine) and ``hpcgnn partition`` (METIS) into 1 and ``--parts`` parts, in a
+   work directory (reused when already there).
+2. One-rank epoch time (forward + backward + Adam step over all training vertices, mean over
+   the epochs after the first): hpcgnn's in-memory full-graph engine against PyG
+   (``torch_geometric``, a benchmark-only extra) with the same GraphSAGE-mean model on the same
+   graph, PyG in both of its input forms (``edge_index`` and a ``torch.sparse`` CSR ``adj_t``;
+   the fastest is the reference). Also the offloaded engine (HongTu) with 1..16 chunks: epoch
+   time, peak device memory, host<->device bytes, and its gradient error against in-memory.
+3. Host->device bytes of the source rows with and without deduplication on the ``--parts``-way
+   store, ``--chunks`` chunks per partition, for several batch sizes and both chunk orders:
+   measured by the engine's counters (one training step per partition, summed over
+   partitions) beside the cost model's prediction. HongTu reports a 25-71 % reduction; target
+   >= 25 %.
+4. Effective bandwidth of the aggregation kernel as a fraction of the measured memory-copy
+   bandwidth (:func:`hpcgnn.nn.aggregate.measure_bandwidth`); target >= 50 %.
+
+Prints a table and writes the figures to FILE.h5 (atomically).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET_DEDUP_REDUCTION = 0.25
+TARGET_BANDWIDTH_FRACTION = 0.50
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> None:
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                              env={**os.environ, "HPCGNN_PROGRESS": "0"}, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"hpcgnn.bench.fullgraph: {' '.join(cmd)} failed (exit {proc.returncode})\n"
+                         f"{log.read_text()[-3000:]}")
+
+
+def prepare_data(work: Path, scale: float, seed: int, parts: int, timeout: float) -> tuple[Path, dict]:
+    """Graph file and the 1- and ``parts``-way METIS stores in ``work`` (reused if present)."""
+    hpcgnn = [sys.executable, "-m", "hpcgnn"]
+    tag = f"products-like-s{scale:g}-seed{seed}"
+    graph = work / f"{tag}.h5"
+    if not graph.exists():
+        _run(hpcgnn + ["prepare", "--dataset", "products-like", "--scale", f"{scale:g}", "--seed", str(seed),
+                       "--out", str(graph)], work / "prepare.log", timeout)
+    stores = {}
+    for k in sorted({1, parts}):
+        store = work / f"{tag}-metis-{k}"
+        if not (store / "meta.h5").exists():
+            _run(hpcgnn + ["partition", str(graph), "--parts", str(k), "--seed", str(seed), "--out", str(store),
+                           "--force"], work / f"partition-{k}.log", timeout)
+        stores[k] = store
+    return graph, stores
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _flat_grad(model) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double().cpu()
+                      for p in model.parameters()])
+
+
+def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None) -> dict:
+    """Epoch times of the in-memory (settings None) or offloaded engine on one rank."""
+    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.engine.fullgraph import InMemoryFullGraph, OffloadedFullGraph
+    from hpcgnn.nn.models import build_model
+
+    model = build_model(**model_args).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    runner = InMemoryFullGraph(model, graph, None, device) if settings is None else \
+        OffloadedFullGraph(model, graph, None, device, settings)
+    n_train = float(graph.masks["train"].sum())
+    times, grad0 = [], None
+    for e in range(epochs):
+        runner.reset_stats()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        runner.train_step(PhaseTimer(sync_cuda=device.type == "cuda"), n_train)
+        if e == 0:
+            grad0 = _flat_grad(model)
+        opt.step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    out = {"epoch_s": float(np.mean(times[1:] if len(times) > 1 else times)), "first_epoch_s": times[0],
+           "grad0": grad0}
+    out.update({k: float(v) for k, v in runner.counters().items()})
+    if settings is not None:
+        out["chunks"] = runner.engine.num_chunks
+        out["capacity_rows"] = runner.engine.plan.capacity
+    return out
+
+
+def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
+    """PyG SAGEConv stack, full-batch, on edge_index and on a torch.sparse CSR adj_t."""
+    from torch_geometric.nn import SAGEConv
+
+    from hpcgnn.data.graph import read_graph
+
+    g = read_graph(graph_file)
+    n = g.num_nodes
+    indptr, indices = torch.from_numpy(g.indptr), torch.from_numpy(g.indices)
+    dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+    inputs = {
+        "edge_index": torch.stack([indices, dst]).to(device),
+        "adj_t": torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.numel()), (n, n),
+                                         check_invariants=False).to(device),
+    }
+    x = torch.from_numpy(g.features).to(device)
+    y = torch.from_numpy(g.labels).to(device)
+    train = torch.from_numpy(g.train_mask).nonzero().squeeze(1).to(device)
+    dims = [model_args["in_dim"]] + [model_args["hidden"]] * (model_args["num_layers"] - 1) + \
+        [model_args["num_classes"]]
+    out = {}
+    for name, adj in inputs.items():
+        torch.manual_seed(0)
+        convs = torch.nn.ModuleList([SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:])]).to(device)
+        opt = torch.optim.Adam(convs.parameters(), lr=0.01)
+        times = []
+        for _ in range(epochs):
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            t0 = time.perf_counter()
+            h = x
+            for i, conv in enumerate(convs):
+                h = conv(h, adj)
+                if i < len(convs) - 1:
+                    h = torch.relu(h)
+            loss = torch.nn.functional.cross_entropy(h[train], y[train])
+            loss.backward()
+            opt.step()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        out[name] = float(np.mean(times[1:] if len(times) > 1 else times))
+    best = min(out, key=out.get)
+    return {"edge_index_epoch_s": out["edge_index"], "adj_t_epoch_s": out["adj_t"],
+            "best_input": best, "epoch_s": out[best]}
+
+
+def local_graphs(graph_file: Path, store: Path):
+    """Every partition's LocalGraph, halo features taken from the graph file (one process)."""
+    from hpcgnn.data.graph import read_graph
+    from hpcgnn.engine.fullgraph import build_local_graph
+    from hpcgnn.partition.store import load_partition, read_meta
+
+    meta = read_meta(store)
+    feats = read_graph(graph_file, validate=False).features
+    n2o = meta.new_to_orig()
+    out = []
+    for p in range(meta.num_parts):
+        part = load_partition(store, p, meta)
+        lg = build_local_graph(part, None)
+        halo = torch.from_numpy(feats[n2o[part.halo_ids]])
+        lg.x0 = torch.cat([lg.x0, halo])
+        out.append(lg)
+    return out
+
+
+def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orders) -> list[dict]:
+    """Measured and predicted source-row bytes host->device, summed over partitions."""
+    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.engine.fullgraph import OffloadedFullGraph
+    from hpcgnn.engine.offload import OffloadSettings
+    from hpcgnn.nn.models import build_model
+
+    rows = []
+    cases = [(b, o, True) for b in batch_sizes for o in orders] + [(batch_sizes[0], "natural", False)]
+    for b, order, dedup in cases:
+        model = build_model(**model_args).to(device)
+        tot = {"measured": 0, "nodedup": 0, "v_ori": 0, "v_batch": 0, "v_reuse": 0, "greedy_used": 0}
+        for lg in graphs:
+            r = OffloadedFullGraph(model, lg, None, device, OffloadSettings(chunks=chunks, batch_chunks=b,
+                                                                            dedup=dedup, order=order))
+            model.zero_grad(set_to_none=True)
+            r.train_step(PhaseTimer(), float(max(1, int(lg.masks["train"].sum()))))
+            c = r.counters()
+            vol = r.engine.volumes()
+            tot["measured"] += int(c["h2d_rows_bytes"])
+            tot["nodedup"] += int(c["h2d_rows_nodedup_bytes"])
+            tot["v_ori"] += vol.v_ori
+            tot["v_batch"] += vol.v_batch
+            tot["v_reuse"] += vol.v_reuse
+            tot["greedy_used"] += int(r.engine.schedule.method == "greedy")
+        tot.update(batch_chunks=b, order=order, dedup=dedup,
+                   reduction=1.0 - tot["measured"] / tot["nodedup"],
+                   predicted_reduction=1.0 - (tot["v_reuse"] if dedup else tot["v_ori"]) / tot["v_ori"])
+        rows.append(tot)
+    return rows
+
+
+def _write_h5(path: Path, results: dict, meta: dict) -> None:
+    import h5py
+
+    from hpcgnn.fileio import atomic_file
+
+    def put(group, d):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                put(group.require_group(k), v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                sub = group.require_group(k)
+                for i, item in enumerate(v):
+                    put(sub.require_group(f"{i:02d}"), item)
+            elif isinstance(v, (str, bool, int, float, np.integer, np.floating)):
+                group.attrs[k] = v
+            elif v is None:
+                continue
+            else:
+                group.create_dataset(k, data=np.asarray(v))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = "hpcgnn-bench-fullgraph"
+            for k, v in meta.items():
+                f.attrs[k] = v if isinstance(v, (str, int, float, bool)) else json.dumps(v)
+            put(f, results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.fullgraph", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="HDF5 file with the figures")
+    p.add_argument("--work", default=None, help="work directory (default: beside --out)")
+    p.add_argument("--scale", type=float, default=0.04, help="products-like scale (1 = ogbn-products size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--epochs", type=int, default=3, help="epochs per timing (the first is warm-up)")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--parts", type=int, default=4)
+    p.add_argument("--chunks", type=int, default=8, help="chunks per partition for the dedup figures")
+    p.add_argument("--batch-chunks", default="1,2,4")
+    p.add_argument("--offload-chunks", default="1,4,16")
+    p.add_argument("--bw-nodes", type=int, default=1_000_000)
+    p.add_argument("--bw-edges", type=int, default=10_000_000)
+    p.add_argument("--bw-dim", type=int, default=128)
+    p.add_argument("--skip-pyg", action="store_true")
+    p.add_argument("--timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    from hpcgnn import native
+    from hpcgnn.engine.offload import OffloadSettings
+    from hpcgnn.nn.aggregate import measure_bandwidth
+    from hpcgnn.partition.store import read_meta
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("hpcgnn.bench.fullgraph: --device cuda but torch sees no CUDA device")
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    native.set_threads(threads)
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.parent / "fullgraph-work"
+    work.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    graph_file, stores = prepare_data(work, args.scale, args.seed, args.parts, args.timeout)
+    meta1 = read_meta(stores[1])
+    model_args = dict(arch="sage", in_dim=meta1.num_features, hidden=args.hidden,
+                      num_classes=meta1.num_classes, num_layers=args.layers, dropout=0.0, seed=args.seed)
+    results: dict = {}
+
+    # 2. one-rank epoch time: hpcgnn in memory and offloaded, PyG
+    (g1,) = local_graphs(graph_file, stores[1])
+    mem = time_hpcgnn(g1, model_args, device, args.epochs)
+    ref_grad = mem.pop("grad0")
+    results["epoch_time"] = {"hpcgnn_in_memory": mem}
+    print(f"hpcgnn in-memory SAGE: {mem['epoch_s']:.3f} s/epoch, peak device {mem['peak_device_bytes'] / 2**20:.1f} MiB",
+          flush=True)
+    offload = {}
+    for n in [int(x) for x in args.offload_chunks.split(",") if x]:
+        r = time_hpcgnn(g1, model_args, device, args.epochs,
+                        OffloadSettings(chunks=n, batch_chunks=1, order="cost", recompute="auto"))
+        g = r.pop("grad0")
+        r["grad_rel_err_vs_in_memory"] = float((g - ref_grad).abs().max() / ref_grad.abs().max())
+        offload[f"chunks_{n:02d}"] = r
+        print(f"hpcgnn offload {n:>2} chunks: {r['epoch_s']:.3f} s/epoch, peak device "
+              f"{r['peak_device_bytes'] / 2**20:.1f} MiB, h2d {r['h2d_bytes'] / 2**20:.1f} MiB, "
+              f"grad rel err {r['grad_rel_err_vs_in_memory']:.1e}", flush=True)
+    results["offload"] = offload
+    if not args.skip_pyg:
+        try:
+            import torch_geometric
+            pyg = time_pyg(graph_file, model_args, device, args.epochs)
+            pyg["version"] = torch_geometric.__version__
+            results["epoch_time"]["pyg"] = pyg
+            results["epoch_time"]["speedup_vs_pyg"] = pyg["epoch_s"] / mem["epoch_s"]
+            print(f"PyG {pyg['version']} SAGEConv: edge_index {pyg['edge_index_epoch_s']:.3f} s, adj_t "
+                  f"{pyg['adj_t_epoch_s']:.3f} s/epoch (best: {pyg['best_input']})", flush=True)
+        except ImportError:
+            print("PyG not installed (.venv/bin/pip install torch_geometric): skipped", flush=True)
+    del g1
+
+    # 3. deduplicated transfers on the products-shaped graph, parts x chunks
+    graphs = local_graphs(graph_file, stores[args.parts])
+    dedup_model = dict(model_args, arch="gcn")
+    rows = dedup_bytes(graphs, dedup_model, device, args.chunks,
+                       [int(x) for x in args.batch_chunks.split(",") if x], ("natural", "cost"))
+    best = max((r for r in rows if r["dedup"]), key=lambda r: r["reduction"])
+    results["dedup"] = {"cases": rows, "parts": args.parts, "chunks": args.chunks,
+                        "best_reduction": best["reduction"], "target_reduction": TARGET_DEDUP_REDUCTION}
+    del graphs
+
+    # 4. aggregation kernel bandwidth
+    bw = {"uniform": measure_bandwidth(args.bw_nodes, args.bw_edges, args.bw_dim, threads),
+          "local500": measure_bandwidth(args.bw_nodes, args.bw_edges, args.bw_dim, threads, locality=500)}
+    bw["target_fraction"] = TARGET_BANDWIDTH_FRACTION
+    results["bandwidth"] = bw
+
+    m = read_meta(stores[args.parts])
+    meta = {"scale": args.scale, "seed": args.seed, "device": str(device), "threads": threads,
+            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "num_nodes": m.num_nodes, "num_edges": m.num_edges, "num_features": m.num_features,
+            "edge_cut": m.edge_cut, "model": json.dumps(model_args), "total_wall_s": time.perf_counter() - t_start}
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+    _write_h5(out, results, meta)
+    print_table(results, meta)
+    print(f"wrote {out}")
+    return 0
+
+
+def print_table(results: dict, meta: dict) -> None:
+    print(f"\nfull-graph benchmark: products-like, {meta['num_nodes']:,} vertices, {meta['num_edges']:,} directed "
+          f"edges, device {meta['device']}, {meta['threads']} threads")
+    et = results["epoch_time"]
+    print(f"  epoch time, 1 rank, SAGE {json.loads(meta['model'])['num_layers']} layers: "
+          f"hpcgnn in-memory {et['hpcgnn_in_memory']['epoch_s']:.3f} s", end="")
+    if "pyg" in et:
+        print(f", PyG ({et['pyg']['best_input']}) {et['pyg']['epoch_s']:.3f} s -> "
+              f"{et['speedup_vs_pyg']:.2f}x", end="")
+    print()
+    print("  offloaded (HongTu), chunks: epoch s | peak device MiB | H2D MiB | D2H MiB | grad rel err")
+    for k, r in results["offload"].items():
+        print(f"    {r['chunks']:>3}: {r['epoch_s']:8.3f} | {r['peak_device_bytes'] / 2**20:9.1f} | "
+              f"{r['h2d_bytes'] / 2**20:8.1f} | {r['d2h_bytes'] / 2**20:8.1f} | {r['grad_rel_err_vs_in_memory']:.1e}")
+    d = results["dedup"]
+    print(f"  source rows host->device, {d['parts']} partitions x {d['chunks']} chunks (one training step, "
+          "all partitions):")
+    print("    batch | order   | dedup | measured MiB | no-dedup MiB | reduction | predicted | V_ori/V_batch/V_reuse rows")
+    for r in d["cases"]:
+        print(f"    {r['batch_chunks']:>5} | {r['order']:<7} | {str(r['dedup']):<5} | {r['measured'] / 2**20:12.1f} | "
+              f"{r['nodedup'] / 2**20:12.1f} | {100 * r['reduction']:8.1f}% | {100 * r['predicted_reduction']:8.1f}% | "
+              f"{r['v_ori']}/{r['v_batch']}/{r['v_reuse']}")
+    print(f"    best reduction {100 * d['best_reduction']:.1f}% (target >= {100 * d['target_reduction']:.0f}%)")
+    for k in ("uniform", "local500"):
+        b = results["bandwidth"][k]
+        print(f"  aggregation bandwidth ({k}): native {b['native_gbs']:.1f} GB/s = {100 * b['native_frac_copy']:.0f}% "
+              f"of copy {b['copy_gbs']:.1f} GB/s (torch CSR {100 * b['torch_frac_copy']:.0f}%; target >= "
+              f"{100 * results['bandwidth']['target_fraction']:.0f}%)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

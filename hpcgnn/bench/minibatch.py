@@ -1,0 +1,216 @@
+"""Benchmark the DistGNN-MB engine: `python -m hpcgnn.bench.minibatch --out FILE.h5`.
+
+1. ``hpcgnn prepare --dataset products-like --scale S`` (an ogbn-products-shaped synthetic graph
+   scaled to this machine) and ``hpcgnn partition`` (METIS) into 1 and 2 parts, in a work
+   directory (reused when already there).
+2. ``hpcgnn train`` with ``inputs/products-sage.toml`` (the paper's GraphSAGE settings) under
+   mpiexec: HEC mode on 1 and 2 ranks (d = 1), exact (DistDGL-style) mode and halo-off mode on
+   2 ranks.
+3. From each run file: epoch time (mean over epochs after the first, slowest rank) and its
+   breakdown (mean over ranks), the share of the epoch spent waiting for AEP messages
+   (``comm_wait / epoch``, worst rank), bytes sent per epoch (all ranks), sampler throughput
+   (sampled edges per second of sampling time), HEC hit rate per layer, final accuracies.
+
+Targets (DistGNN-MB): AEP wait <= 5 % of the epoch at d = 1; AEP moves >= 5x fewer bytes than
+the exact mode. Prints a table and writes the figures to FILE.h5 (atomically).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET_WAIT_SHARE = 0.05
+TARGET_BYTES_RATIO = 5.0
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> float:
+    """Run a command (output to ``log``); wall seconds. Exits with the log tail on failure."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                              env={**os.environ, "HPCGNN_PROGRESS": "0"}, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"hpcgnn.bench.minibatch: {' '.join(cmd)} failed (exit {proc.returncode})\n{tail}")
+    return wall
+
+
+def prepare_data(work: Path, scale: float, seed: int, timeout: float) -> dict[int, Path]:
+    """Graph file and 1-/2-part stores in ``work`` (reused if present); {parts: store}."""
+    hpcgnn = [sys.executable, "-m", "hpcgnn"]
+    tag = f"products-like-s{scale:g}-seed{seed}"
+    graph = work / f"{tag}.h5"
+    if not graph.exists():
+        _run(hpcgnn + ["prepare", "--dataset", "products-like", "--scale", f"{scale:g}", "--seed", str(seed),
+                       "--out", str(graph)], work / "prepare.log", timeout)
+    stores = {}
+    for k in (1, 2):
+        store = work / f"{tag}-metis-{k}"
+        if not (store / "meta.h5").exists():
+            _run(hpcgnn + ["partition", str(graph), "--parts", str(k), "--seed", str(seed), "--out", str(store),
+                           "--force"], work / f"partition-{k}.log", timeout)
+        stores[k] = store
+    return stores
+
+
+def summarise_run(run_dir: Path) -> dict:
+    """Figures of one run file (see the module docstring)."""
+    from hpcgnn.run.output import read_run
+
+    r = read_run(run_dir)
+    t, c, m, pl = r["timings"], r["counters"], r["metrics"], r["per_layer"]
+    e = t["epoch"].shape[0]
+    sel = slice(1, None) if e > 1 else slice(0, None)   # first epoch = warm-up
+    epoch = t["epoch"][sel]                               # [E', P]
+    phases = {k: float(np.mean(v[sel])) for k, v in t.items() if k not in ("epoch", "eval")}
+    out = {
+        "ranks": int(r["attrs"]["num_ranks"]), "halo_mode": r["attrs"].get("halo_mode"),
+        "epochs": e, "epoch_time_s": float(np.mean(np.max(epoch, axis=1))),
+        "phases_mean_s": phases,
+        "bytes_sent_per_epoch": float(np.mean(np.sum(c.get("bytes_sent", np.zeros_like(epoch))[sel], axis=1))),
+        "iterations": int(c["iterations"][-1, 0]),
+        "sampled_edges_per_s": float(np.sum(c["sampled_edges"][sel]) / max(np.sum(t["sample"][sel]), 1e-12))
+        if "sample" in t else float("nan"),
+        "test_acc": float(m["test_acc"][-1]), "val_acc": float(m["val_acc"][-1]),
+        "train_acc": float(m["train_acc"][-1]), "loss": float(m["loss"][-1]),
+    }
+    if "comm_wait" in t:
+        out["comm_wait_share"] = float(np.max(t["comm_wait"][sel] / epoch))
+        out["push_share"] = float(np.max(t["push"][sel] / epoch))
+    if "hec_hits" in pl:
+        hits = np.nansum(pl["hec_hits"][sel], axis=(0, 1))
+        looks = np.nansum(pl["hec_lookups"][sel], axis=(0, 1))
+        out["hec_hit_rate"] = [float(h / l) if l else float("nan") for h, l in zip(hits, looks)]
+    if "aep_bytes_sent" in c:
+        out["aep_bytes_per_epoch"] = float(np.mean(np.sum(c["aep_bytes_sent"][sel], axis=1)))
+    if "exact_feature_bytes_sent" in c:
+        out["exact_feature_bytes_per_epoch"] = float(np.mean(np.sum(c["exact_feature_bytes_sent"][sel], axis=1)))
+        out["exact_sample_bytes_per_epoch"] = float(np.mean(np.sum(c["exact_sample_bytes_sent"][sel], axis=1)))
+    return out
+
+
+def _fmt(x, spec=".3f"):
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def table(results: dict) -> str:
+    head = ["run", "ranks", "epoch_s", "sample", "forward", "backward", "allreduce", "wait%",
+            "MB_sent/ep", "Medges/s", "hit L0/L1/L2 %", "val%", "test%"]
+    rows = [head]
+    for name, r in results.items():
+        ph = r["phases_mean_s"]
+        rows.append([name, str(r["ranks"]), _fmt(r["epoch_time_s"]), _fmt(ph.get("sample")),
+                     _fmt(ph.get("forward")), _fmt(ph.get("backward")), _fmt(ph.get("allreduce")),
+                     _fmt(100 * r["comm_wait_share"], ".2f") if "comm_wait_share" in r else "-",
+                     _fmt(r["bytes_sent_per_epoch"] / 1e6, ".2f"), _fmt(r["sampled_edges_per_s"] / 1e6, ".2f"),
+                     "/".join(_fmt(100 * h, ".0f") for h in r.get("hec_hit_rate", [])) or "-",
+                     _fmt(100 * r["val_acc"], ".2f"), _fmt(100 * r["test_acc"], ".2f")])
+    w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(x) for c, x in zip(r, w)) for r in rows)
+
+
+def write_h5(path: Path, results: dict, summary: dict, meta: dict) -> None:
+    import h5py
+
+    from hpcgnn.fileio import atomic_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["format"] = "hpcgnn-bench-minibatch"
+        for k, v in {**meta, **summary}.items():
+            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        for name, r in results.items():
+            g = f.create_group(name)
+            for k, v in r.items():
+                if isinstance(v, dict):
+                    for pk, pv in v.items():
+                        g.attrs[f"{k}.{pk}"] = pv
+                elif isinstance(v, list):
+                    g.create_dataset(k, data=np.asarray(v, dtype=np.float64))
+                elif v is not None:
+                    g.attrs[k] = v
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.minibatch", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="HDF5 file with the figures")
+    p.add_argument("--work", default=None, help="work directory (default: beside --out)")
+    p.add_argument("--scale", type=float, default=0.04, help="products-like scale (1 = ogbn-products size)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", default=str(ROOT / "inputs" / "products-sage.toml"))
+    p.add_argument("--runs", default="hec-1,hec-2,exact-2,off-2", help="comma-separated runs (MODE-RANKS)")
+    p.add_argument("--set", action="append", default=[], help="extra train --set overrides")
+    p.add_argument("--timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.parent / "minibatch-work"
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    stores = prepare_data(work, args.scale, args.seed, args.timeout)
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    results, walls = {}, {}
+    for spec in args.runs.split(","):
+        mode, ranks = spec.rsplit("-", 1)
+        run_dir = work / f"run-{spec}"
+        cmd = [mpiexec, "-n", ranks, sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
+               "--set", f"data.partitions={stores[int(ranks)]}", "--set", f"output.dir={run_dir}",
+               "--set", f"minibatch.halo={mode}", "--set", f"train.epochs={args.epochs}",
+               "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"]
+        for s in args.set:
+            cmd += ["--set", s]
+        walls[spec] = _run(cmd, work / f"run-{spec}.log", args.timeout)
+        results[spec] = summarise_run(run_dir)
+        results[spec]["wall_s"] = walls[spec]
+        print(f"{spec}: {results[spec]['epoch_time_s']:.2f} s/epoch, test {100 * results[spec]['test_acc']:.2f}%",
+              flush=True)
+    summary = {}
+    hec2 = next((r for k, r in results.items() if k.startswith("hec-") and r["ranks"] > 1), None)
+    exact2 = next((r for k, r in results.items() if k.startswith("exact-")), None)
+    if hec2 is not None:
+        summary["comm_wait_share_d1"] = hec2["comm_wait_share"]
+        summary["target_wait_share"] = TARGET_WAIT_SHARE
+    if hec2 is not None and exact2 is not None and hec2["bytes_sent_per_epoch"] > 0:
+        summary["exact_over_aep_bytes"] = exact2["bytes_sent_per_epoch"] / hec2["bytes_sent_per_epoch"]
+        summary["target_bytes_ratio"] = TARGET_BYTES_RATIO
+    meta = {"scale": args.scale, "epochs": args.epochs, "seed": args.seed, "config": Path(args.config).read_text(),
+            "overrides": list(args.set), "host": platform.node(), "cpus": os.cpu_count() or 0,
+            "python": platform.python_version(), "total_wall_s": time.perf_counter() - t0,
+            "graph": json.dumps({k: str(v) for k, v in stores.items()})}
+    try:
+        from hpcgnn.partition.store import read_meta
+
+        m2 = read_meta(stores[2])
+        meta.update(num_nodes=m2.num_nodes, num_edges=m2.num_edges, num_features=m2.num_features,
+                    edge_cut=m2.edge_cut)
+    except Exception:  # noqa: BLE001 - figures without graph sizes are still useful
+        pass
+    write_h5(out, results, summary, meta)
+    print(table(results))
+    if "num_nodes" in meta:
+        print(f"graph: {meta['num_nodes']:,} vertices, {meta['num_edges']:,} directed edges, "
+              f"{meta['num_features']} features, edge cut (2 parts) {meta['edge_cut']:,}")
+    if "comm_wait_share_d1" in summary:
+        s = summary["comm_wait_share_d1"]
+        print(f"AEP wait share at d=1 (worst rank): {100 * s:.2f}% (target <= {100 * TARGET_WAIT_SHARE:.0f}%)")
+    if "exact_over_aep_bytes" in summary:
+        s = summary["exact_over_aep_bytes"]
+        print(f"exact / AEP bytes per epoch: {s:.1f}x (target >= {TARGET_BYTES_RATIO:.0f}x)")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

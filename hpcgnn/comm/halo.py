@@ -1,0 +1,159 @@
+"""Halo exchange for exact full-graph training, and its adjoint.
+
+A rank owns the solid rows ``0..n_solid-1`` of its partition and needs copies
+of the halo rows ``n_solid..n_local-1`` (in-neighbours owned elsewhere). The
+forward exchange sends each owner's boundary rows (``Partition.send_list``) to
+the ranks that hold them as halo; the backward (adjoint) exchange sends the
+gradients of the halo copies back to their owners, where they are **summed**
+into the owner's rows. :class:`HaloExchange` wraps the pair as one
+``torch.autograd.Function`` (Megatron style: a collective with its adjoint),
+so a model written for one process trains exactly over K ranks.
+
+Every rank must call the same exchanges in the same order (collectives).
+Partitions own contiguous global-ID ranges and ``halo_ids`` is sorted, so the
+rows received from sources 0..K-1, concatenated, are already in halo order.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcgnn.comm.alltoall import alltoallv, exchange_counts
+from hpcgnn.errors import InputError
+
+
+@dataclass
+class HaloPlan:
+    """Rows one rank sends and receives in a halo exchange.
+
+    send_index  int64 [S]  local solid rows to send, grouped by destination rank
+    send_counts int64 [K]  rows sent to each rank (``send_index`` segments)
+    recv_counts int64 [K]  rows received from each rank; concatenated = halo order
+    """
+
+    num_solid: int
+    num_halo: int
+    send_index: np.ndarray
+    send_counts: np.ndarray
+    recv_counts: np.ndarray
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.send_counts.shape[0])
+
+    @property
+    def rows_sent(self) -> int:
+        return int(self.send_index.shape[0])
+
+    @classmethod
+    def from_partition(cls, part, comm=None) -> "HaloPlan":
+        """Plan of ``part``'s exchange; with ``comm`` (collective) check the peers agree.
+
+        Raises InputError if the communicator size differs from the store's
+        partition count or if the send lists of the owners do not match the
+        halo lists of the receivers (a store mixing two partitionings).
+        """
+        k = part.num_parts
+        send_counts = np.diff(part.send_indptr).astype(np.int64)
+        send_index = (part.send_ids - part.solid_begin).astype(np.int64)
+        if send_index.size and (send_index.min() < 0 or send_index.max() >= part.num_solid):
+            raise InputError(f"partition {part.part_id}: send_ids hold vertices it does not own")
+        owner = np.asarray(part.halo_owner, dtype=np.int64)
+        if owner.size and np.any(np.diff(owner) < 0):
+            raise InputError(f"partition {part.part_id}: halo_owner is not grouped by owner "
+                             "(halo_ids must be sorted and partitions own contiguous ranges)")
+        recv_counts = np.bincount(owner, minlength=k).astype(np.int64)
+        plan = cls(num_solid=part.num_solid, num_halo=part.num_halo, send_index=send_index,
+                   send_counts=send_counts, recv_counts=recv_counts)
+        if comm is not None:
+            if comm.Get_size() != k:
+                raise InputError(f"the partition store has {k} partitions but the job has "
+                                 f"{comm.Get_size()} ranks (one rank per partition)")
+            expect = exchange_counts(comm, send_counts)
+            bad = bool(np.any(expect != recv_counts))
+            bad = comm.allreduce(bad)
+            if bad:
+                raise InputError("partition store is inconsistent: a partition's halo rows do not "
+                                 "match its owners' send lists")
+        return plan
+
+
+def exchange_rows(comm, plan: HaloPlan, solid_rows: np.ndarray) -> np.ndarray:
+    """Forward exchange: halo rows [n_halo, ...] gathered from their owners' ``solid_rows``."""
+    send = solid_rows[plan.send_index] if plan.rows_sent else solid_rows[:0]
+    if comm is None or comm.Get_size() == 1:
+        return np.ascontiguousarray(send[:0])
+    return alltoallv(comm, send, plan.send_counts, plan.recv_counts)
+
+
+def adjoint_rows(comm, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
+    """Adjoint exchange: halo gradients back to owners; rows aligned with ``plan.send_index``.
+
+    The caller adds the result into its solid rows at ``send_index``
+    (see :func:`accumulate_adjoint`).
+    """
+    if comm is None or comm.Get_size() == 1:
+        return np.ascontiguousarray(halo_grads[:0])
+    return alltoallv(comm, np.ascontiguousarray(halo_grads), plan.recv_counts, plan.send_counts)
+
+
+def accumulate_adjoint(comm, plan: HaloPlan, solid_grads: torch.Tensor, halo_grads: torch.Tensor) -> None:
+    """``solid_grads[send_index] += adjoint(halo_grads)`` in place (solid_grads: CPU or device)."""
+    if comm is None or comm.Get_size() == 1:
+        return
+    back = adjoint_rows(comm, plan, halo_grads.detach().cpu().contiguous().numpy())
+    if back.shape[0]:
+        index = torch.from_numpy(plan.send_index).to(solid_grads.device)
+        solid_grads.index_add_(0, index, torch.from_numpy(back).to(solid_grads.device,
+                                                                     solid_grads.dtype))
+
+
+class HaloExchange(torch.autograd.Function):
+    """h_local = [h_solid; halo rows from owners]; backward sums halo grads into owners."""
+
+    @staticmethod
+    def forward(ctx, h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | None) -> torch.Tensor:
+        ctx.comm, ctx.plan, ctx.stats = comm, plan, stats
+        t0 = time.perf_counter()
+        if plan.rows_sent:
+            index = torch.from_numpy(plan.send_index).to(h_solid.device)
+            send = h_solid.detach().index_select(0, index).cpu().numpy()
+        else:
+            send = h_solid.detach()[:0].cpu().numpy()
+        if comm is None or comm.Get_size() == 1:
+            halo = send[:0]
+        else:
+            halo = alltoallv(comm, send, plan.send_counts, plan.recv_counts)
+        halo_t = torch.from_numpy(halo).to(h_solid.device, h_solid.dtype)
+        _account(stats, t0, send.nbytes)
+        return torch.cat([h_solid, halo_t.reshape((-1,) + tuple(h_solid.shape[1:]))], dim=0)
+
+    @staticmethod
+    def backward(ctx, grad_local: torch.Tensor):
+        plan = ctx.plan
+        t0 = time.perf_counter()
+        grad_solid = grad_local[:plan.num_solid].clone()
+        halo_grads = grad_local[plan.num_solid:]
+        accumulate_adjoint(ctx.comm, plan, grad_solid, halo_grads)
+        _account(ctx.stats, t0, halo_grads.nbytes if ctx.comm is not None and ctx.comm.Get_size() > 1 else 0)
+        return grad_solid, None, None, None
+
+
+def _account(stats: dict | None, t0: float, nbytes: int) -> None:
+    if stats is not None:
+        stats["halo_s"] = stats.get("halo_s", 0.0) + time.perf_counter() - t0
+        stats["halo_bytes"] = stats.get("halo_bytes", 0) + int(nbytes)
+
+
+def halo_exchange(h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | None = None) -> torch.Tensor:
+    """Differentiable halo exchange: [n_solid, ...] -> [n_solid + n_halo, ...] (collective).
+
+    ``stats`` (optional) accumulates ``halo_s`` (seconds) and ``halo_bytes`` (bytes sent)
+    over the forward and backward exchanges.
+    """
+    if h_solid.shape[0] != plan.num_solid:
+        raise ValueError(f"halo_exchange: {h_solid.shape[0]} rows, plan expects {plan.num_solid}")
+    return HaloExchange.apply(h_solid, comm, plan, stats)

@@ -1,0 +1,152 @@
+"""`hpcgnn inspect PATH [--json]`: summarise a graph file or a partition directory.
+
+Reads only attributes and small arrays (row pointers, masks, labels); never features.
+``--json`` prints one JSON object; a partition store's balance is keyed by constraint name
+(vertices, train, edges).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.errors import InputError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("path", metavar="PATH", help="graph file (.h5) or partition directory")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def graph_summary(path: Path) -> dict:
+    """Sizes, feature width, classes, split sizes and degree statistics of a graph file."""
+    from hpcgnn.data.graph import GRAPH_FORMAT, MASKS
+    from hpcgnn.fileio import open_h5, read_dataset
+
+    with open_h5(path, GRAPH_FORMAT) as f:
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        for key in ("num_nodes", "num_edges", "num_features", "num_classes"):
+            if key not in attrs:
+                raise InputError(f"{path}: attribute '{key}' is missing")
+        n = int(attrs["num_nodes"])
+        degree = np.diff(read_dataset(f, "indptr", np.int64, (n + 1,)))
+        labels = read_dataset(f, "labels", np.int64, (n,))
+        split = {name.removesuffix("_mask"): int(read_dataset(f, name, bool, (n,)).sum()) for name in MASKS}
+    try:
+        source = json.loads(attrs.get("source", "{}"))
+    except json.JSONDecodeError:
+        source = attrs.get("source")
+    return {
+        "kind": "graph", "path": str(path), "name": str(attrs.get("name", path.stem)),
+        "num_nodes": n, "num_edges": int(attrs["num_edges"]),
+        "num_undirected_edges": int(attrs["num_edges"]) // 2,
+        "num_features": int(attrs["num_features"]), "num_classes": int(attrs["num_classes"]),
+        "split": split, "labelled": int(np.count_nonzero(labels >= 0)),
+        "degree": {"mean": float(degree.mean()) if n else 0.0, "max": int(degree.max()) if n else 0,
+                   "isolated": int(np.count_nonzero(degree == 0))},
+        "self_loops_removed": int(attrs.get("self_loops_removed", 0)),
+        "duplicates_removed": int(attrs.get("duplicates_removed", 0)),
+        "source": source,
+    }
+
+
+def partition_summary(directory: Path) -> dict:
+    """Edge cut, per-constraint balance, per-partition sizes and replication of a store."""
+    from hpcgnn.fileio import open_h5, read_dataset
+    from hpcgnn.partition.store import PART_FORMAT, part_file_name, read_meta
+
+    meta = read_meta(directory)
+    parts = []
+    for p in range(meta.num_parts):
+        path = directory / part_file_name(p)
+        with open_h5(path, PART_FORMAT) as f:
+            n_solid = int(meta.part_offsets[p + 1] - meta.part_offsets[p])
+            indptr = read_dataset(f, "indptr", np.int64, (n_solid + 1,))
+            send_indptr = read_dataset(f, "send_indptr", np.int64, (meta.num_parts + 1,))
+            parts.append({
+                "part_id": p, "num_solid": n_solid, "num_halo": int(meta.halo_counts[p]),
+                "num_edges": int(indptr[-1]),
+                "num_train": int(read_dataset(f, "train_mask", bool, (n_solid,)).sum()),
+                "num_send": int(send_indptr[-1]),
+            })
+    a = meta.attrs
+    undirected = meta.num_edges // 2
+    return {
+        "kind": "partitions", "path": str(directory), "num_parts": meta.num_parts,
+        "method": meta.method, "seed": meta.seed, "num_nodes": meta.num_nodes,
+        "num_edges": meta.num_edges, "num_features": meta.num_features,
+        "num_classes": meta.num_classes, "edge_cut": meta.edge_cut,
+        "edge_cut_fraction": meta.edge_cut / undirected if undirected else 0.0,
+        "constraints": json.loads(a.get("constraints", "[]")),
+        "balance": {k: float(meta.balance[k]) for k in ("vertices", "train", "edges") if k in meta.balance},
+        "halo_total": int(meta.halo_counts.sum()),
+        "replication_factor": (meta.num_nodes + int(meta.halo_counts.sum())) / max(meta.num_nodes, 1),
+        "parts": parts,
+        "content_hash": meta.content_hash,
+        "source_graph": a.get("source_graph"), "source_hash": a.get("source_hash"),
+        "tool_versions": json.loads(a.get("tool_versions", "{}")),
+    }
+
+
+def summarise(path: str | Path) -> dict:
+    """The summary of a graph file, a partition directory, or a store's meta.h5."""
+    path = Path(path)
+    if path.is_dir():
+        from hpcgnn.partition.store import META_FILE
+
+        if not (path / META_FILE).exists():
+            raise InputError(f"{path}: directory has no {META_FILE}, expected a partition directory")
+        return partition_summary(path)
+    if not path.exists():
+        raise InputError(f"{path}: file not found")
+    from hpcgnn.fileio import open_h5
+    from hpcgnn.partition.store import META_FORMAT
+
+    with open_h5(path) as f:
+        fmt = f.attrs.get("format")
+        fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    if fmt == META_FORMAT:
+        return partition_summary(path.parent)
+    if fmt != "hpcgnn-graph":
+        raise InputError(f"{path}: attribute 'format' is {fmt!r}, expected a graph file ('hpcgnn-graph') "
+                         "or a partition directory")
+    return graph_summary(path)
+
+
+def _text(s: dict) -> str:
+    if s["kind"] == "graph":
+        sp, dg = s["split"], s["degree"]
+        return "\n".join([
+            f"graph {s['path']} ({s['name']})",
+            f"  vertices {s['num_nodes']:,}  edges {s['num_undirected_edges']:,} undirected "
+            f"({s['num_edges']:,} directed)",
+            f"  features {s['num_features']}  classes {s['num_classes']}  labelled {s['labelled']:,}",
+            f"  split train {sp['train']:,}  val {sp['val']:,}  test {sp['test']:,}",
+            f"  degree mean {dg['mean']:.2f}  max {dg['max']:,}  isolated {dg['isolated']:,}",
+        ])
+    bal = "  ".join(f"{k} {v:.3f}" for k, v in s["balance"].items())
+    lines = [
+        f"partition store {s['path']}: {s['num_parts']} parts ({s['method']}, seed {s['seed']})",
+        f"  graph: vertices {s['num_nodes']:,}  edges {s['num_edges'] // 2:,} undirected  "
+        f"features {s['num_features']}  classes {s['num_classes']}",
+        f"  edge cut {s['edge_cut']:,} ({100 * s['edge_cut_fraction']:.2f}% of edges)",
+        f"  balance (max/mean): {bal}   constraints: {','.join(s['constraints']) or '-'}",
+        f"  halo total {s['halo_total']:,}   replication factor {s['replication_factor']:.3f}",
+        f"  {'part':>5} {'solid':>12} {'halo':>12} {'in-edges':>14} {'train':>10} {'send':>12}",
+    ]
+    for p in s["parts"]:
+        lines.append(f"  {p['part_id']:>5} {p['num_solid']:>12,} {p['num_halo']:>12,} {p['num_edges']:>14,} "
+                     f"{p['num_train']:>10,} {p['num_send']:>12,}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    summary = summarise(args.path)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        print(_text(summary))
+    sys.stdout.flush()
+    return 0

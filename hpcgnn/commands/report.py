@@ -1,0 +1,141 @@
+"""`hpcgnn report RUN [--json]`: summarise a run directory (its ``run.h5``).
+
+The table has one row per logged epoch: loss, accuracies (%), epoch time (slowest rank), the
+mean over ranks of each timed phase, bytes sent (sum over ranks) and, for HEC runs, the hit
+rate of every layer's cache (hits / lookups over all ranks). ``--json`` prints the same as one
+JSON object (NaN as null).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.errors import InputError
+
+PHASES = ("sample", "fetch", "forward", "comm_wait", "push", "cache", "backward", "allreduce",
+          "optimizer", "eval")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run", metavar="RUN", help="run directory (or its run.h5)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, (np.floating,)):
+        return _clean(float(x))
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def summarise(run: dict) -> dict:
+    """The report as a plain dict (used by both outputs)."""
+    a = run["attrs"]
+    try:
+        config = json.loads(a.get("config", "{}"))
+    except json.JSONDecodeError:
+        config = {}
+    m, t, c, pl = run["metrics"], run["timings"], run["counters"], run["per_layer"]
+    epochs = [int(e) for e in m.get("epoch", [])]
+    rows = []
+    for i, e in enumerate(epochs):
+        row = {"epoch": e}
+        for k, v in m.items():
+            if k != "epoch":
+                row[k] = _clean(float(v[i]))
+        if "epoch" in t:
+            row["time_s"] = _clean(float(np.nanmax(t["epoch"][i])))
+        row["phases_mean_s"] = {k: _clean(float(np.nanmean(t[k][i]))) for k in PHASES if k in t}
+        if "bytes_sent" in c:
+            row["bytes_sent"] = _clean(float(np.nansum(c["bytes_sent"][i])))
+        if "hec_hits" in pl and "hec_lookups" in pl:
+            hits = np.nansum(pl["hec_hits"][i], axis=0)
+            looks = np.nansum(pl["hec_lookups"][i], axis=0)
+            row["hec_hit_rate"] = [_clean(float(h / l)) if l else None for h, l in zip(hits, looks)]
+        rows.append(row)
+    val = [(r.get("val_acc"), r) for r in rows if r.get("val_acc") is not None]
+    best = max(val, key=lambda x: x[0])[1] if val else None
+    evaluated = [r for r in rows if r.get("test_acc") is not None]
+    times = [r["time_s"] for r in rows if r.get("time_s") is not None]
+    return {
+        "path": run["path"], "status": a.get("status"), "engine": a.get("engine"),
+        "num_ranks": _clean(a.get("num_ranks")), "partition_hash": a.get("partition_hash"),
+        "partition_dir": a.get("partition_dir"), "created": a.get("created"),
+        "halo_mode": a.get("halo_mode"), "eval_method": a.get("eval_method"),
+        "hpcgnn_version": a.get("hpcgnn_version"), "config": config, "epochs": rows,
+        "best_val": None if best is None else {"epoch": best["epoch"], "val_acc": best["val_acc"],
+                                                "test_acc": best.get("test_acc")},
+        "final": None if not evaluated else {"epoch": evaluated[-1]["epoch"],
+                                             "val_acc": evaluated[-1].get("val_acc"),
+                                             "test_acc": evaluated[-1].get("test_acc")},
+        "mean_epoch_time_s": float(np.mean(times)) if times else None,
+    }
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def format_table(s: dict) -> str:
+    cfg = s["config"]
+    model, train, mb = cfg.get("model", {}), cfg.get("train", {}), cfg.get("minibatch", {})
+    lines = [f"run        {s['path']}  ({s['status']}, hpcgnn {s['hpcgnn_version']}, {s['created']})",
+             f"engine     {s['engine']} on {s['num_ranks']} ranks; partitions {s['partition_dir']} "
+             f"({str(s['partition_hash'])[:12]})",
+             f"model      {model.get('arch')} layers {model.get('layers')} hidden {model.get('hidden')} "
+             f"dropout {model.get('dropout')}; lr {train.get('lr')} wd {train.get('weight_decay')} "
+             f"seed {train.get('seed')}"]
+    if s["engine"] == "minibatch":
+        lines.append(f"minibatch  batch {mb.get('batch_size')} fanouts {mb.get('fanouts')} halo "
+                     f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "
+                     f"ls {mb.get('ls')}); eval {mb.get('eval')}")
+    rows = s["epochs"]
+    phases = [p for p in PHASES if any(p in r["phases_mean_s"] for r in rows)]
+    layers = max((len(r.get("hec_hit_rate") or []) for r in rows), default=0)
+    head = ["epoch", "loss", "train%", "val%", "test%", "time_s"] + phases + \
+        (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)]
+    table = [head]
+    for r in rows:
+        cells = [str(r["epoch"]), "-" if r.get("loss") is None else f"{r['loss']:.4f}",
+                 _pct(r.get("train_acc")), _pct(r.get("val_acc")), _pct(r.get("test_acc")),
+                 "-" if r.get("time_s") is None else f"{r['time_s']:.3f}"]
+        cells += ["-" if r["phases_mean_s"].get(p) is None else f"{r['phases_mean_s'][p]:.3f}" for p in phases]
+        if "MB_sent" in head:
+            cells.append("-" if r.get("bytes_sent") is None else f"{r['bytes_sent'] / 1e6:.2f}")
+        hits = r.get("hec_hit_rate") or []
+        cells += [_pct(hits[l]) if l < len(hits) else "-" for l in range(layers)]
+        table.append(cells)
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    lines.append("")
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    lines.append("")
+    if s["best_val"]:
+        b = s["best_val"]
+        lines.append(f"best val   {_pct(b['val_acc'])}% at epoch {b['epoch']} (test {_pct(b['test_acc'])}%)")
+    if s["final"]:
+        f = s["final"]
+        lines.append(f"final      epoch {f['epoch']}: val {_pct(f['val_acc'])}%, test {_pct(f['test_acc'])}%")
+    if s["mean_epoch_time_s"] is not None:
+        lines.append(f"epoch time {s['mean_epoch_time_s']:.3f} s (mean over epochs, slowest rank)")
+    lines.append("phases: mean over ranks in seconds; forward includes comm_wait, push and cache")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from hpcgnn.run.output import RUN_FILE, read_run
+
+    path = Path(args.run)
+    if path.is_dir() and not (path / RUN_FILE).exists():
+        raise InputError(f"{path}: no {RUN_FILE} in this directory (not a run directory)")
+    s = summarise(read_run(path))
+    if args.json:
+        print(json.dumps(s, indent=1, default=_clean))
+    else:
+        print(format_table(s))
+    return 0

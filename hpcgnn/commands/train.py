@@ -1,0 +1,59 @@
+"""`hpcgnn train --config FILE [--set key=value]... [--resume] [--force]` (run under mpiexec/srun).
+
+Every rank loads the configuration and its own partition (rank r reads partition r of
+``data.partitions``); the job must have exactly as many ranks as the store has partitions.
+Checks whose outcome may differ between ranks go through ``Runtime.agree`` so that every rank
+stops with the same one-line error and exit code 2. Dispatches on ``train.engine`` to
+``hpcgnn.engine.<engine>.train(cfg, rt, out)``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from hpcgnn.errors import InputError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="TOML configuration file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a configuration key, e.g. --set train.epochs=5 (repeatable)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in output.dir from its latest checkpoint")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing run in output.dir")
+
+
+def _collective(rt, fn):
+    """Run ``fn()`` on every rank; an InputError on any rank stops all of them with its message."""
+    result, error = None, None
+    try:
+        result = fn()
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    return result
+
+
+def run(args) -> int:
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+    from hpcgnn.run.output import RunOutput
+    from hpcgnn.runtime import Runtime
+
+    rt = Runtime.start()
+    with rt.guard():
+        cfg = _collective(rt, lambda: load_config(args.config, args.set))
+        if cfg.runtime.threads > 0 and not os.environ.get("HPCGNN_THREADS"):
+            rt.set_threads(cfg.runtime.threads)
+        meta = _collective(rt, lambda: read_meta(cfg.data.partitions))
+        if meta.num_parts != rt.size:
+            rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
+                     f"the job has {rt.size} ranks (start one rank per partition: "
+                     f"mpiexec -n {meta.num_parts})")
+        out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
+        engine = importlib.import_module(f"hpcgnn.engine.{cfg.train.engine}")
+        engine.train(cfg, rt, out)
+        out.close()
+        rt.finish()
+    return 0

@@ -1,0 +1,273 @@
+"""What the minibatch and full-graph engines share.
+
+* :func:`rng_key` / :func:`seed_torch`: every random stream is a function of integers such as
+  (seed, epoch, step, rank), so a run resumed at an epoch boundary continues exactly.
+* :func:`build_model_from_config` / :func:`build_optimizer`: the model (identical initial
+  parameters on every rank: seeded, then broadcast from rank 0) and Adam.
+* :class:`GradientAllreduce`: one flat-buffer allreduce of all parameter gradients (mean or sum).
+* :func:`allreduce_sum` / :func:`accuracy_metrics`: parallel evaluation counts reduced to global
+  accuracies.
+* :class:`PhaseTimer`: per-phase wall-clock seconds of one epoch.
+* :func:`save_training_state` / :func:`restore_training_state`: checkpoint and resume.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+
+import numpy as np
+import torch
+
+from hpcgnn.errors import InputError
+from hpcgnn.run.checkpoint import load_latest_checkpoint, save_checkpoint
+
+SPLITS = ("train", "val", "test")
+
+
+# ---- randomness -------------------------------------------------------------
+def rng_key(*parts: int) -> int:
+    """A 63-bit integer determined by ``parts`` (ints; negative allowed). Stable across runs."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(int(p).to_bytes(16, "little", signed=True))
+    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def numpy_rng(*parts: int) -> np.random.Generator:
+    """numpy Generator seeded with :func:`rng_key` of ``parts``."""
+    return np.random.default_rng(rng_key(*parts))
+
+
+def seed_torch(*parts: int) -> None:
+    """Seed torch's global generators (dropout ...) with :func:`rng_key` of ``parts``."""
+    torch.manual_seed(rng_key(*parts))
+
+
+# ---- device, model, optimizer -----------------------------------------------
+def resolve_device(cfg, rt=None) -> torch.device:
+    """cfg.train.device -> torch.device ('auto' = cuda if available; one GPU per local rank)."""
+    want = cfg.train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError("train.device = 'cuda' but torch sees no CUDA device")
+        local = rt.local_rank if rt is not None else 0
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
+                            device: torch.device | str = "cpu", **extra) -> torch.nn.Module:
+    """The configured model; parameters seeded by cfg.train.seed and broadcast from rank 0.
+
+    ``extra`` is passed to :func:`hpcgnn.nn.models.build_model` (e.g. GCN normalisation).
+    """
+    from hpcgnn.nn.models import build_model
+
+    m = cfg.model
+    seed_torch(cfg.train.seed, -1)
+    kwargs = dict(extra)
+    if m.arch == "gat":
+        kwargs.setdefault("gat_variant", m.gat_variant)
+    model = build_model(m.arch, in_dim, m.hidden, num_classes, m.layers, m.heads, m.dropout, **kwargs)
+    model = model.to(device)
+    if rt is not None and rt.size > 1:
+        broadcast_parameters(model, rt)
+    return model
+
+
+def broadcast_parameters(model: torch.nn.Module, rt) -> None:
+    """Overwrite every rank's parameters and buffers with rank 0's (one flat buffer)."""
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+    if not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]).numpy()
+    rt.comm.Bcast(flat, root=0)
+    off = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(torch.from_numpy(flat[off:off + n]).view_as(t).to(t.device, t.dtype))
+            off += n
+
+
+def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam with cfg.train.lr and cfg.train.weight_decay."""
+    return torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+
+def parameter_checksum(model: torch.nn.Module) -> str:
+    """sha256 (hex) of all parameters' bytes in order: equal iff parameters are bitwise equal."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---- collectives ------------------------------------------------------------
+class GradientAllreduce:
+    """Allreduce of all parameter gradients as one flat float32 buffer.
+
+    ``op`` = 'mean' divides the sum by the number of ranks. A parameter without a gradient
+    contributes zeros, and after the call every parameter has a gradient (identical on all
+    ranks). Uses mpi4py, or torch.distributed when ``use_torch_distributed`` (the caller has
+    initialised it). ``bytes_per_call`` is the buffer size.
+    """
+
+    def __init__(self, model: torch.nn.Module, rt, op: str = "mean", use_torch_distributed: bool = False):
+        if op not in ("mean", "sum"):
+            raise ValueError(f"grad_reduce must be 'mean' or 'sum', got {op!r}")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.rt = rt
+        self.op = op
+        self.use_torch = use_torch_distributed
+        self.numel = sum(p.numel() for p in self.params)
+        self._flat = torch.zeros(self.numel, dtype=torch.float32)
+
+    @property
+    def bytes_per_call(self) -> int:
+        return self.numel * 4
+
+    def __call__(self) -> None:
+        flat = self._flat
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                flat[off:off + n].zero_()
+            else:
+                flat[off:off + n].copy_(p.grad.detach().reshape(-1))
+            off += n
+        if self.rt.size > 1:
+            if self.use_torch:
+                import torch.distributed as dist
+
+                dev = self.params[0].device if self.params else torch.device("cpu")
+                buf = flat.to(dev)
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+                flat.copy_(buf.cpu())
+            else:
+                from mpi4py import MPI
+
+                self.rt.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+            if self.op == "mean":
+                flat.div_(self.rt.size)
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            g = flat[off:off + n].view_as(p).to(p.device, p.dtype)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+            off += n
+
+
+def allreduce_sum(rt, values) -> np.ndarray:
+    """Element-wise sum over ranks of a float64 vector (one Allreduce)."""
+    from mpi4py import MPI
+
+    buf = np.ascontiguousarray(values, dtype=np.float64).copy()
+    if rt.size > 1:
+        rt.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return buf
+
+
+def allreduce_max(rt, value: int) -> int:
+    """Maximum of an integer over ranks."""
+    from mpi4py import MPI
+
+    return int(rt.comm.allreduce(int(value), op=MPI.MAX)) if rt.size > 1 else int(value)
+
+
+def accuracy_metrics(rt, correct: dict[str, int], total: dict[str, int]) -> dict[str, float]:
+    """Collective: ``{split}_acc`` = sum of correct / sum of total over ranks (NaN if empty)."""
+    names = sorted(correct)
+    sums = allreduce_sum(rt, [correct[n] for n in names] + [total[n] for n in names])
+    k = len(names)
+    return {f"{n}_acc": (sums[i] / sums[k + i] if sums[k + i] > 0 else float("nan"))
+            for i, n in enumerate(names)}
+
+
+def split_counts(pred: torch.Tensor, labels: torch.Tensor, masks: dict[str, torch.Tensor]):
+    """(correct, total) per split of predictions on this rank's vertices."""
+    hit = pred == labels
+    correct = {k: int(hit[m].sum()) for k, m in masks.items()}
+    total = {k: int(m.sum()) for k, m in masks.items()}
+    return correct, total
+
+
+# ---- timing ----------------------------------------------------------------
+class PhaseTimer:
+    """Accumulated wall-clock seconds per named phase (``with timer.phase('forward'): ...``)."""
+
+    def __init__(self, sync_cuda: bool = False):
+        self.seconds: dict[str, float] = {}
+        self.sync_cuda = sync_cuda and torch.cuda.is_available()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync_cuda:
+                torch.cuda.synchronize()
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+
+# ---- checkpoint / resume ----------------------------------------------------
+def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        extra: dict | None = None) -> None:
+    """Collective: checkpoint model, optimizer, torch RNG and ``extra`` after ``epoch`` (1-based)."""
+    state = {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "content_hash": out.meta.content_hash,
+        "config": out.cfg.to_json(),
+        "engine": out.engine,
+        "extra": extra or {},
+    }
+    save_checkpoint(out.run_dir, epoch, state, out.rt, out.cfg.output.keep_checkpoints)
+
+
+def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
+    """Collective: on ``--resume`` load the newest checkpoint into model and optimizer.
+
+    Returns (first epoch to run, the checkpoint's ``extra``); (1, {}) when not resuming or when
+    there is no checkpoint yet. Run-file history after the checkpoint's epoch is dropped.
+    """
+    if not out.resume:
+        return 1, {}
+    error, state = None, None
+    try:
+        state = load_latest_checkpoint(out.run_dir, out.meta.content_hash)
+        if state is not None and state.get("engine", out.engine) != out.engine:
+            error = (f"{out.run_dir}: checkpoint was written by engine {state.get('engine')!r}, "
+                     f"config says {out.engine!r}")
+    except InputError as exc:
+        error = str(exc)
+    out.rt.agree(error)
+    epochs = out.rt.comm.allgather(None if state is None else int(state["epoch"]))
+    if len(set(epochs)) != 1:
+        out.rt.agree("ranks see different checkpoints in the run directory "
+                     f"(epochs {epochs}); is it on a shared file system?")
+    if state is None:
+        out.rewind(0)
+        return 1, {}
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    out.rewind(int(state["epoch"]))
+    return int(state["epoch"]) + 1, state.get("extra", {})

@@ -1,0 +1,479 @@
+"""DistGNN-MB minibatch training engine (one MPI rank per partition).
+
+Per epoch every rank runs the same number of iterations ``M = max over ranks of
+ceil(local_train / batch_size)``; a rank's local training vertices (shuffled) are split into M
+batches of ``local_train // M`` (+1 for the first ``local_train % M``), so ranks with fewer
+training vertices run smaller (possibly empty) batches but take part in every collective.
+
+Iteration ``k`` (DistGNN-MB §2.4): sample the minibatch inside the local partition
+(:class:`~hpcgnn.sampling.neighbor.NeighborSampler`, no remote access); then before each layer
+``l`` (:class:`HaloHooks`, called by the model):
+
+a. ``k >= d``: wait for the AEP message posted at layer ``l`` of iteration ``k - d`` and store
+   it in HEC_l;
+b. halo rows of ``h_l`` take their HEC_l value on a hit (detached: no gradient crosses ranks);
+   on a miss the edges from that halo vertex leave the block (``Block.drop_sources``), so a
+   mean aggregator averages over the remaining neighbours (and a destination left without
+   neighbours aggregates zero);
+c. ``k < M - d``: push ``h_l`` of the frontier's solid vertices that are halo elsewhere, at most
+   ``nc`` per destination (:class:`~hpcgnn.comm.aep.AsyncEmbeddingPush`);
+d. the model computes layer ``l``.
+
+HEC_0 holds raw input features and never expires. Then loss (cross-entropy, mean over the
+rank's seeds), backward, one flat-buffer gradient allreduce (mean or sum over ranks), Adam step:
+parameters stay identical on all ranks. Every posted exchange is received within its epoch.
+
+``minibatch.halo``: ``hec`` (above), ``off`` (edges from halo vertices always dropped, no
+communication), ``exact`` (DistDGL-style distributed sampling and feature pull, see
+:mod:`hpcgnn.comm.halo_fetch`).
+
+Evaluation (``minibatch.eval``): ``full`` = exact layer-wise full-neighbour inference over the
+whole graph (each rank computes its solid vertices layer by layer; the halo rows of every
+layer's input come from their owners by alltoallv); ``sampled`` = DistDGL-style sampled
+inference with the training fanouts over the whole graph. Counts are reduced to global
+accuracies.
+
+Randomness is a function of integers only (so resume at an epoch boundary is exact): model
+initialisation ``(seed)``; epoch order ``(seed, epoch, rank)``; sampling ``(seed, rank, epoch,
+step, layer, vertex)``; dropout ``(seed, epoch, step, rank)``; AEP choice ``(seed, epoch,
+step, layer, rank, destination)``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hpcgnn.comm.aep import AsyncEmbeddingPush
+from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metrics, allreduce_max,
+                                  allreduce_sum, build_model_from_config, build_optimizer,
+                                  numpy_rng, parameter_checksum, resolve_device,
+                                  restore_training_state, rng_key, save_training_state, seed_torch,
+                                  split_counts)
+from hpcgnn.errors import InputError
+
+# Stream tags of rng_key (distinct first parts keep the streams unrelated).
+_ORDER, _DROPOUT, _AEP, _SAMPLER, _EVAL = 1, 2, 3, 4, 5
+MISS_POLICY = "edges from missed halo sources are dropped (mean over the remaining neighbours)"
+
+
+def equalised_batches(num_local: int, batch_size: int, rt) -> tuple[int, list[int]]:
+    """Collective: (M, this rank's batch sizes) with M equal on all ranks (see module docstring)."""
+    m = allreduce_max(rt, math.ceil(num_local / batch_size) if num_local else 0)
+    if m == 0:
+        return 0, []
+    base, extra = divmod(num_local, m)
+    return m, [base + (1 if k < extra else 0) for k in range(m)]
+
+
+def layer_input_dims(model, in_dim: int, num_layers: int) -> list[int]:
+    """Width of each layer's input ``h_l`` (``model.in_dims``, else probed with a one-vertex block)."""
+    from hpcgnn.sampling.block import Block
+
+    if hasattr(model, "in_dims"):
+        return [int(d) for d in model.in_dims]
+
+    dims: list[int] = []
+
+    class _Probe:
+        def before_layer(self, l, h, block):
+            dims.append(int(h.shape[1]))
+            return h, block
+
+    block = Block(1, 1, torch.tensor([0, 1]), torch.tensor([0]))
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        model([block.to(dev)] * num_layers, torch.zeros(1, in_dim, device=dev), hooks=_Probe())
+    model.train(was_training)
+    if len(dims) != num_layers:
+        raise RuntimeError(f"model called hooks.before_layer {len(dims)} times for {num_layers} layers")
+    return dims
+
+
+class DebugRecord:
+    """Test instrumentation (``train.debug_record``), one HDF5 file per rank: per-step losses and
+    parameter checksums, AEP pushes/receives, and the layer inputs ``h_l`` (after the HEC
+    replacement) of the frontier's boundary and halo vertices as seen by the hooks."""
+
+    def __init__(self, path):
+        self.path = path
+        self.steps: list[tuple] = []
+        self.inputs: list[tuple] = []
+
+    def write(self, aep) -> None:
+        import h5py
+
+        from hpcgnn.fileio import atomic_file
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(self.path) as tmp, h5py.File(tmp, "w") as f:
+            s = np.array(self.steps, dtype=[("epoch", "i8"), ("step", "i8"), ("loss", "f8"),
+                                            ("seeds", "i8"), ("checksum", "S64")])
+            f.create_dataset("steps", data=s)
+            for name, recs in (("pushes", aep.pushes if aep else []),
+                               ("receives", aep.receives if aep else [])):
+                g = f.create_group(name)
+                for i, r in enumerate(recs):
+                    gi = g.create_group(str(i))
+                    gi.attrs["epoch"], gi.attrs["iteration"], gi.attrs["layer"] = r.epoch, r.iteration, r.layer
+                    gi.create_dataset("ids", data=r.ids)
+                    gi.create_dataset("ranks", data=r.dest)
+                    gi.create_dataset("rows", data=r.rows)
+            g = f.create_group("inputs")
+            for i, (epoch, k, l, gids, rows) in enumerate(self.inputs):
+                gi = g.create_group(str(i))
+                gi.attrs["epoch"], gi.attrs["iteration"], gi.attrs["layer"] = epoch, k, l
+                gi.create_dataset("ids", data=gids)
+                gi.create_dataset("rows", data=rows)
+
+
+class HaloHooks:
+    """``hooks.before_layer(l, h, block)`` of one iteration: HEC receive/lookup, AEP push, drops."""
+
+    def __init__(self, trainer: "MinibatchTrainer", epoch: int, k: int, m: int, frontiers: list[np.ndarray]):
+        self.t = trainer
+        self.epoch, self.k, self.m = epoch, k, m
+        self.frontiers = frontiers
+
+    def before_layer(self, l: int, h: torch.Tensor, block):
+        t = self.t
+        f = self.frontiers[l]
+        halo_pos = np.flatnonzero(f >= t.num_solid)
+        if t.halo_mode == "off":
+            if block is not None and halo_pos.size:
+                keep = torch.ones(block.num_src, dtype=torch.bool)
+                keep[torch.from_numpy(halo_pos)] = False
+                block = block.drop_sources(keep.to(block.device))
+            return h, block
+        hec, aep, timer = t.hecs[l], t.aep, t.timer
+        if self.k >= t.delay:
+            ids, rows = aep.receive(l, self.k)
+            with timer.phase("cache"):
+                hec.store(torch.from_numpy(ids), torch.from_numpy(rows))
+        if halo_pos.size:
+            with timer.phase("cache"):
+                tags = t.part.halo_ids[f[halo_pos] - t.num_solid]
+                hit, slots = hec.lookup(torch.from_numpy(tags))
+                hit_np = hit.numpy()
+                if hit_np.any():
+                    rows = hec.load(slots[hit]).to(h.dtype)
+                    idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
+                    h = h.index_copy(0, idx, rows)
+                missed = halo_pos[~hit_np]
+            if block is not None and missed.size:
+                keep = torch.ones(block.num_src, dtype=torch.bool)
+                keep[torch.from_numpy(missed)] = False
+                block = block.drop_sources(keep.to(block.device))
+        if t.record is not None and f.size:
+            sel = np.flatnonzero(t.record_mask[f])
+            t.record.inputs.append((self.epoch, self.k, l, t.part.to_global(f[sel]),
+                                    h.detach()[torch.from_numpy(sel).to(h.device)].cpu().numpy()))
+        if self.k < self.m - t.delay:
+            aep.push(l, self.k, f, h, rng_key(t.seed, _AEP, self.epoch, self.k, l, t.rt.rank))
+        return h, block
+
+
+class MinibatchTrainer:
+    """State of the minibatch engine on one rank; :meth:`fit` runs the configured epochs."""
+
+    def __init__(self, cfg, rt, out):
+        from hpcgnn.partition.store import load_partition
+        from hpcgnn.sampling.neighbor import NeighborSampler
+
+        self.cfg, self.rt, self.out = cfg, rt, out
+        mb = cfg.minibatch
+        self.seed = cfg.train.seed
+        self.halo_mode = mb.halo
+        self.delay = mb.delay
+        self.fanouts = list(mb.fanouts)
+        error = None
+        if len(self.fanouts) != cfg.model.layers:
+            error = (f"minibatch.fanouts has {len(self.fanouts)} entries but model.layers = "
+                     f"{cfg.model.layers} (one fanout per layer)")
+        rt.agree(error)
+        part, error = None, None
+        try:
+            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        self.part = part
+        self.num_solid = part.num_solid
+        self.device = resolve_device(cfg, rt)
+        self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda")
+
+        indptr, local_indices = part.local_csr()
+        self.local_indices = local_indices
+        self.sampler = NeighborSampler(indptr, local_indices, part.num_solid, self.fanouts,
+                                       seed=rng_key(self.seed, _SAMPLER, rt.rank), num_local=part.num_local)
+        feats = torch.from_numpy(part.features)
+        self.x_local = torch.cat([feats, feats.new_zeros(part.num_halo, feats.shape[1])]).to(self.device)
+        self.labels = torch.from_numpy(part.labels).to(self.device)
+        self.train_ids = np.flatnonzero(part.train_mask).astype(np.int64)
+        self.in_dim = int(part.features.shape[1])
+        self.num_classes = int(part.num_classes)
+
+        self.model = build_model_from_config(cfg, self.in_dim, self.num_classes, rt, self.device)
+        self.optimizer = build_optimizer(cfg, self.model)
+        use_torch = cfg.runtime.backend != "mpi4py"
+        if use_torch:
+            rt.init_torch_distributed(cfg.runtime.backend, self.device.type)
+        self.reduce_grads = GradientAllreduce(self.model, rt, cfg.train.grad_reduce, use_torch)
+        self.dims = layer_input_dims(self.model, self.in_dim, cfg.model.layers)
+
+        debug_dir = out.debug_dir
+        self.record = DebugRecord(debug_dir / f"rank-{rt.rank:05d}.h5") if cfg.train.debug_record else None
+        if self.record is not None:
+            # Rows recorded per layer: boundary solid vertices (halo elsewhere) and halo vertices.
+            self.record_mask = np.zeros(part.num_local, dtype=bool)
+            self.record_mask[part.send_ids - part.solid_begin] = True
+            self.record_mask[part.num_solid:] = True
+        self.aep = None
+        self.hecs = []
+        if self.halo_mode == "hec":
+            from hpcgnn.cache.hec import HistoricalEmbeddingCache
+
+            max_degree = allreduce_max(rt, int(part.degree.max()) if part.degree.size else 0)
+            self.aep = AsyncEmbeddingPush(rt.comm, part, cfg.model.layers, mb.nc, mb.delay, max_degree,
+                                          record=self.record is not None)
+            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0), device=self.device)
+                         for l, d in enumerate(self.dims)]
+        self.fetch = None
+        if self.halo_mode == "exact" or mb.eval == "sampled":
+            from hpcgnn.comm.halo_fetch import ExactFetch
+
+            self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed)
+        self.halo_plan = None
+        if mb.eval == "full":
+            from hpcgnn.comm.halo import HaloPlan
+
+            error = None
+            try:
+                self.halo_plan = HaloPlan.from_partition(part, rt.comm)
+            except InputError as exc:
+                error = str(exc)
+            rt.agree(error)
+        self.debug_kill = list(cfg.train.debug_kill)
+        out.set_attrs(halo_mode=self.halo_mode, miss_policy=MISS_POLICY if self.halo_mode == "hec" else "",
+                      eval_method=("full-neighbour layer-wise inference over the whole graph "
+                                   "(exact; halo rows exchanged per layer)" if mb.eval == "full" else
+                                   "sampled inference with the training fanouts over the whole graph "
+                                   "(DistDGL-style distributed sampling)"),
+                      layer_input_dims=self.dims, num_train=int(allreduce_sum(rt, [self.train_ids.size])[0]))
+
+    # ---- training ---------------------------------------------------------------
+    def fit(self) -> None:
+        cfg = self.cfg
+        start, _ = restore_training_state(self.out, self.model, self.optimizer)
+        epochs = cfg.train.epochs
+        for epoch in range(start, epochs + 1):
+            loss, timings, counters, per_layer = self.train_epoch(epoch)
+            metrics = {"loss": loss}
+            every = cfg.train.eval_every
+            if epoch == epochs or (every > 0 and epoch % every == 0):
+                t0 = time.perf_counter()
+                metrics.update(self.evaluate())
+                timings["eval"] = time.perf_counter() - t0
+            else:
+                metrics.update({f"{s}_acc": float("nan") for s in ("train", "val", "test")})
+            self.out.log_epoch(epoch, metrics, timings, counters, per_layer)
+            if self.record is not None:
+                self.record.write(self.aep)
+            ck = cfg.train.checkpoint_every
+            if epoch == epochs or (ck > 0 and epoch % ck == 0):
+                save_training_state(self.out, epoch, self.model, self.optimizer)
+
+    def train_epoch(self, epoch: int):
+        cfg, rt, timer = self.cfg, self.rt, self.timer
+        timer.reset()
+        self.model.train()
+        if self.aep is not None:
+            self.aep.reset_counters(epoch)
+            for hec in self.hecs:
+                if cfg.minibatch.reset_cache_each_epoch:
+                    hec.clear()
+                hec.reset_stats()
+        if self.fetch is not None:
+            self.fetch.reset_counters()
+        t_epoch = time.perf_counter()
+        order = numpy_rng(self.seed, _ORDER, epoch, rt.rank).permutation(self.train_ids)
+        m, sizes = equalised_batches(order.size, cfg.minibatch.batch_size, rt)
+        if m == 0:
+            raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
+        for k in range(m):
+            if self.debug_kill and self.debug_kill == [rt.rank, epoch, k]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            seeds = order[bounds[k]:bounds[k + 1]]
+            seed_torch(self.seed, _DROPOUT, epoch, k, rt.rank)
+            if self.halo_mode == "exact":
+                logits, y, stats = self._forward_exact(seeds, epoch, k)
+            else:
+                logits, y, stats = self._forward_local(seeds, epoch, k, m)
+            sampled_edges += stats[0]
+            inputs += stats[1]
+            halo_inputs += stats[2]
+            with timer.phase("backward"):
+                self.optimizer.zero_grad(set_to_none=True)
+                if logits is not None:
+                    loss_total = F.cross_entropy(logits, y, reduction="sum")
+                    (loss_total / y.shape[0]).backward()
+                    loss_sum += float(loss_total.detach())
+                    seen += int(y.shape[0])
+            if self.aep is not None:
+                self.aep.progress()
+            with timer.phase("allreduce"):
+                self.reduce_grads()
+            with timer.phase("optimizer"):
+                self.optimizer.step()
+            if self.record is not None:
+                self.record.steps.append((epoch, k, float(loss_total.detach()) / max(1, seeds.size)
+                                          if logits is not None else float("nan"), seeds.size,
+                                          parameter_checksum(self.model).encode()))
+        if self.aep is not None:
+            self.aep.assert_drained()
+        timings = dict(timer.seconds)
+        timings["epoch"] = time.perf_counter() - t_epoch
+        tot = allreduce_sum(rt, [loss_sum, seen])
+        loss = tot[0] / tot[1] if tot[1] else float("nan")
+        counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
+                    "input_vertices": inputs, "halo_inputs": halo_inputs,
+                    "allreduce_bytes": m * self.reduce_grads.bytes_per_call}
+        per_layer = {}
+        if self.aep is not None:
+            c = self.aep.counters
+            timings["comm_wait"] = c.wait_seconds
+            timings["push"] = c.push_seconds
+            counters.update(aep_bytes_sent=c.bytes_sent, aep_bytes_received=c.bytes_received,
+                            bytes_sent=c.bytes_sent, bytes_received=c.bytes_received)
+            stats = [h.stats() for h in self.hecs]
+            per_layer = {
+                "hec_hit_rate": np.array([s["hit_rate"] for s in stats]),
+                "hec_lookups": np.array([s["lookups"] for s in stats], dtype=np.float64),
+                "hec_hits": np.array([s["hits"] for s in stats], dtype=np.float64),
+                "hec_occupancy": np.array([s["occupancy"] / s["capacity"] for s in stats]),
+                "hec_age_mean": np.array([s["age_mean"] for s in stats]),
+                "hec_age_max": np.array([s["age_max"] for s in stats], dtype=np.float64),
+                "aep_rows_sent": c.rows_sent.astype(np.float64),
+                "aep_rows_received": c.rows_received.astype(np.float64),
+                "aep_candidates": c.candidates.astype(np.float64),
+                "aep_max_rows_to_one_rank": c.max_rows_to_one_rank.astype(np.float64),
+            }
+        if self.fetch is not None and self.halo_mode == "exact":
+            c = self.fetch.counters
+            counters.update(bytes_sent=c.bytes_sent, bytes_received=c.bytes_received,
+                            exact_sample_bytes_sent=c.sample_bytes_sent,
+                            exact_feature_bytes_sent=c.feature_bytes_sent,
+                            remote_inputs=c.remote_inputs)
+        counters.setdefault("bytes_sent", 0)
+        counters.setdefault("bytes_received", 0)
+        return loss, timings, counters, per_layer
+
+    def _forward_local(self, seeds: np.ndarray, epoch: int, k: int, m: int):
+        """Forward of one iteration with local sampling (hec/off); (logits, labels, stats)."""
+        timer = self.timer
+        if seeds.size == 0:
+            # Nothing to compute, but the per-layer AEP collectives must still happen.
+            with timer.phase("forward"):
+                if self.halo_mode == "hec":
+                    hooks = HaloHooks(self, epoch, k, m, [np.zeros(0, np.int64)] * len(self.dims))
+                    for l, d in enumerate(self.dims):
+                        hooks.before_layer(l, torch.zeros(0, d, device=self.device), None)
+            return None, None, (0, 0, 0)
+        with timer.phase("sample"):
+            batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
+        frontiers = [f.numpy() for f in batch.frontiers]
+        with timer.phase("forward"):
+            x = self.x_local[batch.frontiers[0].to(self.device)]
+            blocks = [b.to(self.device) for b in batch.blocks]
+            logits = self.model(blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
+        y = self.labels[batch.seeds.to(self.device)]
+        f0 = frontiers[0]
+        return logits, y, (batch.num_sampled_edges, f0.size, int((f0 >= self.num_solid).sum()))
+
+    def _forward_exact(self, seeds: np.ndarray, epoch: int, k: int):
+        """Forward with DistDGL-style distributed sampling and feature pull."""
+        timer = self.timer
+        part = self.part
+        with timer.phase("sample"):
+            batch = self.fetch.sample(seeds + part.solid_begin, epoch, k)
+        with timer.phase("fetch"):
+            x = self.fetch.fetch_features(batch.frontiers[0])
+        if seeds.size == 0:
+            return None, None, (0, 0, 0)
+        with timer.phase("forward"):
+            blocks = [b.to(self.device) for b in batch.blocks]
+            logits = self.model(blocks, torch.from_numpy(x).to(self.device))
+        y = self.labels[torch.from_numpy(seeds).to(self.device)]
+        f0 = batch.frontiers[0]
+        remote = int(((f0 < part.solid_begin) | (f0 >= part.solid_end)).sum())
+        return logits, y, (sum(b.num_edges for b in batch.blocks), f0.size, remote)
+
+    # ---- evaluation -------------------------------------------------------------
+    def _masks(self) -> dict[str, torch.Tensor]:
+        p = self.part
+        return {"train": torch.from_numpy(p.train_mask), "val": torch.from_numpy(p.val_mask),
+                "test": torch.from_numpy(p.test_mask)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Collective: global train/val/test accuracy (see the module docstring)."""
+        self.model.eval()
+        try:
+            if self.cfg.minibatch.eval == "full":
+                pred = self._predict_full()
+            else:
+                pred = self._predict_sampled()
+        finally:
+            self.model.train()
+        correct, total = split_counts(pred.cpu(), self.labels.cpu(), self._masks())
+        return accuracy_metrics(self.rt, correct, total)
+
+    def _predict_full(self) -> torch.Tensor:
+        """Layer-wise full-neighbour inference: predictions for all solid vertices."""
+        from hpcgnn.comm.halo import exchange_rows
+        from hpcgnn.sampling.block import Block
+
+        part = self.part
+        indptr = torch.from_numpy(part.indptr)
+        block = Block(part.num_local, part.num_solid, indptr, torch.from_numpy(self.local_indices)).to(self.device)
+        kwargs = {}
+        if self.cfg.model.arch == "gcn":   # exact full-graph GCN normalisation (D+I)^-1/2
+            scale = torch.from_numpy(part.local_degree()).to(self.device, torch.float32).add(1).rsqrt()
+            kwargs = {"src_scale": scale, "dst_scale": scale[:part.num_solid]}
+        h = self.x_local[:part.num_solid]
+        for l in range(self.cfg.model.layers):
+            halo = exchange_rows(self.rt.comm, self.halo_plan, h.detach().cpu().contiguous().numpy())
+            h_in = torch.cat([h, torch.from_numpy(halo).to(h.device, h.dtype).reshape(-1, h.shape[1])])
+            h = self.model.layer_forward(l, block, h_in, **kwargs)
+        return h.argmax(dim=1)
+
+    def _predict_sampled(self) -> torch.Tensor:
+        """Sampled inference over the whole graph for the labelled solid vertices."""
+        part, rt = self.part, self.rt
+        ids = np.flatnonzero(part.train_mask | part.val_mask | part.test_mask).astype(np.int64)
+        m, sizes = equalised_batches(ids.size, self.cfg.minibatch.batch_size, rt)
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64) if m else np.zeros(1, np.int64)
+        pred = torch.full((part.num_solid,), -1, dtype=torch.int64)
+        for k in range(m):
+            seeds = ids[bounds[k]:bounds[k + 1]]
+            batch = self.fetch.sample(seeds + part.solid_begin, -1, k)
+            x = self.fetch.fetch_features(batch.frontiers[0])
+            if seeds.size:
+                logits = self.model([b.to(self.device) for b in batch.blocks],
+                                    torch.from_numpy(x).to(self.device))
+                pred[torch.from_numpy(seeds)] = logits.argmax(dim=1).cpu()
+        return pred
+
+
+def train(cfg, rt, out) -> None:
+    """Run the minibatch engine (collective over ``rt``); results go to ``out``."""
+    MinibatchTrainer(cfg, rt, out).fit()

@@ -1,0 +1,463 @@
+"""HongTu-style offloaded full-graph training of one rank's partition.
+
+Every layer's vertex representations ``h^l`` (and in backward their gradients)
+live in host memory, pinned when the device is CUDA; the partition is split
+into edge-balanced chunks (:mod:`hpcgnn.engine.chunk_schedule`) that go through
+the compute device one batch at a time, so the device holds one layer of one
+batch: the batch's source rows, the chunk's intermediates and its outputs.
+
+Forward, per layer: the rows a batch needs that are not already in the device
+buffer are copied host->device (deduplicated, reused in place across batches),
+each chunk's layer output is written back to host memory, and, for layers in
+**cache** mode, so is the chunk's aggregation output ``a^l``. Between layers
+the host rows of the halo are refreshed from their owners (one
+:mod:`hpcgnn.comm.halo` exchange per layer). Backward walks layers and batches
+in reverse: **recompute** mode reloads the sources and re-runs the whole layer
+from its input checkpoint ``h^l`` (GAT-like layers, whose edge computation
+needs the neighbours); **cache** mode loads ``a^l``, re-runs only UPDATE and
+maps the aggregation gradient back to the sources through the transpose of
+the (linear) aggregation, loading no neighbour rows. Source gradients
+accumulate in a device buffer with the same slots as the forward rows; rows
+leaving the buffer are flushed to host memory and added there (HongTu's ⊕),
+then the halo gradients go back to their owners (the adjoint exchange).
+Dropout masks are replayed in recomputation from the RNG state saved in
+forward. The result equals in-memory training up to floating-point order.
+
+The model is reached through a :class:`LayerOps` adapter (see
+:mod:`hpcgnn.engine.fullgraph`).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from hpcgnn.comm.halo import HaloPlan, accumulate_adjoint, exchange_rows
+from hpcgnn.engine.chunk_schedule import (Chunk, Schedule, TransferPlan, Volumes, build_transfer_plan,
+                                          choose_schedule, make_chunks)
+from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter, host_empty, host_zeros
+
+
+class LayerOps(Protocol):
+    """What the offload engine needs from a model (one implementation per model family).
+
+    ``block`` is a :class:`hpcgnn.sampling.block.Block` on the compute device,
+    ``x`` the chunk's source rows (destinations first), ``ctx`` the chunk's
+    extra arguments (:meth:`chunk_context`).
+    """
+
+    num_layers: int
+
+    def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict: ...
+
+    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor: ...
+
+    def can_cache(self, layer: int) -> bool: ...
+
+    def aggregate(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """Parameter-free, linear in ``x``: the AGGREGATE output of the destinations."""
+
+    def update(self, layer: int, block, x_dst: torch.Tensor | None, agg: torch.Tensor,
+               ctx: dict) -> torch.Tensor:
+        """The rest of the layer: ``forward(x) == update(x[:num_dst], aggregate(x))``."""
+
+    def update_needs_dst(self, layer: int) -> bool: ...
+
+    def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """Gradient w.r.t. the sources of :meth:`aggregate` ([num_src, d])."""
+
+
+@dataclass
+class OffloadSettings:
+    """fullgraph.* keys: chunks per partition, chunks per batch, dedup, order, recompute mode."""
+
+    chunks: int = 1
+    batch_chunks: int = 1
+    dedup: bool = True
+    order: str = "cost"
+    recompute: str = "auto"
+
+
+def resolve_modes(ops: LayerOps, requested: str) -> list[str]:
+    """Per layer 'cache' or 'recompute' ('auto': cache where the layer's aggregation is linear)."""
+    modes = []
+    for l in range(ops.num_layers):
+        if requested == "recompute" or not ops.can_cache(l):
+            modes.append("recompute")
+        else:
+            modes.append("cache")
+    return modes
+
+
+class _RngReplay:
+    """RNG states saved before each chunk's forward, restored to replay its dropout masks."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.states: dict = {}
+
+    def save(self, key) -> None:
+        cpu = torch.get_rng_state()
+        gpu = torch.cuda.get_rng_state(self.device) if self.cuda else None
+        self.states[key] = (cpu, gpu)
+
+    @contextlib.contextmanager
+    def replay(self, key):
+        cpu, gpu = self.states[key]
+        devices = [self.device] if self.cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(cpu)
+            if gpu is not None:
+                torch.cuda.set_rng_state(gpu, self.device)
+            yield
+
+    def clear(self) -> None:
+        self.states.clear()
+
+
+class OffloadEngine:
+    """One rank's chunked, host-offloaded forward and backward passes (see module docstring).
+
+    ``x0`` is the host tensor of input features of every local vertex (solid
+    then halo, [num_local, F]); the engine owns host buffers for every later
+    layer. ``comm``/``halo`` may be None on a single rank.
+    """
+
+    def __init__(self, ops: LayerOps, indptr: np.ndarray, local_indices: np.ndarray, num_solid: int,
+                 num_local: int, x0: torch.Tensor, halo: HaloPlan | None, comm, device,
+                 settings: OffloadSettings, counter: TransferCounter | None = None,
+                 meter: DeviceMemoryMeter | None = None):
+        from hpcgnn.sampling.block import Block
+
+        self.ops = ops
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.num_solid, self.num_local = int(num_solid), int(num_local)
+        self.halo, self.comm = halo, comm
+        self.settings = settings
+        self.counter = counter or TransferCounter()
+        self.meter = meter or DeviceMemoryMeter(self.device)
+        self.mover = RowMover(self.device, self.counter)
+        self.rng = _RngReplay(self.device)
+        self.halo_stats: dict = {}
+        self.chunks: list[Chunk] = make_chunks(indptr, local_indices, settings.chunks)
+        row_bytes = x0.shape[1] * x0.element_size()
+        self.schedule, self.candidate_volumes = choose_schedule(
+            self.chunks, settings.batch_chunks, settings.order, self.num_local, row_bytes)
+        self.plan: TransferPlan = build_transfer_plan(self.chunks, self.schedule, self.num_local,
+                                                      dedup=settings.dedup)
+        self.blocks = [Block(c.num_src, c.num_dst, torch.from_numpy(c.indptr), torch.from_numpy(c.indices))
+                       for c in self.chunks]
+        self.contexts = [ops.chunk_context(c.src, c.dst_begin, c.dst_end, self.device) for c in self.chunks]
+        self.modes = resolve_modes(ops, settings.recompute)
+        if x0.shape[0] != self.num_local:
+            raise ValueError(f"x0 has {x0.shape[0]} rows, expected {self.num_local} local vertices")
+        self.pin = self.cuda
+        self.h: list[torch.Tensor | None] = [x0.pin_memory() if self.pin else x0] + [None] * ops.num_layers
+        self.agg: list[torch.Tensor | None] = [None] * ops.num_layers
+        self._slot_tensors = [[torch.from_numpy(s).to(self.device) for s in u.chunk_slots]
+                              for u in self.plan.units]
+
+    # ---- reporting -------------------------------------------------------
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    def volumes(self) -> Volumes:
+        """Eq. 4 volumes (rows per layer pass) of the schedule in use."""
+        from hpcgnn.engine.chunk_schedule import schedule_volumes
+
+        return schedule_volumes(self.chunks, self.schedule)
+
+    def predicted_h2d_rows(self) -> int:
+        """Source rows loaded per layer pass by the plan in use (V_reuse, or V_ori without dedup)."""
+        return self.plan.rows_loaded()
+
+    def host_bytes(self) -> int:
+        return int(sum(t.nbytes for t in self.h + self.agg if t is not None))
+
+    # ---- helpers -----------------------------------------------------------
+    def _block(self, c: int):
+        return self.blocks[c].to(self.device)
+
+    def _host_out(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        return host_empty((rows,) + tuple(like.shape[1:]), like.dtype, self.pin)
+
+    def _fill_halo(self, h: torch.Tensor) -> None:
+        """Host halo rows of ``h`` from their owners (collective when comm has > 1 rank)."""
+        if self.halo is None or self.comm is None or self.comm.Get_size() == 1:
+            return
+        t0 = time.perf_counter()
+        halo = exchange_rows(self.comm, self.halo, h[:self.num_solid].numpy())
+        h[self.num_solid:] = torch.from_numpy(halo).view(-1, *h.shape[1:])
+        self._halo_account(t0, self.halo.rows_sent * h[0:1].nbytes)
+
+    def _halo_account(self, t0: float, nbytes: int) -> None:
+        st = self.halo_stats
+        st["halo_s"] = st.get("halo_s", 0.0) + time.perf_counter() - t0
+        st["halo_bytes"] = st.get("halo_bytes", 0) + int(nbytes)
+
+    def _count_nodedup(self, x: torch.Tensor) -> None:
+        self.counter.h2d_rows_nodedup += sum(c.num_src for c in self.chunks) * x[0:1].nbytes
+
+    # ---- forward -------------------------------------------------------------
+    def forward(self, training: bool) -> torch.Tensor:
+        """All layers chunk by chunk; returns the host logits [num_solid, C] (no autograd graph).
+
+        With ``training`` the RNG states are saved for recomputation and the
+        aggregation outputs of cache-mode layers are written to host memory.
+        """
+        self.rng.clear()
+        L = self.ops.num_layers
+        for l in range(L):
+            self._forward_layer(l, training)
+            if l + 1 < L:
+                self._fill_halo(self.h[l + 1])
+        return self.h[L]
+
+    def _forward_layer(self, l: int, training: bool) -> None:
+        x_host = self.h[l]
+        cache = training and self.modes[l] == "cache"
+        units = self.plan.units
+        buf = torch.empty((self.plan.capacity,) + tuple(x_host.shape[1:]), dtype=x_host.dtype,
+                          device=self.device)
+        self.meter.hold(buf.nbytes)
+        self._count_nodedup(x_host)
+        pending = self.mover.load_rows(x_host, units[0].vertices[units[0].enter], "rows") if units else None
+        for ui, unit in enumerate(units):
+            rows = pending.get()
+            self.meter.hold(rows.nbytes)
+            buf.index_copy_(0, torch.from_numpy(unit.slots[unit.enter]).to(self.device), rows)
+            self.meter.release(rows.nbytes)
+            if ui + 1 < len(units):  # prefetch the next batch's new rows while this one computes
+                nxt = units[ui + 1]
+                pending = self.mover.load_rows(x_host, nxt.vertices[nxt.enter], "rows")
+            for c, slots in zip(unit.chunks, self._slot_tensors[ui]):
+                chunk = self.chunks[c]
+                with self.meter.scope(), torch.no_grad():
+                    x = buf.index_select(0, slots)
+                    self.meter.track(x)
+                    block, ctx = self._block(c), self.contexts[c]
+                    if training:
+                        self.rng.save((l, c))
+                    if cache:
+                        a = self.ops.aggregate(l, block, x, ctx)
+                        self.meter.track(a)
+                        out = self.ops.update(l, block, x[:chunk.num_dst], a, ctx)
+                        if self.agg[l] is None:
+                            self.agg[l] = self._host_out(self.num_solid, a)
+                        self.mover.store_range(a, self.agg[l], chunk.dst_begin, "cache")
+                    else:
+                        out = self.ops.forward(l, block, x, ctx)
+                    self.meter.track(out)
+                    if self.h[l + 1] is None:
+                        rows_out = self.num_solid if l + 1 == self.ops.num_layers else self.num_local
+                        self.h[l + 1] = self._host_out(rows_out, out)
+                        self.h[l + 1][self.num_solid:].zero_()  # halo rows: filled by the exchange
+                    self.mover.store_range(out, self.h[l + 1], chunk.dst_begin, "out")
+        self.mover.synchronize()
+        self.meter.release(buf.nbytes)
+        del buf
+
+    # ---- backward ------------------------------------------------------------
+    def backward(self, grad_logits: torch.Tensor) -> None:
+        """Accumulate parameter gradients of ``sum(logits * grad_logits)`` (after :meth:`forward`)."""
+        g = grad_logits.detach().to("cpu").contiguous()
+        if self.pin:
+            g = g.pin_memory()
+        for l in reversed(range(self.ops.num_layers)):
+            g = self._backward_layer(l, g)
+
+    def _backward_layer(self, l: int, g_out: torch.Tensor) -> torch.Tensor | None:
+        """Backward of layer ``l`` given host grads of its output rows; returns host grads of h^l solid rows."""
+        need_src = l > 0
+        recompute = self.modes[l] == "recompute"
+        x_host = self.h[l]
+        width = tuple(x_host.shape[1:])
+        units = self.plan.units
+        g_in = host_zeros((self.num_local,) + width, x_host.dtype, self.pin) if need_src else None
+        buf = gbuf = None
+        if recompute:
+            buf = torch.empty((self.plan.capacity,) + width, dtype=x_host.dtype, device=self.device)
+            self.meter.hold(buf.nbytes)
+            self._count_nodedup(x_host)
+        if need_src:
+            gbuf = torch.zeros((self.plan.capacity,) + width, dtype=x_host.dtype, device=self.device)
+            self.meter.hold(gbuf.nbytes)
+        order = list(reversed(range(len(units))))
+        pending = None
+        if recompute and order:
+            u0 = units[order[0]]
+            pending = self.mover.load_rows(x_host, u0.vertices[u0.leave], "rows")
+        for k, ui in enumerate(order):
+            unit = units[ui]
+            entering = torch.from_numpy(unit.slots[unit.leave]).to(self.device)
+            if recompute:
+                rows = pending.get()
+                self.meter.hold(rows.nbytes)
+                buf.index_copy_(0, entering, rows)
+                self.meter.release(rows.nbytes)
+                if k + 1 < len(order):
+                    nxt = units[order[k + 1]]
+                    pending = self.mover.load_rows(x_host, nxt.vertices[nxt.leave], "rows")
+            if need_src:
+                gbuf.index_fill_(0, entering, 0.0)
+            for c, slots in reversed(list(zip(unit.chunks, self._slot_tensors[ui]))):
+                self._backward_chunk(l, c, slots, g_out, buf, gbuf, recompute, need_src)
+            if need_src:  # rows not resident in the previous batch leave the device now
+                flush = unit.enter
+                part = gbuf.index_select(0, torch.from_numpy(unit.slots[flush]).to(self.device))
+                self.mover.add_rows(part, g_in, unit.vertices[flush], "grad")
+        self.mover.synchronize()
+        for t in (buf, gbuf):
+            if t is not None:
+                self.meter.release(t.nbytes)
+        if not need_src:
+            return None
+        if self.halo is not None and self.comm is not None and self.comm.Get_size() > 1:
+            t0 = time.perf_counter()
+            accumulate_adjoint(self.comm, self.halo, g_in[:self.num_solid], g_in[self.num_solid:])
+            self._halo_account(t0, g_in[self.num_solid:].nbytes)
+        return g_in[:self.num_solid]
+
+    def _backward_chunk(self, l, c, slots, g_out, buf, gbuf, recompute, need_src) -> None:
+        chunk = self.chunks[c]
+        block, ctx = self._block(c), self.contexts[c]
+        with self.meter.scope(), self.rng.replay((l, c)):
+            g = self.mover.load_range(g_out, chunk.dst_begin, chunk.dst_end, "grad").get()
+            self.meter.track(g)
+            if recompute:
+                x = buf.index_select(0, slots).requires_grad_(need_src)
+                self.meter.track(x)
+                out = self.ops.forward(l, block, x, ctx)
+                torch.autograd.backward(out, g)
+                if need_src:
+                    gbuf.index_add_(0, slots, x.grad)
+                return
+            a = self.mover.load_range(self.agg[l], chunk.dst_begin, chunk.dst_end, "cache").get()
+            a.requires_grad_(True)
+            x_dst = None
+            if self.ops.update_needs_dst(l):
+                x_dst = self.mover.load_range(self.h[l], chunk.dst_begin, chunk.dst_end, "self").get()
+                x_dst.requires_grad_(need_src)
+            self.meter.track(a, x_dst)
+            out = self.ops.update(l, block, x_dst, a, ctx)
+            torch.autograd.backward(out, g)
+            if need_src:
+                gx = self.ops.aggregate_adjoint(l, block, a.grad, ctx)
+                self.meter.track(gx)
+                if x_dst is not None and x_dst.grad is not None:
+                    gx[:chunk.num_dst] += x_dst.grad
+                gbuf.index_add_(0, slots, gx)
+
+
+def transpose_sum(block, g: torch.Tensor) -> torch.Tensor:
+    """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges.
+
+    The adjoint of an unweighted ``aggregate_sum``: the native kernel over the
+    block's cached transpose on CPU, ``index_add`` elsewhere.
+    """
+    g = g.contiguous()
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+        from hpcgnn.native import spmm
+
+        t_ptr, t_idx, _ = block.transpose()
+        out = g.new_empty((block.num_src, g.shape[1]))
+        spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
+        return out
+    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices,
+                                                               g.index_select(0, block.edge_dst()))
+
+
+class ModelLayerOps:
+    """:class:`LayerOps` over :class:`hpcgnn.nn.models.GNN` (SAGE, GCN, GAT).
+
+    ``degree`` [num_local] is the full-graph degree of every local vertex; GCN
+    uses ``(degree + 1)^-1/2`` as source and destination scales (self loop), so
+    a chunk or a partition computes exactly what the whole graph computes.
+    The cache split (GCN, SAGE): AGGREGATE = the parameter-free neighbour sum /
+    mean at the layer's input width, UPDATE = the linear maps, bias, and the
+    model's between-layer ReLU + dropout. GAT layers always recompute.
+    """
+
+    def __init__(self, model, degree: np.ndarray):
+        from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
+
+        self.model = model
+        self.num_layers = model.num_layers
+        self.kinds = []
+        for conv in model.layers:
+            if isinstance(conv, GCNConv):
+                self.kinds.append("gcn")
+            elif isinstance(conv, SAGEConv):
+                self.kinds.append("sage")
+            elif isinstance(conv, GATConv):
+                self.kinds.append("gat")
+            else:
+                raise ValueError(f"ModelLayerOps: unsupported layer {type(conv).__name__}")
+        self.gcn_scale = torch.from_numpy((np.asarray(degree, dtype=np.float64) + 1.0) ** -0.5)
+
+    def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict:
+        if "gcn" not in self.kinds:
+            return {}
+        s = self.gcn_scale
+        return {"src_scale": s[torch.from_numpy(np.asarray(src, dtype=np.int64))].to(device),
+                "dst_scale": s[dst_begin:dst_end].to(device)}
+
+    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        kw = ctx if self.kinds[layer] == "gcn" else {}
+        return self.model.layer_forward(layer, block, x, **kw)
+
+    def can_cache(self, layer: int) -> bool:
+        return self.kinds[layer] in ("gcn", "sage")
+
+    def update_needs_dst(self, layer: int) -> bool:
+        return self.kinds[layer] == "sage"
+
+    def _scales(self, ctx: dict, x: torch.Tensor):
+        return ctx["src_scale"].to(x.dtype), ctx["dst_scale"].to(x.dtype)
+
+    def aggregate(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        from hpcgnn.nn.aggregate import aggregate_mean, aggregate_sum
+
+        conv = self.model.layers[layer]
+        if self.kinds[layer] == "gcn":
+            s_src, s_dst = self._scales(ctx, x)
+            y = x * s_src.unsqueeze(1)
+            return (aggregate_sum(block, y, row_scale=s_dst, backend=conv.backend)
+                    + y[:block.num_dst] * s_dst.unsqueeze(1))
+        if self.kinds[layer] == "sage":
+            return aggregate_mean(block, x, backend=conv.backend)
+        raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
+
+    def update(self, layer: int, block, x_dst: torch.Tensor | None, agg: torch.Tensor,
+               ctx: dict) -> torch.Tensor:
+        conv = self.model.layers[layer]
+        if self.kinds[layer] == "gcn":
+            out = conv.lin(agg)
+            if conv.bias is not None:
+                out = out + conv.bias
+        elif self.kinds[layer] == "sage":
+            out = conv.lin_neigh(agg) + conv.lin_self(x_dst)
+        else:
+            raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
+        if layer < self.num_layers - 1:  # as GNN.layer_forward: ReLU + dropout between layers
+            out = self.model.dropout(torch.relu(out))
+        return out
+
+    def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:
+        from hpcgnn.nn.aggregate import mean_scale
+
+        if self.kinds[layer] == "gcn":
+            s_src, s_dst = self._scales(ctx, grad_agg)
+            g = grad_agg * s_dst.unsqueeze(1)
+            gx = transpose_sum(block, g)
+            gx[:block.num_dst] += g
+            return gx * s_src.unsqueeze(1)
+        g = grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1)
+        return transpose_sum(block, g)

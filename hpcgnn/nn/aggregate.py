@@ -1,0 +1,420 @@
+"""Differentiable aggregation over a :class:`~hpcgnn.sampling.block.Block`.
+
+A block is a CSR over destinations: the in-edges of destination ``v`` are
+``indices[indptr[v]:indptr[v+1]]`` (source rows), edge id = position in ``indices``.
+Every operator takes source rows ``x`` of shape ``[num_src, ...]`` and returns
+destination rows ``[num_dst, ...]``.
+
+Backends (``backend=``):
+
+* ``"native"``: the OpenMP kernels of ``native/spmm.cpp`` (CPU, float32/float64). Forward
+  gathers along the CSR; backward gathers along the block's cached transpose
+  (``block.transpose()``), so neither direction uses atomics and results are bitwise
+  identical for any thread count.
+* ``"torch"``: pure torch ops (``index_add`` / ``scatter_reduce``), autograd by torch. Used
+  for CUDA tensors and for dtypes the kernels do not handle.
+* ``"auto"`` (default): native for CPU float32/float64 tensors, torch otherwise.
+
+Parameters that are not differentiated (block structure, ``row_scale``) are treated as
+constants. The structure tensors of a block must be on the same device as ``x``.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from hpcgnn.native import spmm as _spmm
+
+BACKENDS = ("auto", "native", "torch")
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def _use_native(x: torch.Tensor, backend: str) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    ok = x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES
+    if backend == "native" and not ok:
+        raise ValueError(f"backend 'native' needs CPU float32/float64 tensors, got {x.device} {x.dtype}")
+    return ok and backend != "torch"
+
+
+def _np(t: torch.Tensor | None):
+    """Zero-copy numpy view of a CPU tensor (made contiguous first if needed)."""
+    return None if t is None else t.detach().contiguous().numpy()
+
+
+def _csr(block):
+    return _np(block.indptr), _np(block.indices)
+
+
+def _transpose(block):
+    """(t_indptr, t_indices, t_eid) as numpy views; the block caches its transpose."""
+    if hasattr(block, "transpose"):
+        t = block.transpose()
+        return _np(t[0]), _np(t[1]), _np(t[2])
+    return _spmm.csr_transpose(*_csr(block), int(block.num_src))
+
+
+def _edge_dst(block) -> torch.Tensor:
+    """int64 [nnz]: destination row of every edge."""
+    if hasattr(block, "edge_dst"):
+        return block.edge_dst()
+    deg = block.indptr[1:] - block.indptr[:-1]
+    return torch.repeat_interleave(torch.arange(block.num_dst, device=deg.device), deg,
+                                   output_size=int(block.indices.shape[0]))
+
+
+def _check_rows(block, x: torch.Tensor, what: str) -> None:
+    if x.shape[0] != block.num_src:
+        raise ValueError(f"{what}: x has {x.shape[0]} rows, the block has num_src={block.num_src}")
+
+
+def mean_scale(block, dtype=torch.float32) -> torch.Tensor:
+    """[num_dst] ``1 / in_degree`` (0 for destinations without in-edges)."""
+    deg = (block.indptr[1:] - block.indptr[:-1]).to(dtype)
+    return torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros_like(deg))
+
+
+# ---- weighted sum --------------------------------------------------------------------------
+
+class _SpmmSum(torch.autograd.Function):
+    """out = diag(row_scale) A_w x with A_w the weighted block adjacency (native kernels)."""
+
+    @staticmethod
+    def forward(ctx, block, x, edge_weight, row_scale):
+        x = x.contiguous()
+        w = None if edge_weight is None else edge_weight.contiguous()
+        out = x.new_empty(block.num_dst, x.shape[1])
+        ip, ix = _csr(block)
+        _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), _np(w), None, _np(row_scale))
+        ctx.block = block
+        ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, w, row_scale)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        x, w, row_scale = ctx.saved_tensors
+        block = ctx.block
+        g = grad_out.contiguous()
+        if row_scale is not None:
+            g = g * row_scale.unsqueeze(1)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[1]:
+            t_ptr, t_idx, t_eid = _transpose(block)
+            grad_x = g.new_empty(block.num_src, g.shape[1])
+            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else t_eid, None)
+        if ctx.needs_input_grad[2]:
+            nnz, f = int(block.indices.shape[0]), g.shape[1]
+            grad_w = g.new_empty(nnz)
+            ip, ix = _csr(block)
+            _spmm.sddmm_heads(ip, ix, _np(g).reshape(block.num_dst, 1, f), _np(x).reshape(-1, 1, f),
+                              grad_w.numpy().reshape(nnz, 1))
+        return None, grad_x, grad_w, None
+
+
+def _sum_torch(block, x2, edge_weight, row_scale):
+    indices = block.indices
+    msg = x2.index_select(0, indices)
+    if edge_weight is not None:
+        msg = msg * edge_weight.unsqueeze(1)
+    out = x2.new_zeros(block.num_dst, x2.shape[1]).index_add(0, _edge_dst(block), msg)
+    if row_scale is not None:
+        out = out * row_scale.unsqueeze(1)
+    return out
+
+
+def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = None, *,
+                  row_scale: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """``out[v] = row_scale[v] * sum_{edges e=(u->v)} edge_weight[e] * x[u]``.
+
+    x: [num_src, *F]; edge_weight: [nnz] or None (1); row_scale: [num_dst] or None (1), a
+    constant. Returns [num_dst, *F]. Differentiable in x and edge_weight.
+    """
+    _check_rows(block, x, "aggregate_sum")
+    feat_shape = x.shape[1:]
+    x2 = x.reshape(x.shape[0], -1)
+    if row_scale is not None:
+        row_scale = row_scale.detach().to(x.dtype)
+    if edge_weight is not None:
+        edge_weight = edge_weight.to(x.dtype)
+    if _use_native(x, backend):
+        out = _SpmmSum.apply(block, x2, edge_weight, row_scale)
+    else:
+        out = _sum_torch(block, x2, edge_weight, row_scale)
+    return out.reshape(block.num_dst, *feat_shape)
+
+
+def aggregate_mean(block, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """Mean of the in-neighbours' rows; 0 for destinations without in-edges. [num_dst, *F]."""
+    return aggregate_sum(block, x, row_scale=mean_scale(block, x.dtype), backend=backend)
+
+
+# ---- GAT building blocks -------------------------------------------------------------------
+
+class _EdgeLogits(torch.autograd.Function):
+    """s[e, h] = LeakyReLU(el[src_e, h] + er[dst_e, h])."""
+
+    @staticmethod
+    def forward(ctx, block, el, er, slope):
+        el, er = el.contiguous(), er.contiguous()
+        out = el.new_empty(int(block.indices.shape[0]), el.shape[1])
+        ip, ix = _csr(block)
+        _spmm.gat_edge_logits(ip, ix, _np(el), _np(er), float(slope), out.numpy())
+        ctx.block, ctx.slope = block, float(slope)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        block = ctx.block
+        # LeakyReLU' from the output's sign (slope >= 0: s > 0 exactly when the input is > 0).
+        g = torch.where(s > 0, grad, grad * ctx.slope).contiguous()
+        grad_el = grad_er = None
+        if ctx.needs_input_grad[2]:
+            grad_er = g.new_empty(block.num_dst, g.shape[1])
+            _spmm.segment_sum(_np(block.indptr), _np(g), grad_er.numpy(), None)
+        if ctx.needs_input_grad[1]:
+            t_ptr, _, t_eid = _transpose(block)
+            grad_el = g.new_empty(block.num_src, g.shape[1])
+            _spmm.segment_sum(t_ptr, _np(g), grad_el.numpy(), t_eid)
+        return None, grad_el, grad_er, None
+
+
+def gat_edge_logits(block, el: torch.Tensor, er: torch.Tensor, negative_slope: float = 0.2, *,
+                    backend: str = "auto") -> torch.Tensor:
+    """[nnz, H] attention logits ``LeakyReLU(el[src] + er[dst])``; el [num_src, H], er [num_dst, H]."""
+    _check_rows(block, el, "gat_edge_logits")
+    if negative_slope < 0:
+        raise ValueError(f"negative_slope must be >= 0, got {negative_slope}")
+    if _use_native(el, backend):
+        return _EdgeLogits.apply(block, el, er.to(el.dtype), negative_slope)
+    pre = el.index_select(0, block.indices) + er.index_select(0, _edge_dst(block))
+    return torch.nn.functional.leaky_relu(pre, negative_slope)
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, block, logits):
+        logits = logits.contiguous()
+        alpha = torch.empty_like(logits)
+        _spmm.edge_softmax(_np(block.indptr), _np(logits), alpha.numpy(), None, None)
+        ctx.block = block
+        ctx.save_for_backward(alpha)
+        return alpha
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (alpha,) = ctx.saved_tensors
+        out = torch.empty_like(alpha)
+        _spmm.edge_softmax_backward(_np(ctx.block.indptr), _np(alpha), _np(grad), out.numpy(), None, None, None)
+        return None, out
+
+
+class _EdgeSoftmaxSelf(torch.autograd.Function):
+    """Softmax over each destination's in-edges plus one self edge (logit self_logits[v])."""
+
+    @staticmethod
+    def forward(ctx, block, logits, self_logits):
+        logits, self_logits = logits.contiguous(), self_logits.contiguous()
+        alpha, self_alpha = torch.empty_like(logits), torch.empty_like(self_logits)
+        _spmm.edge_softmax(_np(block.indptr), _np(logits), alpha.numpy(), _np(self_logits), self_alpha.numpy())
+        ctx.block = block
+        ctx.save_for_backward(alpha, self_alpha)
+        return alpha, self_alpha
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad, self_grad):
+        alpha, self_alpha = ctx.saved_tensors
+        grad = torch.zeros_like(alpha) if grad is None else grad
+        self_grad = torch.zeros_like(self_alpha) if self_grad is None else self_grad
+        out, self_out = torch.empty_like(alpha), torch.empty_like(self_alpha)
+        _spmm.edge_softmax_backward(_np(ctx.block.indptr), _np(alpha), _np(grad), out.numpy(),
+                                    _np(self_alpha), _np(self_grad), self_out.numpy())
+        return None, out, self_out
+
+
+def _softmax_torch(block, logits, self_logits):
+    ids = _edge_dst(block)
+    if self_logits is not None:
+        logits = torch.cat([logits, self_logits])
+        ids = torch.cat([ids, torch.arange(block.num_dst, device=ids.device)])
+    h = logits.shape[1]
+    idx = ids.unsqueeze(1).expand(-1, h)
+    m = torch.full((block.num_dst, h), float("-inf"), dtype=logits.dtype, device=logits.device)
+    m = m.scatter_reduce(0, idx, logits.detach(), "amax", include_self=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(logits - m.index_select(0, ids))
+    s = torch.zeros_like(m).index_add(0, ids, p)
+    alpha = p / s.index_select(0, ids)
+    if self_logits is None:
+        return alpha
+    nnz = int(block.indices.shape[0])
+    return alpha[:nnz], alpha[nnz:]
+
+
+def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None = None, *,
+                 backend: str = "auto"):
+    """Softmax of ``logits`` [nnz, H] over the in-edges of each destination.
+
+    With ``self_logits`` [num_dst, H] every destination also has a self edge in the
+    softmax; returns ``(alpha [nnz, H], self_alpha [num_dst, H])`` then, else ``alpha``.
+    """
+    if _use_native(logits, backend):
+        if self_logits is None:
+            return _EdgeSoftmax.apply(block, logits)
+        return _EdgeSoftmaxSelf.apply(block, logits, self_logits.to(logits.dtype))
+    return _softmax_torch(block, logits, self_logits)
+
+
+class _SpmmHeads(torch.autograd.Function):
+    """out[v, h] = sum_e alpha[e, h] z[src_e, h]."""
+
+    @staticmethod
+    def forward(ctx, block, alpha, z):
+        alpha, z = alpha.contiguous(), z.contiguous()
+        out = z.new_empty(block.num_dst, z.shape[1], z.shape[2])
+        ip, ix = _csr(block)
+        _spmm.spmm_heads(ip, ix, _np(alpha), _np(z), out.numpy(), None)
+        ctx.block = block
+        ctx.save_for_backward(alpha, z)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        alpha, z = ctx.saved_tensors
+        block = ctx.block
+        g = grad.contiguous()
+        grad_alpha = grad_z = None
+        if ctx.needs_input_grad[1]:
+            grad_alpha = alpha.new_empty(alpha.shape)
+            ip, ix = _csr(block)
+            _spmm.sddmm_heads(ip, ix, _np(g), _np(z), grad_alpha.numpy())
+        if ctx.needs_input_grad[2]:
+            t_ptr, t_idx, t_eid = _transpose(block)
+            grad_z = z.new_empty(z.shape)
+            _spmm.spmm_heads(t_ptr, t_idx, _np(alpha), _np(g), grad_z.numpy(), t_eid)
+        return None, grad_alpha, grad_z
+
+
+def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """``out[v, h] = sum_{e=(u->v)} alpha[e, h] * z[u, h]``; alpha [nnz, H], z [num_src, H, D]."""
+    _check_rows(block, z, "aggregate_heads")
+    if z.dim() != 3 or alpha.shape != (block.indices.shape[0], z.shape[1]):
+        raise ValueError(f"aggregate_heads: expected alpha [nnz, H] and z [num_src, H, D], "
+                         f"got {tuple(alpha.shape)} and {tuple(z.shape)}")
+    if _use_native(z, backend):
+        return _SpmmHeads.apply(block, alpha.to(z.dtype), z)
+    msg = z.index_select(0, block.indices) * alpha.unsqueeze(2)
+    return z.new_zeros(block.num_dst, z.shape[1], z.shape[2]).index_add(0, _edge_dst(block), msg)
+
+
+def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: torch.Tensor,
+                  negative_slope: float = 0.2, *, self_loop: bool = True, attn_dropout: float = 0.0,
+                  training: bool = False, backend: str = "auto") -> torch.Tensor:
+    """GAT attention aggregation, [num_dst, H, D].
+
+    ``alpha = EdgeSoftmax(LeakyReLU(logits_src[u] + logits_dst[v]))`` over the in-edges of
+    ``v`` (plus the self edge ``v -> v`` when ``self_loop``; destination ``v`` is source row
+    ``v``), dropout ``attn_dropout`` on alpha when ``training``, then
+    ``out[v] = sum_u alpha_uv z[u]``. z [num_src, H, D], logits_src [num_src, H],
+    logits_dst [num_dst, H]. Without a self loop a destination with no in-edges gets 0.
+    """
+    logits = gat_edge_logits(block, logits_src, logits_dst, negative_slope, backend=backend)
+    if self_loop:
+        nd = block.num_dst
+        self_logits = torch.nn.functional.leaky_relu(logits_src[:nd] + logits_dst, negative_slope)
+        alpha, self_alpha = edge_softmax(block, logits, self_logits, backend=backend)
+    else:
+        alpha = edge_softmax(block, logits, backend=backend)
+    if attn_dropout > 0 and training:
+        alpha = torch.nn.functional.dropout(alpha, attn_dropout, True)
+        if self_loop:
+            self_alpha = torch.nn.functional.dropout(self_alpha, attn_dropout, True)
+    out = aggregate_heads(block, alpha, z, backend=backend)
+    if self_loop:
+        out = out + self_alpha.unsqueeze(2) * z[:block.num_dst]
+    return out
+
+
+# ---- bandwidth measurement -----------------------------------------------------------------
+
+def _random_csr(num_nodes: int, num_edges: int, locality: int | None, seed: int):
+    """CSR (rows = destinations) of a random graph; sources uniform, or within +-locality of the row."""
+    gen = torch.Generator().manual_seed(seed)
+    dst = torch.sort(torch.randint(num_nodes, (num_edges,), generator=gen)).values
+    if locality:
+        src = (dst + torch.randint(-locality, locality + 1, (num_edges,), generator=gen)).clamp_(0, num_nodes - 1)
+    else:
+        src = torch.randint(num_nodes, (num_edges,), generator=gen)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0, out=indptr[1:])
+    return indptr, src
+
+
+def _best_time(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, dim: int = 128,
+                      threads: int = 2, locality: int | None = None, repeats: int = 3,
+                      seed: int = 0) -> dict:
+    """Effective bandwidth of the native ``spmm_sum`` vs ``torch.sparse.mm`` (CSR) and a memory copy.
+
+    Graph: ``num_edges`` edges with uniform destinations and uniform sources (``locality``
+    None) or sources within ``+-locality`` of the destination. Features float32
+    [num_nodes, dim]. Bytes of one SpMM = nnz*dim*4 (gathered rows) + num_nodes*dim*4
+    (written) + (nnz + num_nodes + 1)*8 (indices, indptr). Copy bandwidth = 2*bytes/time of
+    a ``copy_`` of a float32 tensor of max(64 MiB, X's size), at most 256 MiB (read + write). Times are the best of
+    ``repeats``. Returns seconds, GB/s (1e9 bytes/s), fractions of the copy bandwidth, and
+    the max abs difference between the two SpMM results. Threads are restored afterwards.
+    """
+    if min(num_nodes, num_edges, dim, threads, repeats) < 1:
+        raise ValueError("measure_bandwidth: num_nodes, num_edges, dim, threads and repeats must be >= 1")
+    old_torch, old_native = torch.get_num_threads(), _spmm.max_threads()
+    torch.set_num_threads(threads)
+    _spmm.set_threads(threads)
+    try:
+        indptr, indices = _random_csr(num_nodes, num_edges, locality, seed)
+        x = torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1))
+        out = torch.empty(num_nodes, dim)
+        ip, ix, xn, on = indptr.numpy(), indices.numpy(), x.numpy(), out.numpy()
+        t_native = _best_time(lambda: _spmm.spmm_sum(ip, ix, xn, on), repeats)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+            a = torch.sparse_csr_tensor(indptr, indices, torch.ones(num_edges), (num_nodes, num_nodes),
+                                        check_invariants=False)
+        ref = torch.sparse.mm(a, x)
+        t_torch = _best_time(lambda: torch.sparse.mm(a, x), repeats)
+        max_abs_diff = float((ref - out).abs().max())
+        del ref, a
+        src = torch.empty(min(max(num_nodes * dim, 2**24), 2**26)).fill_(1.0)
+        dst = torch.empty_like(src).fill_(0.0)
+        t_copy = _best_time(lambda: dst.copy_(src), max(repeats, 3))
+        copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
+    finally:
+        torch.set_num_threads(old_torch)
+        _spmm.set_threads(old_native)
+    nbytes = num_edges * dim * 4 + num_nodes * dim * 4 + (num_edges + num_nodes + 1) * 8
+    native_gbs, torch_gbs = nbytes / t_native / 1e9, nbytes / t_torch / 1e9
+    return {
+        "num_nodes": num_nodes, "num_edges": num_edges, "dim": dim, "threads": threads,
+        "locality": locality or 0, "bytes": nbytes,
+        "native_s": t_native, "native_gbs": native_gbs, "native_frac_copy": native_gbs / copy_gbs,
+        "torch_csr_s": t_torch, "torch_csr_gbs": torch_gbs, "torch_frac_copy": torch_gbs / copy_gbs,
+        "copy_gbs": copy_gbs, "speedup_vs_torch": t_torch / t_native, "max_abs_diff": max_abs_diff,
+    }

@@ -1,0 +1,134 @@
+"""GNN layers over a :class:`~hpcgnn.sampling.block.Block`: SAGE (mean), GCN, GAT.
+
+Every layer maps source rows ``h`` [num_src, in_dim] to destination rows. Destinations
+are the first ``num_dst`` sources, so ``h[:num_dst]`` is each destination's own input.
+Layers do not apply the between-layer activation/dropout: :class:`hpcgnn.nn.models.GNN`
+does. Linear maps are applied before the aggregation when they shrink the width
+(``out < in``) and after it otherwise, so aggregation always runs at the smaller width
+(both orders are the same function: aggregation is linear).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from hpcgnn.nn.aggregate import aggregate_mean, aggregate_sum, gat_aggregate
+
+GAT_VARIANTS = ("distgnn", "standard")
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE-mean (DistGNN-MB eq. 1 without the activation):
+    ``out_v = W_n · mean_{u in N(v)} h_u + W_s · h_v + b``; mean over no neighbours = 0."""
+
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
+        super().__init__()
+        self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
+        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin_self = nn.Linear(in_dim, out_dim, bias=bias)
+
+    def forward(self, block, h: torch.Tensor) -> torch.Tensor:
+        if self.out_dim < self.in_dim:
+            neigh = aggregate_mean(block, self.lin_neigh(h), backend=self.backend)
+        else:
+            neigh = self.lin_neigh(aggregate_mean(block, h, backend=self.backend))
+        return neigh + self.lin_self(h[:block.num_dst])
+
+
+def gcn_default_scales(block, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-local GCN scales: ``(outdeg_block(u) + 1)^-1/2`` [num_src], ``(indeg_block(v) + 1)^-1/2`` [num_dst]."""
+    out_deg = torch.bincount(block.indices, minlength=block.num_src).to(dtype)
+    in_deg = (block.indptr[1:] - block.indptr[:-1]).to(dtype)
+    return (out_deg + 1).rsqrt(), (in_deg + 1).rsqrt()
+
+
+class GCNConv(nn.Module):
+    """GCN with self-loop (Kipf & Welling), normalisation supplied by the caller:
+
+    ``out_v = dst_scale[v] * ( sum_{u in N(v)} src_scale[u] h_u + src_scale[v] h_v ) · W + b``
+
+    With ``src_scale = dst_scale = (deg + 1)^-1/2`` of the full graph's degrees this is
+    ``D~^-1/2 (A + I) D~^-1/2 H W + b``. ``forward(block, h, src_scale, dst_scale)`` takes the
+    scales (float [num_src] / [num_dst], constants) from its arguments, else from optional
+    ``block.src_scale`` / ``block.dst_scale`` attributes, else block-local degrees
+    (:func:`gcn_default_scales`; exact only when the block is the whole graph).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
+        super().__init__()
+        self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
+        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
+
+    def forward(self, block, h: torch.Tensor, src_scale: torch.Tensor | None = None,
+                dst_scale: torch.Tensor | None = None) -> torch.Tensor:
+        src_scale = src_scale if src_scale is not None else getattr(block, "src_scale", None)
+        dst_scale = dst_scale if dst_scale is not None else getattr(block, "dst_scale", None)
+        if src_scale is None or dst_scale is None:
+            d_src, d_dst = gcn_default_scales(block, h.dtype)
+            src_scale = d_src if src_scale is None else src_scale
+            dst_scale = d_dst if dst_scale is None else dst_scale
+        if tuple(src_scale.shape) != (block.num_src,) or tuple(dst_scale.shape) != (block.num_dst,):
+            raise ValueError(f"GCNConv: src_scale/dst_scale must have shapes ({block.num_src},)/"
+                             f"({block.num_dst},), got {tuple(src_scale.shape)}/{tuple(dst_scale.shape)}")
+        src_scale = src_scale.detach().to(device=h.device, dtype=h.dtype)
+        dst_scale = dst_scale.detach().to(device=h.device, dtype=h.dtype)
+        project_first = self.out_dim < self.in_dim
+        if project_first:
+            h = self.lin(h)
+        y = h * src_scale.unsqueeze(1)
+        nd = block.num_dst
+        out = aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend) + y[:nd] * dst_scale.unsqueeze(1)
+        if not project_first:
+            out = self.lin(out)
+        return out if self.bias is None else out + self.bias
+
+
+class GATConv(nn.Module):
+    """Multi-head graph attention; returns [num_dst, heads, out_dim].
+
+    variant ``"distgnn"`` (DistGNN-MB eq. 2): ``z = ReLU(W h + b)`` (ReLU only when
+    ``project_activation``; the model turns it off in the last layer so logits can be
+    negative), attention on z, ``out_v = sum_u alpha_uv z_u``; no output bias.
+    variant ``"standard"`` (Velickovic et al., DGL GATConv): ``z = W h``,
+    ``out_v = sum_u alpha_uv z_u + b``.
+    Both: ``alpha_uv = softmax_u(LeakyReLU(a_src·z_u + a_dst·z_v))`` with one weight W shared by
+    sources and destinations, per-head vectors a_src/a_dst, the destination itself among its
+    neighbours when ``self_loop`` (GAT paper, N(v) ∪ {v}), and dropout ``attn_dropout`` on
+    alpha in training.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int = 4, variant: str = "distgnn",
+                 negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loop: bool = True,
+                 project_activation: bool = True, bias: bool = True, backend: str = "auto"):
+        super().__init__()
+        if variant not in GAT_VARIANTS:
+            raise ValueError(f"GATConv: variant must be one of {GAT_VARIANTS}, got {variant!r}")
+        self.in_dim, self.out_dim, self.heads, self.variant = in_dim, out_dim, heads, variant
+        self.negative_slope, self.attn_dropout, self.self_loop = negative_slope, attn_dropout, self_loop
+        self.project_activation = project_activation and variant == "distgnn"
+        self.backend = backend
+        self.fc = nn.Linear(in_dim, heads * out_dim, bias=bias and variant == "distgnn")
+        self.attn_src = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.attn_dst = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.bias = nn.Parameter(torch.zeros(heads * out_dim)) if bias and variant == "standard" else None
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_src, gain=gain)
+        nn.init.xavier_normal_(self.attn_dst, gain=gain)
+        if self.fc.bias is not None:
+            nn.init.uniform_(self.fc.bias, -1 / math.sqrt(in_dim), 1 / math.sqrt(in_dim))
+
+    def forward(self, block, h: torch.Tensor) -> torch.Tensor:
+        z = self.fc(h).view(-1, self.heads, self.out_dim)
+        if self.project_activation:
+            z = torch.relu(z)
+        el = (z * self.attn_src).sum(-1)
+        er = (z[:block.num_dst] * self.attn_dst).sum(-1)
+        out = gat_aggregate(block, z, el, er, self.negative_slope, self_loop=self.self_loop,
+                            attn_dropout=self.attn_dropout, training=self.training, backend=self.backend)
+        if self.bias is not None:
+            out = out + self.bias.view(1, self.heads, self.out_dim)
+        return out

@@ -1,0 +1,192 @@
+"""Renumber a partitioned graph and write the partition store (docs/formats.md).
+
+Partition p owns the contiguous new-ID range [part_offsets[p], part_offsets[p+1]); inside a
+partition vertices keep their original-ID order. Each partition's CSR, halo and send lists
+are cut out by the native kernel ``hpcgnn.native.partition.extract_part`` one partition at a
+time, so peak memory is the graph plus two partitions (one being written, one being hashed). The directory is written atomically and
+is byte-identical for identical inputs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcgnn import __version__
+from hpcgnn.data.graph import MASKS, Graph
+from hpcgnn.fileio import atomic_dir, check_output
+from hpcgnn.partition.balance import imbalance, part_weights
+from hpcgnn.partition.store import (META_DATASETS, META_FILE, META_FORMAT, PART_DATASETS, PART_FORMAT,
+                                    STORE_VERSION, combine_hashes, datasets_digest, part_file_name)
+from hpcgnn.progress import Progress
+
+
+@dataclass
+class StoreSummary:
+    """What :func:`write_store` wrote (all counts over the whole store)."""
+
+    path: Path
+    num_parts: int
+    num_edges: int          # directed edges of the graph
+    edge_cut: int           # undirected edges between partitions
+    balance: dict           # {constraint: max/mean part weight}
+    part_weights: dict      # {constraint: int64 [K] weight of each partition}
+    halo_counts: np.ndarray
+    content_hash: str
+
+
+def renumber(part: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(new_to_orig, orig_to_new, part_offsets) for an assignment ``part`` int [N] in [0, K).
+
+    New IDs group vertices by partition; a stable sort keeps original-ID order inside each.
+    """
+    part = np.asarray(part, dtype=np.int64)
+    new_to_orig = np.argsort(part, kind="stable").astype(np.int64, copy=False)
+    orig_to_new = np.empty_like(new_to_orig)
+    orig_to_new[new_to_orig] = np.arange(new_to_orig.shape[0], dtype=np.int64)
+    part_offsets = np.zeros(num_parts + 1, dtype=np.int64)
+    np.cumsum(np.bincount(part, minlength=num_parts), out=part_offsets[1:])
+    return new_to_orig, orig_to_new, part_offsets
+
+
+def file_sha256(path: str | os.PathLike, block: int = 16 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tool_versions() -> dict:
+    """Versions of the tools that shape the store's content."""
+    import pymetis
+
+    from hpcgnn.partition.metis import metis_version
+
+    return {"hpcgnn": __version__, "numpy": np.__version__, "h5py": h5py.__version__,
+            "hdf5": h5py.version.hdf5_version, "pymetis": pymetis.version, "METIS": metis_version()}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _create(f: h5py.File, name: str, data: np.ndarray) -> None:
+    f.create_dataset(name, data=data, track_times=False)
+
+
+def _part_arrays(graph: Graph, csr: tuple[np.ndarray, np.ndarray], part_id: int,
+                 new_to_orig: np.ndarray, orig_to_new: np.ndarray, part_offsets: np.ndarray,
+                 degree: np.ndarray) -> tuple[dict, int]:
+    """({dataset: array} of partition ``part_id`` in PART_DATASETS dtypes, in-edges cut)."""
+    from hpcgnn.native import partition as native
+
+    b, e = int(part_offsets[part_id]), int(part_offsets[part_id + 1])
+    rows = new_to_orig[b:e]
+    indptr, indices, halo_ids, send_indptr, send_ids, cut_entries = native.extract_part(
+        csr[0], csr[1], rows, orig_to_new, part_offsets, part_id)
+    data = {
+        "indptr": indptr,
+        "indices": indices,
+        "halo_ids": halo_ids,
+        "halo_owner": (np.searchsorted(part_offsets, halo_ids, side="right") - 1).astype(np.int32),
+        "halo_degree": degree[new_to_orig[halo_ids]],
+        "degree": np.diff(indptr),
+        "features": np.asarray(graph.features[rows], dtype=np.float32),
+        "labels": np.asarray(graph.labels[rows], dtype=np.int64),
+        **{name: np.asarray(getattr(graph, name)[rows], dtype=bool) for name in MASKS},
+        "send_indptr": send_indptr,
+        "send_ids": send_ids,
+    }
+    assert set(data) == set(PART_DATASETS)
+    return data, int(cut_entries)
+
+
+def _write_part(path: Path, data: dict, attrs: dict) -> None:
+    """Write one partition file: its datasets and attributes (part_hash and content_hash come later)."""
+    with h5py.File(path, "w") as f:
+        for name in PART_DATASETS:
+            _create(f, name, data[name])
+        for key, value in attrs.items():
+            f.attrs[key] = value
+
+
+def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_parts: int, *,
+                method: str, seed: int, constraints, source_graph: str, source_hash: str,
+                ufactor: int | None = None, force: bool = False, progress: bool = True) -> StoreSummary:
+    """Renumber ``graph`` by the assignment ``part`` and write the store to directory ``out``.
+
+    ``out`` must not exist unless ``force``; nothing is left behind if writing fails.
+    """
+    out = check_output(out, force)
+    k = int(num_parts)
+    part = np.asarray(part, dtype=np.int64)
+    if part.shape != (graph.num_nodes,) or (part.size and (part.min() < 0 or part.max() >= k)):
+        raise ValueError(f"part must be int [{graph.num_nodes}] with values in [0, {k})")
+    csr = (np.ascontiguousarray(graph.indptr, dtype=np.int64),
+           np.ascontiguousarray(graph.indices, dtype=np.int64))
+    degree = graph.degree()
+    new_to_orig, orig_to_new, part_offsets = renumber(part, k)
+    weights = part_weights(part, k, degree, graph.train_mask)
+    bal = {name: imbalance(w) for name, w in weights.items()}
+    part_hashes, halo_counts, cut_entries = [], np.zeros(k, dtype=np.int64), 0
+    with atomic_dir(out) as tmp:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the store normal permissions
+        # Pipeline: partition p's digest is computed in a thread (hashlib releases the GIL) while
+        # p+1 is cut out and written. The digest of the arrays equals datasets_digest of the
+        # written datasets (same names, dtypes, shapes and bytes), so the file is not read back.
+        with Progress("partition: writing", total=k, enabled=progress) as bar, \
+                ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for p in range(k):
+                data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree)
+                digest = pool.submit(datasets_digest, data, PART_DATASETS)
+                halo_counts[p] = data["halo_ids"].shape[0]
+                cut_entries += cut
+                b, e = int(part_offsets[p]), int(part_offsets[p + 1])
+                _write_part(tmp / part_file_name(p), data, {
+                    "format": PART_FORMAT, "version": STORE_VERSION, "part_id": p, "num_parts": k,
+                    "solid_begin": b, "solid_end": e, "num_solid": e - b, "num_halo": int(halo_counts[p]),
+                    "num_features": graph.num_features, "num_classes": int(graph.num_classes),
+                    "hpcgnn_version": __version__})
+                del data
+                if pending is not None:
+                    part_hashes.append(pending.result())
+                pending = digest
+                bar.update(1)
+            part_hashes.append(pending.result())
+        edge_cut = cut_entries // 2
+        with h5py.File(tmp / META_FILE, "w") as f:
+            meta = {"part_offsets": part_offsets, "new_to_orig": new_to_orig, "halo_counts": halo_counts}
+            for name in META_DATASETS:
+                _create(f, name, meta[name])
+            content_hash = combine_hashes(datasets_digest(meta, META_DATASETS), part_hashes)
+            attrs = {
+                "format": META_FORMAT, "version": STORE_VERSION, "num_parts": k, "method": method,
+                "seed": int(seed), "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                "num_features": graph.num_features, "num_classes": int(graph.num_classes),
+                "edge_cut": int(edge_cut), "balance": json.dumps(bal, sort_keys=True),
+                "constraints": json.dumps(list(constraints)), "source_graph": str(source_graph),
+                "source_hash": source_hash, "tool_versions": json.dumps(tool_versions(), sort_keys=True),
+                "content_hash": content_hash, "hpcgnn_version": __version__,
+            }
+            if ufactor is not None:
+                attrs["ufactor"] = int(ufactor)
+            for key, value in attrs.items():
+                f.attrs[key] = value
+        for p in range(k):
+            with h5py.File(tmp / part_file_name(p), "r+") as f:
+                f.attrs["part_hash"] = part_hashes[p]
+                f.attrs["content_hash"] = content_hash
+    return StoreSummary(path=out, num_parts=k, num_edges=graph.num_edges, edge_cut=int(edge_cut),
+                        balance=bal, part_weights=weights, halo_counts=halo_counts,
+                        content_hash=content_hash)

@@ -1,0 +1,114 @@
+"""Checkpoints: ``RUN/checkpoints/ckpt-EEEEEE.pt`` (torch.save of a dict), written atomically.
+
+Rank 0 writes a hidden temporary file beside the target, fsyncs it, renames it into place and
+fsyncs the directory, so a reader sees either the old set of checkpoints or the new one, never a
+partial file: a writer killed mid-write leaves only a ``.ckpt-*.tmp`` file that no reader picks
+up (and the next save removes). ``EEEEEE`` is the last completed epoch (1-based).
+
+A state dict holds at least ``epoch`` and ``content_hash`` (the partition store's); engines add
+``model``, ``optimizer`` and whatever they need to continue exactly (tensors, numbers, strings,
+lists and dicts only: checkpoints are loaded with ``weights_only=True``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from hpcgnn.errors import InputError
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
+
+
+def checkpoint_path(run_dir, epoch: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"ckpt-{epoch:06d}.pt"
+
+
+def list_checkpoints(run_dir) -> list[tuple[int, Path]]:
+    """(epoch, path) of the complete checkpoints in ``run_dir``, oldest first."""
+    d = Path(run_dir) / CHECKPOINT_DIR
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_file(path: Path, state: dict) -> None:
+    """Atomic write of one checkpoint file (tmp + fsync + rename + directory fsync)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(run_dir, epoch: int, state: dict, rt, keep: int) -> Path:
+    """Collective: rank 0 writes ``ckpt-EEEEEE.pt`` atomically and keeps the newest ``keep``.
+
+    Every rank calls it (it ends with a barrier); only rank 0's ``state`` is written.
+    """
+    path = checkpoint_path(run_dir, epoch)
+    if rt.is_root:
+        write_checkpoint_file(path, dict(state, epoch=int(epoch)))
+        for old_epoch, old in list_checkpoints(run_dir)[:-max(1, int(keep))]:
+            old.unlink(missing_ok=True)
+        for stale in path.parent.glob(".ckpt-*.tmp"):
+            stale.unlink(missing_ok=True)
+    rt.comm.Barrier()
+    return path
+
+
+def load_latest_checkpoint(run_dir, content_hash: str) -> dict | None:
+    """The newest loadable checkpoint's state, or None if there is none.
+
+    InputError if it was written for another partition store (``content_hash`` differs).
+    An unreadable file (which atomic writing should prevent) is skipped with a warning in
+    favour of the previous one.
+    """
+    for epoch, path in reversed(list_checkpoints(run_dir)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: fall back to an older one
+            print(f"hpcgnn: warning: {path}: unreadable checkpoint skipped "
+                  f"({exc.__class__.__name__})", file=sys.stderr, flush=True)
+            continue
+        if not isinstance(state, dict) or "epoch" not in state:
+            print(f"hpcgnn: warning: {path}: not an hpcgnn checkpoint, skipped",
+                  file=sys.stderr, flush=True)
+            continue
+        got = state.get("content_hash")
+        if got != content_hash:
+            raise InputError(f"{path}: checkpoint was written for partition store "
+                             f"{str(got)[:12]}..., data.partitions is {content_hash[:12]}...")
+        return state
+    return None

@@ -1,0 +1,283 @@
+"""The run directory and its HDF5 run file, written by rank 0.
+
+``RUN/run.h5`` (``format = "hpcgnn-run"``, version 1) holds
+
+* attributes: ``config`` (resolved configuration, JSON), ``engine``, ``num_ranks``,
+  ``partition_hash`` (the store's content hash), ``partition_dir``, ``hpcgnn_version``,
+  ``created``, ``status`` (``running`` / ``finished``), plus any set with :meth:`RunOutput.set_attrs`;
+* ``metrics/epoch`` int64 [E] and ``metrics/<name>`` float64 [E] (loss, accuracies; NaN when an
+  epoch was not evaluated);
+* ``timings/<name>`` float64 [E, P] seconds per rank, ``counters/<name>`` float64 [E, P]
+  (bytes, rows, hits ... per rank);
+* ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate).
+
+The file is small and rewritten atomically after every epoch, so it is always readable, also
+while the job runs or after it was killed. Rank 0 prints one line per epoch.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpcgnn import __version__
+from hpcgnn.errors import InputError
+from hpcgnn.fileio import atomic_file, open_h5
+
+RUN_FILE = "run.h5"
+RUN_FORMAT = "hpcgnn-run"
+RUN_VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+DEBUG_DIR = "debug"
+# What a run directory may contain that --force removes (nothing else is touched).
+RUN_ENTRIES = (RUN_FILE, CHECKPOINT_DIR, DEBUG_DIR)
+METRIC_ORDER = ("loss", "train_acc", "val_acc", "test_acc")
+
+
+def _decode(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def read_run(run_dir: str | Path) -> dict:
+    """Read ``RUN/run.h5`` into plain Python/numpy: attrs, metrics, timings, counters, per_layer."""
+    path = Path(run_dir)
+    path = path / RUN_FILE if path.is_dir() else path
+    with open_h5(path, RUN_FORMAT) as f:
+        out = {"path": str(path), "attrs": {k: _decode(v) for k, v in f.attrs.items()}}
+        for group in ("metrics", "timings", "counters", "per_layer"):
+            out[group] = {k: np.asarray(f[group][k][()]) for k in f[group]} if group in f else {}
+    return out
+
+
+def _union(dicts) -> list[str]:
+    names: list[str] = []
+    for d in dicts:
+        for k in (d or {}):
+            if k not in names:
+                names.append(k)
+    return names
+
+
+def _fmt_range(lo: float, hi: float) -> str:
+    if abs(hi - lo) < 0.005 * max(abs(hi), 1e-9) or hi - lo < 5e-4:
+        return f"{hi:.3f}"
+    return f"{lo:.3f}-{hi:.3f}"
+
+
+def format_epoch_line(epoch: int, epochs: int, metrics: dict, timings_min: dict,
+                      timings_max: dict) -> str:
+    """One line: epoch, loss, accuracies, epoch time (max over ranks) and its breakdown (min-max)."""
+    parts = [f"epoch {epoch:>{len(str(epochs))}}/{epochs}"]
+    if "loss" in metrics:
+        parts.append(f"loss {metrics['loss']:.4f}")
+    names = [k for k in METRIC_ORDER if k in metrics] + [k for k in metrics if k not in METRIC_ORDER]
+    acc = [f"{k[:-4]} {100 * metrics[k]:.2f}" for k in names
+           if k.endswith("_acc") and not math.isnan(metrics[k])]
+    if acc:
+        parts.append("acc% " + " ".join(acc))
+    others = [f"{k} {v:.4g}" for k, v in metrics.items()
+              if k not in METRIC_ORDER and not k.endswith("_acc") and not math.isnan(v)]
+    parts.extend(others)
+    if "epoch" in timings_max:
+        breakdown = ", ".join(f"{k} {_fmt_range(timings_min[k], timings_max[k])}"
+                              for k in timings_max if k != "epoch")
+        parts.append(f"{timings_max['epoch']:.3f} s" + (f" ({breakdown})" if breakdown else ""))
+    return " | ".join(parts)
+
+
+class RunOutput:
+    """The run directory of one training job (collective constructor and ``log_epoch``).
+
+    ``force`` replaces an existing run (only ``run.h5``, ``checkpoints/`` and ``debug/`` are
+    removed); ``resume`` continues one (history after the resumed epoch is dropped by
+    :meth:`rewind`). Without either, an existing run is refused with an InputError on every rank.
+    """
+
+    def __init__(self, run_dir, rt, cfg, meta, resume: bool, force: bool):
+        self.run_dir = Path(run_dir)
+        self.rt = rt
+        self.cfg = cfg
+        self.meta = meta
+        self.resume = bool(resume)
+        self.engine = cfg.train.engine
+        self._history: list[dict] = []
+        self._attrs: dict = {}
+        error = None
+        if rt.is_root:
+            try:
+                self._prepare(force)
+            except InputError as exc:
+                error = str(exc)
+            except OSError as exc:
+                error = f"{self.run_dir}: cannot create the run directory ({exc.strerror or exc})"
+        rt.agree(error)
+        if rt.is_root:
+            self._write()
+
+    # ---- set-up (rank 0) ------------------------------------------------
+    def _prepare(self, force: bool) -> None:
+        d = self.run_dir
+        if self.resume and force:
+            raise InputError("--resume and --force exclude each other")
+        if d.exists() and not d.is_dir():
+            raise InputError(f"{d}: output.dir exists and is not a directory")
+        existing = d.is_dir() and any((d / e).exists() for e in RUN_ENTRIES)
+        if existing and not (force or self.resume):
+            raise InputError(f"{d}: run directory already holds a run (pass --force to replace it "
+                             "or --resume to continue it)")
+        if existing and force:
+            for entry in RUN_ENTRIES:
+                p = d / entry
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+        d.mkdir(parents=True, exist_ok=True)
+        (d / CHECKPOINT_DIR).mkdir(exist_ok=True)
+        if self.resume and (d / RUN_FILE).exists():
+            self._load_history()
+
+    def _load_history(self) -> None:
+        old = read_run(self.run_dir)
+        a = old["attrs"]
+        if a.get("partition_hash") != self.meta.content_hash:
+            raise InputError(f"{self.run_dir / RUN_FILE}: run was made on partition store "
+                             f"{str(a.get('partition_hash'))[:12]}..., data.partitions is "
+                             f"{self.meta.content_hash[:12]}...; cannot resume")
+        if int(a.get("num_ranks", -1)) != self.rt.size:
+            raise InputError(f"{self.run_dir / RUN_FILE}: run used {a.get('num_ranks')} ranks, "
+                             f"this job has {self.rt.size}; cannot resume")
+        if a.get("engine") != self.engine:
+            raise InputError(f"{self.run_dir / RUN_FILE}: run used engine {a.get('engine')!r}, "
+                             f"config says {self.engine!r}; cannot resume")
+        epochs = old["metrics"].get("epoch", np.zeros(0, np.int64))
+        for i, e in enumerate(epochs):
+            row = {"epoch": int(e),
+                   "metrics": {k: float(v[i]) for k, v in old["metrics"].items() if k != "epoch"},
+                   "timings": [], "counters": [], "per_layer": []}
+            for group in ("timings", "counters"):
+                arrs = old[group]
+                for r in range(self.rt.size):
+                    if len(row[group]) <= r:
+                        row[group].append({})
+                    row[group][r].update({k: float(v[i, r]) for k, v in arrs.items()})
+            for r in range(self.rt.size):
+                row["per_layer"].append({k: np.asarray(v[i, r]) for k, v in old["per_layer"].items()})
+            self._history.append(row)
+        keep = {k: v for k, v in a.items() if k not in ("format", "version", "created", "status")}
+        self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
+
+    def _base_attrs(self) -> dict:
+        return {
+            "format": RUN_FORMAT, "version": RUN_VERSION, "config": self.cfg.to_json(),
+            "engine": self.engine, "num_ranks": self.rt.size,
+            "partition_hash": self.meta.content_hash, "partition_dir": str(self.meta.path),
+            "num_parts": self.meta.num_parts, "hpcgnn_version": __version__,
+        }
+
+    # ---- public ---------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / CHECKPOINT_DIR
+
+    @property
+    def debug_dir(self) -> Path:
+        """``RUN/debug`` (created on first use by the caller's rank)."""
+        return self.run_dir / DEBUG_DIR
+
+    def set_attrs(self, **values) -> None:
+        """Extra run-file attributes (str/int/float/bool; dicts/lists as JSON); any rank may call."""
+        if not self.rt.is_root:
+            return
+        for k, v in values.items():
+            self._attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+        self._write()
+
+    def rewind(self, last_epoch: int) -> None:
+        """Forget logged epochs after ``last_epoch`` (used on resume from a checkpoint)."""
+        self._history = [h for h in self._history if h["epoch"] <= last_epoch]
+        if self.rt.is_root:
+            self._write()
+
+    def log_epoch(self, epoch: int, metrics: dict[str, float], timings: dict[str, float],
+                  counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None) -> None:
+        """Collective: gather every rank's timings/counters/per_layer; rank 0 appends and prints.
+
+        ``metrics`` are global values (identical on every rank; rank 0's are stored).
+        """
+        local = ({k: float(v) for k, v in timings.items()},
+                 {k: float(v) for k, v in counters.items()},
+                 {k: np.asarray(v, dtype=np.float64) for k, v in (per_layer or {}).items()})
+        gathered = self.rt.comm.gather(local, root=0)
+        if not self.rt.is_root:
+            return
+        row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
+               "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
+               "per_layer": [g[2] for g in gathered]}
+        self._history = [h for h in self._history if h["epoch"] < epoch] + [row]
+        self._write()
+        names = _union(row["timings"])
+        tmin = {k: min(t.get(k, math.nan) for t in row["timings"]) for k in names}
+        tmax = {k: max(t.get(k, math.nan) for t in row["timings"]) for k in names}
+        print(format_epoch_line(epoch, int(self.cfg.train.epochs), row["metrics"], tmin, tmax),
+              flush=True)
+
+    def close(self) -> None:
+        """Mark the run finished (collective barrier so no rank exits before the file is final)."""
+        if self.rt.is_root:
+            self._attrs["status"] = "finished"
+            self._write()
+        self.rt.comm.Barrier()
+
+    # ---- file -------------------------------------------------------------
+    def _write(self) -> None:
+        hist = self._history
+        p = self.rt.size
+        with atomic_file(self.run_dir / RUN_FILE) as tmp:
+            with h5py.File(tmp, "w") as f:
+                attrs = self._base_attrs()
+                attrs["created"] = self._attrs.get("created") or \
+                    datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+                attrs["status"] = "running"
+                attrs.update(self._attrs)
+                self._attrs["created"] = attrs["created"]
+                for k, v in attrs.items():
+                    f.attrs[k] = v
+                g = f.create_group("metrics")
+                g.create_dataset("epoch", data=np.array([h["epoch"] for h in hist], dtype=np.int64))
+                names = _union(h["metrics"] for h in hist)
+                names = [n for n in METRIC_ORDER if n in names] + [n for n in names if n not in METRIC_ORDER]
+                for n in names:
+                    g.create_dataset(n, data=np.array([h["metrics"].get(n, math.nan) for h in hist],
+                                                      dtype=np.float64))
+                for group in ("timings", "counters"):
+                    g = f.create_group(group)
+                    names = _union(r for h in hist for r in h[group])
+                    for n in names:
+                        arr = np.full((len(hist), p), math.nan)
+                        for i, h in enumerate(hist):
+                            for r, d in enumerate(h[group][:p]):
+                                arr[i, r] = d.get(n, math.nan)
+                        g.create_dataset(n, data=arr)
+                g = f.create_group("per_layer")
+                names = _union(r for h in hist for r in h["per_layer"])
+                for n in names:
+                    width = max((np.size(r[n]) for h in hist for r in h["per_layer"] if n in r), default=0)
+                    arr = np.full((len(hist), p, width), math.nan)
+                    for i, h in enumerate(hist):
+                        for r, d in enumerate(h["per_layer"][:p]):
+                            if n in d:
+                                v = np.ravel(d[n])
+                                arr[i, r, :v.size] = v
+                    g.create_dataset(n, data=arr)
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr."""
+    print(f"hpcgnn: warning: {message}", file=sys.stderr, flush=True)

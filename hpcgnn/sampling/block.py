@@ -1,0 +1,107 @@
+"""One bipartite layer of a sampled minibatch (DGL message-flow-graph convention).
+
+A :class:`Block` maps the rows of a source frontier (``num_src`` rows) to the rows of a
+destination frontier (``num_dst`` rows). Destination vertices are the first ``num_dst``
+source vertices (prefix), so ``h_src[:num_dst]`` are the destinations' own inputs.
+Edges are stored as a CSR over destinations: the sources of destination ``i`` are
+``indices[indptr[i]:indptr[i+1]]``, positions in ``[0, num_src)``. Edge id = position in
+``indices``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcgnn.native import sampler as _native
+
+
+@dataclass(eq=False)
+class Block:
+    """CSR over destinations of one layer; see the module docstring for the conventions."""
+
+    num_src: int
+    num_dst: int
+    indptr: torch.Tensor    # int64 [num_dst + 1]
+    indices: torch.Tensor   # int64 [nnz], source positions in [0, num_src)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.num_dst > self.num_src:
+            raise ValueError(f"Block: num_dst={self.num_dst} > num_src={self.num_src} "
+                             "(destinations must be a prefix of the sources)")
+        if tuple(self.indptr.shape) != (self.num_dst + 1,):
+            raise ValueError(f"Block: indptr has shape {tuple(self.indptr.shape)}, "
+                             f"expected ({self.num_dst + 1},)")
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.indices.device
+
+    def in_degree(self) -> torch.Tensor:
+        """int64 [num_dst]: number of (kept) in-edges of each destination."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def edge_dst(self) -> torch.Tensor:
+        """int64 [nnz]: destination position of every edge (cached)."""
+        if "edge_dst" not in self._cache:
+            self._cache["edge_dst"] = torch.repeat_interleave(
+                torch.arange(self.num_dst, device=self.device), self.in_degree(),
+                output_size=self.num_edges)
+        return self._cache["edge_dst"]
+
+    def transpose(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(t_indptr [num_src+1], t_indices [nnz] destination positions, t_eid [nnz]) (cached).
+
+        Rows are sources; within a row, edges in increasing edge id (a stable sort by
+        source), so ``t_indices == edge_dst()[t_eid]`` and ``indices[t_eid]`` is sorted.
+        CPU blocks use the OpenMP kernel; other devices use torch ops (same result).
+        """
+        if "transpose" not in self._cache:
+            if self.device.type == "cpu":
+                t_indptr, t_indices, t_eid = _native.transpose(
+                    self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(), int(self.num_src))
+                out = (torch.from_numpy(t_indptr), torch.from_numpy(t_indices), torch.from_numpy(t_eid))
+            else:
+                out = _transpose_torch(self.indptr, self.indices, self.num_src, self.edge_dst())
+            self._cache["transpose"] = out
+        return self._cache["transpose"]
+
+    def drop_sources(self, keep_src_mask: torch.Tensor) -> "Block":
+        """New block without the edges whose source has ``keep_src_mask[src] == False``.
+
+        ``keep_src_mask`` is bool [num_src]. Shapes (num_src, num_dst) are unchanged: a
+        dropped source keeps its row in the input frontier, it just sends no messages.
+        The surviving edges keep their relative order.
+        """
+        mask = torch.as_tensor(keep_src_mask, device=self.device)
+        if mask.dtype != torch.bool or tuple(mask.shape) != (self.num_src,):
+            raise ValueError(f"drop_sources: keep_src_mask must be bool [{self.num_src}], "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        keep_edge = mask[self.indices]
+        kept_before = torch.zeros(self.num_edges + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(keep_edge, 0, out=kept_before[1:])
+        return Block(self.num_src, self.num_dst, kept_before[self.indptr], self.indices[keep_edge])
+
+    def to(self, device) -> "Block":
+        """The block with its tensors (and cached transpose) on ``device``."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        b = Block(self.num_src, self.num_dst, self.indptr.to(device), self.indices.to(device))
+        for key, val in self._cache.items():
+            b._cache[key] = tuple(t.to(device) for t in val) if isinstance(val, tuple) else val.to(device)
+        return b
+
+
+def _transpose_torch(indptr: torch.Tensor, indices: torch.Tensor, num_src: int,
+                     edge_dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Device-agnostic transpose (stable sort of the edges by source)."""
+    t_eid = torch.sort(indices, stable=True).indices
+    t_indptr = torch.zeros(num_src + 1, dtype=torch.int64, device=indices.device)
+    torch.cumsum(torch.bincount(indices, minlength=num_src), 0, out=t_indptr[1:])
+    return t_indptr, edge_dst[t_eid], t_eid

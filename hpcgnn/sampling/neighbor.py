@@ -1,0 +1,179 @@
+"""Uniform neighbour sampling without replacement inside one partition (DistGNN-MB MBC).
+
+The sampler works on a partition's local in-edge CSR (:meth:`Partition.local_csr`): rows
+are the solid vertices ``0..num_solid-1``; sources ``>= num_solid`` are halo vertices,
+which have no row and are never expanded (they can only be leaves).
+
+Frontiers: ``S_L`` = seeds; block ``l`` (``l = L-1 .. 0``) samples up to ``fanouts[l]``
+in-neighbours of every vertex of ``S_{l+1}`` and ``S_l`` = ``S_{l+1}`` followed by the
+sampled sources not already in it, **in order of first appearance** when the block's edges
+are read destination by destination (within a destination in CSR row order). The sampled
+neighbours of one destination are listed in CSR row order.
+
+Randomness: the neighbours of vertex ``v`` in block ``l`` are drawn from a splitmix64
+stream keyed by ``(seed, epoch, step, l, v)`` (Floyd's algorithm, unbiased bounded
+draws). Results are identical for any OpenMP thread count and between calls.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcgnn.errors import InputError
+from hpcgnn.native import sampler as _native
+from hpcgnn.sampling.block import Block
+from hpcgnn.sampling.choice import _as_int64_numpy, rng_key
+
+
+@dataclass(eq=False)
+class SampledBatch:
+    """A sampled minibatch: ``blocks[l]`` maps ``frontiers[l]`` -> ``frontiers[l+1]``."""
+
+    seeds: torch.Tensor             # int64 local IDs of the output vertices (= frontiers[-1])
+    frontiers: list[torch.Tensor]   # frontiers[l]: local IDs of S_l, l = 0..L; prefix-nested
+    blocks: list[Block]             # len L
+
+    @property
+    def input_nodes(self) -> torch.Tensor:
+        """Local IDs of the input-most frontier S_0 (rows of the input features)."""
+        return self.frontiers[0]
+
+    @property
+    def num_sampled_edges(self) -> int:
+        return sum(b.num_edges for b in self.blocks)
+
+    def to(self, device) -> "SampledBatch":
+        return SampledBatch(self.seeds.to(device), [f.to(device) for f in self.frontiers],
+                            [b.to(device) for b in self.blocks])
+
+
+def check_fanouts(fanouts, where: str = "fanouts") -> list[int]:
+    """Validated fanout list: each an integer >= 1 or -1 (all neighbours); InputError otherwise."""
+    out = []
+    for f in fanouts:
+        if isinstance(f, bool) or int(f) != f or (int(f) < 1 and int(f) != -1):
+            raise InputError(f"{where}: fanout {f!r} is invalid, expected an integer >= 1 or -1 (all)")
+        out.append(int(f))
+    if not out:
+        raise InputError(f"{where}: expected at least one fanout (one per GNN layer)")
+    return out
+
+
+class NeighborSampler:
+    """Synchronous OpenMP neighbour sampler over one partition's local CSR.
+
+    ``fanouts`` are given input side first (DGL order): ``[5, 10, 15]`` samples 15
+    neighbours for the seeds (last block) and 5 in the input-most block; ``-1`` takes all
+    neighbours. ``num_local`` (solid + halo count) defaults to
+    ``max(num_solid, max(indices) + 1)``; pass it when seeds may be unreferenced halo IDs.
+    The CSR arrays are used in place (no copy when they are contiguous int64).
+    """
+
+    def __init__(self, indptr, indices, num_solid: int, fanouts, seed: int = 0,
+                 num_local: int | None = None):
+        self.fanouts = check_fanouts(fanouts)
+        self.seed = int(seed)
+        self._indptr = _as_int64_numpy(indptr)
+        self._indices = _as_int64_numpy(indices)
+        if num_local is None:
+            top = int(self._indices.max()) + 1 if self._indices.size else 0
+            num_local = max(int(num_solid), top)
+        self._native = _native.Sampler(self._indptr, self._indices, int(num_solid), int(num_local))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanouts)
+
+    @property
+    def num_solid(self) -> int:
+        return int(self._native.num_solid)
+
+    @property
+    def num_local(self) -> int:
+        return int(self._native.num_local)
+
+    def sample(self, seeds, epoch: int = 0, step: int = 0) -> SampledBatch:
+        """Sample the blocks of one minibatch; ``seeds`` are distinct local vertex IDs."""
+        return self._run(seeds, self.fanouts, rng_key(self.seed, epoch, step))
+
+    def full_neighbor_blocks(self, seeds, num_layers: int | None = None) -> SampledBatch:
+        """All in-neighbours at every layer (layer-wise inference / evaluation); no randomness."""
+        n = self.num_layers if num_layers is None else int(num_layers)
+        return self._run(seeds, [-1] * n, 0)
+
+    def _run(self, seeds, fanouts, key: int) -> SampledBatch:
+        seeds_np = _as_int64_numpy(seeds)
+        if seeds_np.ndim != 1:
+            raise ValueError(f"sample: seeds must be 1-D, got shape {seeds_np.shape}")
+        layers = self._native.sample(seeds_np, fanouts, key)   # seeds' block first
+        seeds_t = torch.from_numpy(seeds_np.copy())
+        frontiers = [seeds_t]
+        blocks = []
+        num_dst = seeds_np.shape[0]
+        for indptr, indices, frontier in layers:
+            blocks.append(Block(int(frontier.shape[0]), num_dst, torch.from_numpy(indptr),
+                                torch.from_numpy(indices)))
+            frontiers.append(torch.from_numpy(frontier))
+            num_dst = int(frontier.shape[0])
+        return SampledBatch(seeds_t, frontiers[::-1], blocks[::-1])
+
+
+def full_neighbor_blocks(indptr, indices, num_solid: int, seeds, num_layers: int,
+                         num_local: int | None = None) -> SampledBatch:
+    """All-neighbour blocks of ``seeds`` over ``num_layers`` layers (see :class:`NeighborSampler`)."""
+    return NeighborSampler(indptr, indices, num_solid, [-1] * int(num_layers),
+                           num_local=num_local).full_neighbor_blocks(seeds)
+
+
+def random_csr(num_nodes: int, avg_degree: float, seed: int = 0,
+               num_halo: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random in-edge CSR for benchmarks: Poisson(avg_degree) row lengths, uniform sources in
+    ``[0, num_nodes + num_halo)`` (rows are the first ``num_nodes`` vertices)."""
+    rng = np.random.default_rng(seed)
+    deg = rng.poisson(avg_degree, size=num_nodes).astype(np.int64)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    indices = rng.integers(0, num_nodes + num_halo, size=int(indptr[-1]), dtype=np.int64)
+    return indptr, indices
+
+
+def benchmark(num_nodes: int = 1_000_000, avg_degree: float = 20.0, fanouts=(5, 10, 15),
+              batch_size: int = 1000, num_batches: int = 20, threads: int | None = None,
+              seed: int = 0) -> dict:
+    """Sampler throughput on a random CSR (see :func:`random_csr`).
+
+    Returns a dict with the sampled edges/s and frontier vertices/s (sum over all blocks
+    and all frontiers ``S_0..S_{L-1}``), seconds per batch, and the mean sizes. Run it with
+    ``python -c "from hpcgnn.sampling.neighbor import benchmark; print(benchmark())"``.
+    """
+    before = int(_native.max_threads())
+    if threads is not None:
+        _native.set_threads(int(threads))
+    try:
+        return _benchmark(num_nodes, avg_degree, fanouts, batch_size, num_batches, seed)
+    finally:
+        _native.set_threads(before)
+
+
+def _benchmark(num_nodes, avg_degree, fanouts, batch_size, num_batches, seed) -> dict:
+    indptr, indices = random_csr(num_nodes, avg_degree, seed)
+    sampler = NeighborSampler(indptr, indices, num_nodes, list(fanouts), seed=seed)
+    order = np.random.default_rng(seed + 1).permutation(num_nodes)
+    batches = [order[i * batch_size:(i + 1) * batch_size] for i in range(num_batches)]
+    sampler.sample(batches[0], epoch=0, step=0)   # warm-up (page-in of the CSR)
+    edges = verts = inputs = 0
+    start = time.perf_counter()
+    for step, seeds in enumerate(batches):
+        batch = sampler.sample(seeds, epoch=1, step=step)
+        edges += batch.num_sampled_edges
+        verts += sum(int(f.shape[0]) for f in batch.frontiers[:-1])
+        inputs += int(batch.frontiers[0].shape[0])
+    elapsed = time.perf_counter() - start
+    return {"num_nodes": num_nodes, "num_edges": int(indptr[-1]), "fanouts": list(fanouts),
+            "batch_size": batch_size, "num_batches": num_batches,
+            "threads": int(_native.max_threads()), "seconds_per_batch": elapsed / num_batches,
+            "edges_per_s": edges / elapsed, "vertices_per_s": verts / elapsed,
+            "mean_edges_per_batch": edges / num_batches, "mean_input_nodes": inputs / num_batches}

@@ -1,0 +1,111 @@
+"""Helpers for the minibatch-engine tests: tiny partition stores, launching `hpcgnn train`
+under real mpiexec, and reading the engine's debug records."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from mpiutil import ROOT, run_mpi
+
+from hpcgnn.data.clean import build_symmetric_csr
+from hpcgnn.data.graph import Graph
+
+# Prints each rank's exit code so a test can check that *every* rank stopped with it.
+RANK_EXIT = (
+    "import sys\n"
+    "from mpi4py import MPI\n"
+    "from hpcgnn.cli import main\n"
+    "try:\n"
+    "    rc = main(sys.argv[1:])\n"
+    "except SystemExit as exc:\n"
+    "    rc = exc.code\n"
+    "print(f'RANK {MPI.COMM_WORLD.Get_rank()} EXIT {rc}', flush=True)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def tiny_graph(num_nodes: int = 360, num_features: int = 6, num_classes: int = 3, seed: int = 0,
+               window: int = 30, no_train_range: tuple[int, int] | None = None) -> Graph:
+    """Random local graph (edges within ``window`` IDs, plus a ring); class-dependent features.
+
+    ``no_train_range`` = (lo, hi): vertices in [lo, hi) are never training vertices.
+    """
+    rng = np.random.default_rng(seed)
+    m = num_nodes * 3
+    src = rng.integers(0, num_nodes, m)
+    dst = np.clip(src + rng.integers(-window, window + 1, m), 0, num_nodes - 1)
+    ring = np.arange(num_nodes)
+    indptr, indices, _ = build_symmetric_csr(np.concatenate([src, ring]),
+                                             np.concatenate([dst, (ring + 1) % num_nodes]), num_nodes)
+    labels = rng.integers(0, num_classes, num_nodes).astype(np.int64)
+    centers = rng.standard_normal((num_classes, num_features)).astype(np.float32)
+    features = (centers[labels] + rng.standard_normal((num_nodes, num_features))).astype(np.float32)
+    split = rng.random(num_nodes)
+    train = split < 0.4
+    if no_train_range is not None:
+        train[no_train_range[0]:no_train_range[1]] = False
+    return Graph(indptr=indptr, indices=indices, features=features, labels=labels,
+                 train_mask=train, val_mask=(split >= 0.4) & (split < 0.7), test_mask=split >= 0.7,
+                 num_classes=num_classes, meta={"name": "tiny"})
+
+
+def tiny_store(out: Path, graph: Graph, num_parts: int) -> Path:
+    """Contiguous partitioning of ``graph`` written with the real store writer."""
+    from hpcgnn.partition.writer import write_store
+
+    n = graph.num_nodes
+    part = (np.arange(n) * num_parts) // n
+    write_store(out, graph, part, num_parts, method="contiguous", seed=0, constraints=(),
+                source_graph="tiny", source_hash="tiny", force=True, progress=False)
+    return Path(out)
+
+
+import os  # noqa: E402  DEV-ONLY (remove): lets the tests run before hpcgnn.nn lands
+_ENTRY = [os.environ["HPCGNN_TEST_ENTRY"]] if os.environ.get("HPCGNN_TEST_ENTRY") else ["-m", "hpcgnn"]
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def train(n: int, config: Path, parts: Path, run: Path, *extra: str, timeout: float = 120,
+          env: dict | None = None):
+    """`mpiexec -n n python -m hpcgnn train ...`; returns the CompletedProcess."""
+    args = [*_ENTRY, "train", "--config", str(config), "--set", f"data.partitions={parts}",
+            "--set", f"output.dir={run}", *extra]
+    return run_mpi(n, args, timeout=timeout, env=env, cwd=ROOT)
+
+
+def train_each_rank_exit(n: int, args: list[str], timeout: float = 60):
+    """Run `hpcgnn <args>` on n ranks; returns (process, {rank: exit code})."""
+    proc = run_mpi(n, ["-c", RANK_EXIT, *args], timeout=timeout, cwd=ROOT)
+    codes = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RANK "):
+            _, r, _, c = line.split()
+            codes[int(r)] = int(c)
+    return proc, codes
+
+
+def read_debug(run: Path, rank: int) -> dict:
+    """The debug record of one rank: steps, pushes, receives, inputs (lists of dicts)."""
+    out: dict = {}
+    with h5py.File(Path(run) / "debug" / f"rank-{rank:05d}.h5", "r") as f:
+        out["steps"] = f["steps"][()]
+        for name in ("pushes", "receives", "inputs"):
+            recs = []
+            for key in sorted(f[name], key=int):
+                g = f[name][key]
+                rec = {k: int(v) for k, v in g.attrs.items()}
+                rec.update({k: g[k][()] for k in g})
+                recs.append(rec)
+            out[name] = recs
+    return out
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,255 @@
+"""Layers and models (hpcgnn.nn.conv / models) against dense-adjacency references."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from nn_blocks import dense_adjacency, random_block  # noqa: E402
+
+from hpcgnn.errors import InputError  # noqa: E402
+from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv  # noqa: E402
+from hpcgnn.nn.models import build_model  # noqa: E402
+from hpcgnn.sampling.block import Block  # noqa: E402
+
+IN, HID, CLS, HEADS = 12, 8, 5, 3
+ARCHS = [("sage", "distgnn"), ("gcn", "distgnn"), ("gat", "distgnn"), ("gat", "standard")]
+
+
+def chain(seed: int = 0):
+    """Three blocks 60 -> 40 -> 25 -> 10 (destinations = prefix), with zero-degree rows."""
+    sizes = [60, 40, 25, 10]
+    return [random_block(sizes[i], sizes[i + 1], 6 * sizes[i + 1], seed=seed + i, zero_rows=2)
+            for i in range(3)]
+
+
+# ---- dense references (float64) -------------------------------------------------------------
+
+def ref_sage(conv: SAGEConv, block, h):
+    a = dense_adjacency(block)
+    deg = a.sum(1, keepdim=True)
+    mean = torch.where(deg > 0, a @ h / deg.clamp(min=1), torch.zeros(()))
+    wn, ws = conv.lin_neigh.weight.double(), conv.lin_self.weight.double()
+    return mean @ wn.T + h[:block.num_dst] @ ws.T + conv.lin_self.bias.double()
+
+
+def ref_gcn(conv: GCNConv, block, h, src_scale, dst_scale):
+    a = dense_adjacency(block)
+    nd = block.num_dst
+    agg = a @ (src_scale.unsqueeze(1) * h) + src_scale[:nd].unsqueeze(1) * h[:nd]
+    return dst_scale.unsqueeze(1) * agg @ conv.lin.weight.double().T + conv.bias.double()
+
+
+def ref_gat(conv: GATConv, block, h):
+    nd, H, D = block.num_dst, conv.heads, conv.out_dim
+    z = h @ conv.fc.weight.double().T
+    if conv.fc.bias is not None:
+        z = z + conv.fc.bias.double()
+    z = z.view(-1, H, D)
+    if conv.project_activation:
+        z = torch.relu(z)
+    el = (z * conv.attn_src.double()).sum(-1)                  # [ns, H]
+    er = (z[:nd] * conv.attn_dst.double()).sum(-1)             # [nd, H]
+    e = torch.nn.functional.leaky_relu(er[:, None, :] + el[None, :, :], conv.negative_slope)  # [nd, ns, H]
+    count = dense_adjacency(block)
+    if conv.self_loop:
+        count[torch.arange(nd), torch.arange(nd)] += 1
+    w = count[:, :, None] * torch.exp(e - e.max(1, keepdim=True).values)
+    s = w.sum(1, keepdim=True)
+    alpha = torch.where(s > 0, w / s.clamp(min=1e-300), torch.zeros(()))
+    out = torch.einsum("vuh,uhd->vhd", alpha, z)
+    if conv.bias is not None:
+        out = out + conv.bias.double().view(1, H, D)
+    return out
+
+
+def ref_layer(model, l, block, h):
+    conv = model.layers[l]
+    last = l == model.num_layers - 1
+    if isinstance(conv, SAGEConv):
+        out = ref_sage(conv, block, h)
+    elif isinstance(conv, GCNConv):
+        out = ref_gcn(conv, block, h, block.src_scale.double(), block.dst_scale.double())
+    else:
+        out = ref_gat(conv, block, h)
+        out = out.mean(1) if last else out.flatten(1)
+    return out if last else torch.relu(out)
+
+
+def with_global_scales(blocks, seed=0):
+    """Give every block GCN scales from made-up 'full-graph' degrees (not the block's own)."""
+    g = torch.Generator().manual_seed(seed)
+    for b in blocks:
+        deg = torch.randint(0, 30, (b.num_src,), generator=g).float()
+        b.src_scale = (deg + 1).rsqrt()
+        b.dst_scale = b.src_scale[:b.num_dst].clone()
+    return blocks
+
+
+# ---- tests ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,variant", ARCHS)
+def test_model_equals_dense_reference(arch, variant):
+    blocks = with_global_scales(chain())
+    model = build_model(arch, IN, HID, CLS, 3, HEADS, 0.5, gat_variant=variant, seed=1).eval()
+    x = torch.randn(60, IN, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = model(blocks, x)
+        h = x.double()
+        for l, b in enumerate(blocks):
+            h = ref_layer(model, l, b, h)
+        torch.testing.assert_close(got.double(), h, atol=1e-5, rtol=1e-5)
+        assert got.shape == (10, CLS)
+        # float64 end to end: the kernels are exact up to summation order
+        got64 = model.double()(blocks, x.double())
+        torch.testing.assert_close(got64, h, atol=1e-11, rtol=1e-11)
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+def test_widths_and_layer_forward_composition(arch):
+    blocks = with_global_scales(chain(3))
+    model = build_model(arch, IN, HID, CLS, 3, HEADS, 0.0, seed=0)
+    hid = HID * HEADS if arch == "gat" else HID
+    assert model.in_dims == [IN, hid, hid] and model.num_layers == 3 and len(model.layers) == 3
+    x = torch.randn(60, IN)
+    h = x
+    for l, b in enumerate(blocks):
+        h = model.layer_forward(l, b, h)
+        assert h.shape == (b.num_dst, CLS if l == 2 else hid)
+    torch.testing.assert_close(h, model(blocks, x), atol=0, rtol=0)
+
+
+def test_gcn_scales_from_arguments_attributes_and_local_degrees():
+    b = random_block(30, 20, 120, seed=5, zero_rows=3)
+    conv = GCNConv(6, 4)
+    x = torch.randn(30, 6)
+    s_src, s_dst = torch.rand(30) + 0.1, torch.rand(20) + 0.1
+    with torch.no_grad():
+        by_args = conv(b, x, s_src, s_dst)
+        torch.testing.assert_close(by_args.double(), ref_gcn(conv, b, x.double(), s_src.double(), s_dst.double()),
+                                   atol=1e-5, rtol=1e-5)
+        b.src_scale, b.dst_scale = s_src, s_dst
+        torch.testing.assert_close(conv(b, x), by_args, atol=0, rtol=0)
+        plain = random_block(30, 20, 120, seed=5, zero_rows=3)     # no attributes: block-local degrees
+        a = dense_adjacency(plain)
+        local_src = (a.sum(0) + 1).rsqrt()
+        local_dst = (a.sum(1) + 1).rsqrt()
+        torch.testing.assert_close(conv(plain, x).double(), ref_gcn(conv, plain, x.double(), local_src, local_dst),
+                                   atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="src_scale"):
+            conv(plain, x, torch.ones(29), torch.ones(20))
+
+
+def test_deterministic_init_and_seed_leaves_global_rng_alone():
+    for arch in ("sage", "gcn", "gat"):
+        a = build_model(arch, IN, HID, CLS, seed=7)
+        torch.manual_seed(123)
+        before = torch.rand(3)
+        torch.manual_seed(123)
+        b = build_model(arch, IN, HID, CLS, seed=7)
+        assert torch.equal(torch.rand(3), before)                 # seed= used a forked RNG
+        for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+            assert ka == kb and torch.equal(va, vb)
+        c = build_model(arch, IN, HID, CLS, seed=8)
+        assert any(not torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
+        torch.manual_seed(3)
+        d = build_model(arch, IN, HID, CLS)
+        torch.manual_seed(3)
+        e = build_model(arch, IN, HID, CLS)
+        assert all(torch.equal(vd, ve) for vd, ve in zip(d.state_dict().values(), e.state_dict().values()))
+
+
+def test_training_forward_is_reproducible_and_uses_dropout():
+    blocks = chain(4)
+    x = torch.randn(60, IN)
+    for arch in ("sage", "gat"):
+        model = build_model(arch, IN, HID, CLS, 3, HEADS, 0.5, attn_dropout=0.3, seed=0).train()
+        torch.manual_seed(11)
+        a = model(blocks, x)
+        torch.manual_seed(11)
+        b = model(blocks, x)
+        assert torch.equal(a, b)
+        model.eval()
+        assert not torch.allclose(a, model(blocks, x))
+
+
+class RecordingHooks:
+    """Records (l, h.shape, block) and replaces the last source rows with constants,
+    dropping the edges from the first source (as the minibatch engine does for misses)."""
+
+    def __init__(self, widths):
+        self.calls, self.widths, self.replaced = [], widths, []
+
+    def before_layer(self, l, h, block):
+        self.calls.append((l, tuple(h.shape), block.num_src, block.num_dst))
+        rows = torch.arange(block.num_src - 3, block.num_src)
+        hist = torch.full((3, h.shape[1]), 0.25)
+        self.replaced.append(hist)
+        h = h.index_copy(0, rows, hist)                 # out of place: no grad into replaced rows
+        keep = torch.ones(block.num_src, dtype=torch.bool)
+        keep[0] = False
+        return h, block.drop_sources(keep)
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+def test_hooks_called_per_layer_and_replacements_take_effect(arch):
+    blocks = chain(5)
+    model = build_model(arch, IN, HID, CLS, 3, HEADS, 0.0, seed=2)
+    x = torch.randn(60, IN, requires_grad=True)
+    hooks = RecordingHooks(model.in_dims)
+    out = model(blocks, x, hooks=hooks)
+    assert [c[0] for c in hooks.calls] == [0, 1, 2]
+    for (l, shape, ns, nd), b, w in zip(hooks.calls, blocks, model.in_dims):
+        assert shape == (b.num_src, w) and (ns, nd) == (b.num_src, b.num_dst)
+    # the same computation spelled out with layer_forward
+    h = x
+    for l, b in enumerate(blocks):
+        h = h.index_copy(0, torch.arange(b.num_src - 3, b.num_src), torch.full((3, h.shape[1]), 0.25))
+        keep = torch.ones(b.num_src, dtype=torch.bool)
+        keep[0] = False
+        h = model.layer_forward(l, b.drop_sources(keep), h)
+    torch.testing.assert_close(out, h, atol=0, rtol=0)
+    out.sum().backward()
+    assert (x.grad[-3:] == 0).all() and x.grad.abs().sum() > 0   # replaced inputs get no gradient
+
+
+@pytest.mark.parametrize("arch,variant", ARCHS)
+def test_torch_backend_model_matches_native(arch, variant):
+    """The pure-torch path (the one CUDA tensors take) gives the same values and gradients."""
+    blocks = with_global_scales(chain(6))
+    x = torch.randn(60, IN)
+    results = []
+    for backend in ("native", "torch"):
+        model = build_model(arch, IN, HID, CLS, 3, HEADS, 0.0, gat_variant=variant, backend=backend, seed=3)
+        out = model(blocks, x)
+        out.square().sum().backward()
+        results.append([out.detach()] + [p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_single_vertex_probe_block_like_the_engines():
+    probe = Block(1, 1, torch.tensor([0, 1]), torch.tensor([0]))
+    for arch in ("sage", "gcn", "gat"):
+        model = build_model(arch, IN, HID, CLS, 2, HEADS, seed=0).eval()
+        with torch.no_grad():
+            assert model([probe, probe], torch.zeros(1, IN)).shape == (1, CLS)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(arch="mlp"), "model.arch"),
+    (dict(hidden=0), "model.hidden"),
+    (dict(num_layers=0), "model.layers"),
+    (dict(heads=0), "model.heads"),
+    (dict(dropout=1.0), "model.dropout"),
+    (dict(gat_variant="v2"), "model.gat_variant"),
+])
+def test_build_model_rejects_bad_values(kwargs, match):
+    args = dict(arch="gat", in_dim=IN, hidden=HID, num_classes=CLS)
+    args.update(kwargs)
+    with pytest.raises(InputError, match=match):
+        build_model(**args)

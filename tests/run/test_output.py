@@ -1,0 +1,115 @@
+"""RunOutput (run directory, run.h5 layout, refuse/force/resume) and `hpcgnn report`."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hpcgnn.errors import InputError
+from hpcgnn.run.config import load_config
+from hpcgnn.run.output import RunOutput, format_epoch_line, read_run
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from mpi4py import MPI
+
+    from hpcgnn.runtime import Runtime
+
+    return Runtime.start(threads=1, comm=MPI.COMM_SELF)
+
+
+def _meta(tmp_path, content_hash="ab" * 32):
+    return SimpleNamespace(content_hash=content_hash, path=tmp_path / "parts", num_parts=1)
+
+
+def _cfg(run_dir, epochs=3):
+    return load_config(None, ["data.partitions=x", f"output.dir={run_dir}", f"train.epochs={epochs}"])
+
+
+def test_run_file_layout_and_epoch_line(tmp_path, rt, capsys):
+    run = tmp_path / "runs" / "a"          # parents are created
+    cfg = _cfg(run)
+    out = RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=False)
+    out.set_attrs(halo_mode="hec", dims=[3, 4])
+    for e in (1, 2):
+        out.log_epoch(e, {"loss": 1.0 / e, "train_acc": 0.5, "val_acc": float("nan"), "test_acc": 0.25 * e},
+                      {"epoch": 2.0 * e, "forward": 1.0}, {"bytes_sent": 100 * e},
+                      {"hec_hit_rate": np.array([0.5, 0.25, 0.125])})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("epoch 1/3 | loss 1.0000 | acc% train 50.00 test 25.00 | 2.000 s (forward 1.000)")
+    assert "val" not in lines[0]          # not evaluated -> not printed
+    r = read_run(run)
+    a = r["attrs"]
+    assert a["format"] == "hpcgnn-run" and a["engine"] == "minibatch" and a["num_ranks"] == 1
+    assert a["partition_hash"] == "ab" * 32 and a["status"] == "running" and a["halo_mode"] == "hec"
+    assert json.loads(a["config"])["train"]["epochs"] == 3 and json.loads(a["dims"]) == [3, 4]
+    assert r["metrics"]["epoch"].tolist() == [1, 2]
+    assert r["metrics"]["loss"].tolist() == [1.0, 0.5]
+    assert math.isnan(r["metrics"]["val_acc"][0])
+    assert r["timings"]["epoch"].shape == (2, 1) and r["timings"]["epoch"][:, 0].tolist() == [2.0, 4.0]
+    assert r["counters"]["bytes_sent"][:, 0].tolist() == [100, 200]
+    assert r["per_layer"]["hec_hit_rate"].shape == (2, 1, 3)
+    out.close()
+    assert read_run(run)["attrs"]["status"] == "finished"
+    # no stray temporary files
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "run.h5"]
+
+
+def test_refuse_force_resume(tmp_path, rt):
+    run = tmp_path / "r"
+    cfg = _cfg(run)
+    out = RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=False)
+    for e in (1, 2, 3):
+        out.log_epoch(e, {"loss": float(e)}, {"epoch": 1.0}, {})
+    (run / "keep.txt").write_text("user file")
+    with pytest.raises(InputError, match="already holds a run"):
+        RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=False)
+    with pytest.raises(InputError, match="exclude"):
+        RunOutput(run, rt, cfg, _meta(tmp_path), resume=True, force=True)
+    with pytest.raises(InputError, match="partition store"):
+        RunOutput(run, rt, cfg, _meta(tmp_path, "cd" * 32), resume=True, force=False)
+    res = RunOutput(run, rt, cfg, _meta(tmp_path), resume=True, force=False)
+    assert read_run(run)["metrics"]["loss"].tolist() == [1.0, 2.0, 3.0]
+    res.rewind(1)
+    res.log_epoch(2, {"loss": 20.0}, {"epoch": 1.0}, {})
+    assert read_run(run)["metrics"]["loss"].tolist() == [1.0, 20.0]
+    RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=True)
+    assert read_run(run)["metrics"]["epoch"].size == 0
+    assert (run / "keep.txt").read_text() == "user file"   # --force removes only run entries
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        RunOutput(tmp_path / "file", rt, cfg, _meta(tmp_path), resume=False, force=True)
+
+
+def test_format_epoch_line_ranges():
+    line = format_epoch_line(3, 10, {"loss": 0.5, "val_acc": 0.75}, {"epoch": 1.0, "forward": 0.2},
+                             {"epoch": 1.5, "forward": 0.4})
+    assert line == "epoch  3/10 | loss 0.5000 | acc% val 75.00 | 1.500 s (forward 0.200-0.400)"
+
+
+def test_report_table_and_json(tmp_path, rt):
+    from hpcgnn.cli import main
+
+    run = tmp_path / "rep"
+    out = RunOutput(run, rt, _cfg(run, epochs=2), _meta(tmp_path), resume=False, force=False)
+    out.log_epoch(1, {"loss": 2.0, "train_acc": 0.5, "val_acc": 0.4, "test_acc": 0.3},
+                  {"epoch": 1.0, "sample": 0.1, "forward": 0.5}, {"bytes_sent": 2e6},
+                  {"hec_hits": np.array([3.0, 1.0]), "hec_lookups": np.array([4.0, 4.0])})
+    out.log_epoch(2, {"loss": 1.0, "train_acc": 0.9, "val_acc": 0.6, "test_acc": 0.55},
+                  {"epoch": 1.2, "sample": 0.1, "forward": 0.5}, {"bytes_sent": 4e6},
+                  {"hec_hits": np.array([4.0, 2.0]), "hec_lookups": np.array([4.0, 4.0])})
+    out.close()
+    from hpcgnn.commands.report import format_table, summarise
+
+    s = summarise(read_run(run))
+    assert s["best_val"] == {"epoch": 2, "val_acc": 0.6, "test_acc": 0.55}
+    assert s["epochs"][0]["hec_hit_rate"] == [0.75, 0.25]
+    assert s["epochs"][1]["bytes_sent"] == 4e6
+    text = format_table(s)
+    assert "hit_L0%" in text and "75.00" in text and "best val   60.00% at epoch 2 (test 55.00%)" in text
+    assert main(["report", str(run), "--json"]) == 0
+    assert main(["report", str(tmp_path)]) == 2          # not a run directory

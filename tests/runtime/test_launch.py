@@ -1,0 +1,96 @@
+"""Runtime.start under real launchers: rank/size/local_size, threads per rank, the launcher guard."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from mpiutil import clean_env, run_mpi
+
+from hpcgnn.demos.hello import parse
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def default_threads(ranks_on_node: int) -> int:
+    """Reference for Runtime.start(threads=0) when no launcher binds ranks to CPUs."""
+    return max(1, CORES // ranks_on_node)
+
+
+def test_single_rank_world_uses_all_cores_and_echoes_arguments():
+    # mpiutil exports OMP_NUM_THREADS=1: torch and the OpenMP kernels must be set explicitly.
+    proc = run_mpi(1, ["-m", "hpcgnn.demos.hello", "--set", "a=b c"], timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = parse(proc.stdout)
+    assert (line["rank"], line["size"], line["local_rank"], line["local_size"]) == (0, 1, 0, 1)
+    assert line["threads"] == line["torch_threads"] == line["native_threads"] == default_threads(1)
+    assert "argv: --set 'a=b c'" in proc.stdout
+
+
+def _run_guard(env: dict) -> subprocess.CompletedProcess:
+    """One process, no mpiexec, with launcher variables that announce a bigger world."""
+    return subprocess.run([sys.executable, "-m", "hpcgnn.demos.hello"], capture_output=True,
+                          text=True, timeout=60, env=clean_env(env))
+
+
+@pytest.mark.parametrize("var", ["PMI_SIZE", "SLURM_NTASKS"])
+def test_launcher_mismatch_stops_with_one_line_and_exit_2(var):
+    proc = _run_guard({var: "4"})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"hpcgnn: error: {var}=4 but MPI.COMM_WORLD has size 1")
+    assert "mpiexec" in lines[0] and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_launcher_size_prefers_the_mpi_launcher_over_the_allocation(monkeypatch):
+    from hpcgnn.runtime import _launcher_size
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    assert _launcher_size() is None
+    monkeypatch.setenv("SLURM_NTASKS", "4")           # python straight in an sbatch script
+    assert _launcher_size() == ("SLURM_NTASKS", 4)
+    monkeypatch.setenv("PMI_SIZE", "1")               # `mpiexec -n 1` inside that allocation
+    assert _launcher_size() is None
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert _launcher_size() == ("PMI_SIZE", 2)
+
+
+def test_bad_thread_override_is_an_input_error(monkeypatch):
+    from hpcgnn.errors import InputError
+    from hpcgnn.runtime import _env_int
+
+    monkeypatch.setenv("HPCGNN_THREADS", "two")
+    with pytest.raises(InputError, match="HPCGNN_THREADS='two'"):
+        _env_int("HPCGNN_THREADS", 1)
+    monkeypatch.setenv("HPCGNN_THREADS", "0")
+    with pytest.raises(InputError, match=">= 1"):
+        _env_int("HPCGNN_THREADS", 1)
+    monkeypatch.setenv("HPCGNN_THREADS", " 3 ")
+    assert _env_int("HPCGNN_THREADS", 1) == 3
+    monkeypatch.delenv("HPCGNN_THREADS")
+    assert _env_int("HPCGNN_THREADS", 1) is None
+
+
+def test_backend_resolution_on_a_cpu_only_torch():
+    import torch.distributed as dist
+
+    from hpcgnn.errors import InputError
+    from hpcgnn.runtime import ccl_available, resolve_backend
+
+    if ccl_available():
+        pytest.skip("oneccl_bindings_for_pytorch is installed here: 'ccl' resolves to itself")
+    assert resolve_backend("auto", "cpu") == "gloo"
+    assert resolve_backend("gloo") == "gloo"
+    assert resolve_backend("auto", "cuda:0") == "nccl"
+    with pytest.raises(InputError, match="ccl.*oneccl_bindings_for_pytorch is not installed"):
+        resolve_backend("ccl")
+    if not dist.is_nccl_available():
+        with pytest.raises(InputError, match="nccl"):
+            resolve_backend("nccl")
+    if not dist.is_mpi_available():
+        with pytest.raises(InputError, match="mpi"):
+            resolve_backend("mpi")

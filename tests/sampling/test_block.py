@@ -1,0 +1,109 @@
+"""Block: transpose round trip, drop_sources against a reference, degrees, device moves."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hpcgnn.native import sampler as native_sampler
+from hpcgnn.sampling.block import Block, _transpose_torch
+
+
+def random_block(num_dst, num_src, max_deg, seed):
+    rng = np.random.default_rng(seed)
+    deg = rng.integers(0, max_deg + 1, size=num_dst)
+    indptr = np.zeros(num_dst + 1, dtype=np.int64)
+    np.cumsum(deg, out=indptr[1:])
+    indices = rng.integers(0, num_src, size=int(indptr[-1]), dtype=np.int64)  # repeats allowed
+    return Block(num_src, num_dst, torch.from_numpy(indptr), torch.from_numpy(indices))
+
+
+def edges_of(block):
+    """[(dst, src, eid)] in edge-id order."""
+    out = []
+    for i in range(block.num_dst):
+        for e in range(int(block.indptr[i]), int(block.indptr[i + 1])):
+            out.append((i, int(block.indices[e]), e))
+    return out
+
+
+@pytest.mark.parametrize("shape", [(5, 9, 4), (300, 700, 12), (3000, 5000, 30)])
+def test_transpose_round_trip(shape):
+    block = random_block(*shape, seed=sum(shape))
+    t_indptr, t_indices, t_eid = block.transpose()
+    assert t_indptr.shape == (block.num_src + 1,) and t_indptr[0] == 0
+    assert t_indptr[-1] == block.num_edges
+    # t_eid is a permutation, rows = sources, increasing edge id inside a row
+    assert torch.equal(torch.sort(t_eid).values, torch.arange(block.num_edges))
+    src_of_row = torch.repeat_interleave(torch.arange(block.num_src), t_indptr.diff())
+    assert torch.equal(block.indices[t_eid], src_of_row)
+    assert torch.equal(block.edge_dst()[t_eid], t_indices)
+    for s in range(0, block.num_src, max(1, block.num_src // 50)):
+        seg = t_eid[t_indptr[s]:t_indptr[s + 1]]
+        assert torch.all(seg[1:] > seg[:-1])
+    # rebuilding the forward CSR from the transpose gives the block back
+    order = torch.argsort(t_eid)
+    rebuilt_src = src_of_row[order]
+    rebuilt_dst = t_indices[order]
+    assert torch.equal(rebuilt_src, block.indices)
+    assert torch.equal(torch.bincount(rebuilt_dst, minlength=block.num_dst), block.in_degree())
+    # the device-agnostic torch path gives the same result; the result is cached
+    ref = _transpose_torch(block.indptr, block.indices, block.num_src, block.edge_dst())
+    for a, b in zip(ref, (t_indptr, t_indices, t_eid)):
+        assert torch.equal(a, b)
+    assert block.transpose()[0] is t_indptr
+
+
+def test_transpose_same_with_one_and_two_threads():
+    block = random_block(20_000, 30_000, 10, seed=1)
+    before = native_sampler.max_threads()
+    try:
+        native_sampler.set_threads(1)
+        one = Block(block.num_src, block.num_dst, block.indptr, block.indices).transpose()
+        native_sampler.set_threads(2)
+        two = Block(block.num_src, block.num_dst, block.indptr, block.indices).transpose()
+    finally:
+        native_sampler.set_threads(before)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+
+
+def test_drop_sources_matches_reference():
+    block = random_block(40, 120, 9, seed=4)
+    keep = torch.from_numpy(np.random.default_rng(0).random(120) < 0.6)
+    dropped = block.drop_sources(keep)
+    assert (dropped.num_src, dropped.num_dst) == (block.num_src, block.num_dst)
+    ref_indptr, ref_indices = [0], []
+    for i in range(block.num_dst):
+        row = block.indices[block.indptr[i]:block.indptr[i + 1]].tolist()
+        ref_indices += [s for s in row if keep[s]]
+        ref_indptr.append(len(ref_indices))
+    assert dropped.indptr.tolist() == ref_indptr
+    assert dropped.indices.tolist() == ref_indices
+    assert dropped.in_degree().tolist() == np.diff(ref_indptr).tolist()
+    assert torch.equal(block.drop_sources(torch.ones(120, dtype=torch.bool)).indices, block.indices)
+    none = block.drop_sources(torch.zeros(120, dtype=torch.bool))
+    assert none.num_edges == 0 and torch.equal(none.indptr, torch.zeros(41, dtype=torch.int64))
+    with pytest.raises(ValueError, match="keep_src_mask"):
+        block.drop_sources(torch.ones(119, dtype=torch.bool))
+    with pytest.raises(ValueError, match="keep_src_mask"):
+        block.drop_sources(torch.ones(120, dtype=torch.int64))
+
+
+def test_degree_shape_checks_and_to():
+    block = random_block(7, 10, 5, seed=2)
+    assert block.in_degree().tolist() == block.indptr.diff().tolist()
+    assert [d for d, _, _ in edges_of(block)] == block.edge_dst().tolist()
+    block.transpose()
+    moved = block.to("cpu")
+    assert moved is block
+    meta = block.to("meta")                       # the cached transpose travels with the block
+    assert meta.device.type == "meta" and meta.num_src == block.num_src
+    assert all(t.device.type == "meta" for t in meta.transpose())
+    with pytest.raises(ValueError, match="prefix"):
+        Block(3, 4, torch.zeros(5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    with pytest.raises(ValueError, match="indptr"):
+        Block(4, 3, torch.zeros(3, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    bad = Block(4, 2, torch.tensor([0, 1, 2]), torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="num_src"):
+        bad.transpose()
