@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
+import random
 import re
 import shlex
 import shutil
@@ -24,6 +26,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mpiutil import ROOT, clean_env
 
@@ -70,8 +73,12 @@ def _free_port() -> int:
 
 
 def _slurm_conf(base: Path, host: str, munge_socket: Path) -> str:
+    """The configuration. Job IDs start at a random number: MPICH names its shared-memory
+    segments after the PMI job ID, and a fresh cluster's job 1 would meet the segments an
+    aborted job 1 of an earlier session left in /dev/shm (MPI_Init then fails or hangs)."""
     return f"""\
 ClusterName=hpcgnntest
+FirstJobId={random.SystemRandom().randrange(1_000_000, 60_000_000)}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
@@ -102,8 +109,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 
 def _munge_key() -> Path:
     """The munge key, created (1 KiB random, munge-owned, 0400) when missing."""
-    import pwd
-
     key = Path("/etc/munge/munge.key")
     if not key.exists():
         pw = pwd.getpwnam("munge")
@@ -137,14 +142,13 @@ def slurm():
     """Environment (dict) for SLURM client commands talking to this session's cluster."""
     if _which("slurmctld") is None:
         _install_slurm()
-    for tool in ("slurmctld", "slurmd", "munged", "munge", "srun", "sbatch", "sinfo", "scontrol"):
+    for tool in ("slurmctld", "slurmd", "munged", "munge", "srun", "sbatch", "sinfo", "scontrol",
+                 "squeue", "scancel"):
         if _which(tool) is None:
             _skip(f"{tool} not found after installing slurm-wlm")
     if os.geteuid() != 0:
         _skip("a private slurmd/munged needs root (they run jobs and switch to user munge)")
     try:
-        import pwd
-
         munge_user = pwd.getpwnam("munge")
     except KeyError:
         _skip("user 'munge' does not exist")
@@ -172,8 +176,11 @@ def slurm():
         log.close()
 
     def stop() -> None:
-        if any(name == "slurmctld" for name, _ in daemons):
+        if any(name == "slurmctld" and proc.poll() is None for name, proc in daemons):
             _quiet(["scancel", "--user", "root", "--full"], env)   # any job a failed test left
+            deadline = time.monotonic() + 10
+            while _quiet(["squeue", "-h"], env).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.2)
         for name, proc in reversed(daemons):
             if proc.poll() is None:
                 proc.terminate()
@@ -186,7 +193,8 @@ def slurm():
     try:
         start("munged", [_which("munged"), "--foreground", f"--socket={munge_socket}",
                          f"--key-file={_munge_key()}", f"--pid-file={munge_dir / 'munged.pid'}",
-                         f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}"],
+                         f"--log-file={munge_dir / 'munged.log'}",
+                         f"--seed-file={munge_dir / 'munged.seed'}"],
               user=munge_user.pw_uid, group=munge_user.pw_gid, extra_groups=[])
         _wait_for(lambda: _quiet(["munge", "-n", "-S", str(munge_socket)], env).returncode == 0,
                   10, "munged", daemons)
@@ -339,6 +347,12 @@ def test_train_script_trains_on_cora_partitions(slurm, tmp_path, request):
     env = _venv_env(slurm, CONFIG=str(config), PARTITIONS=str(parts), RUN_DIR=str(run_dir))
     state, exit_code, text, _ = run_batch(
         env, "slurm/train.sh",
-        ["--ntasks-per-node=2", "--cpus-per-task=1", f"--output={tmp_path}/train-%j.out"], timeout=600)
+        ["--ntasks-per-node=2", "--cpus-per-task=1", f"--output={tmp_path}/train-%j.out"],
+        ["--set", "train.epochs=2"], timeout=600)
     assert (state, exit_code) == ("COMPLETED", "0:0"), text
-    assert run_dir.is_dir() and any(run_dir.iterdir()), text
+    from hpcgnn.run.output import read_run
+
+    run = read_run(run_dir)
+    assert run["attrs"]["num_ranks"] == 2, run["attrs"]
+    loss = np.asarray(run["metrics"]["loss"])
+    assert loss.shape[0] == 2 and np.isfinite(loss).all(), loss

@@ -217,7 +217,9 @@ def _write_h5(path: Path, results: dict, meta: dict) -> None:
                 sub = group.require_group(k)
                 for i, item in enumerate(v):
                     put(sub.require_group(f"{i:02d}"), item)
-            elif isinstance(v, (str, bool, int, float, np.integer, np.floating)):
+            elif isinstance(v, str):
+                group.attrs[k] = str(v)
+            elif isinstance(v, (bool, int, float, np.integer, np.floating)):
                 group.attrs[k] = v
             elif v is None:
                 continue
@@ -229,7 +231,8 @@ def _write_h5(path: Path, results: dict, meta: dict) -> None:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = "hpcgnn-bench-fullgraph"
             for k, v in meta.items():
-                f.attrs[k] = v if isinstance(v, (str, int, float, bool)) else json.dumps(v)
+                f.attrs[k] = str(v) if isinstance(v, str) else (v if isinstance(v, (int, float, bool))
+                                                                 else json.dumps(v))
             put(f, results)
 
 
@@ -250,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bw-nodes", type=int, default=1_000_000)
     p.add_argument("--bw-edges", type=int, default=10_000_000)
     p.add_argument("--bw-dim", type=int, default=128)
+    p.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (0 = all cores)")
     p.add_argument("--skip-pyg", action="store_true")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args(argv)
@@ -261,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("hpcgnn.bench.fullgraph: --device cuda but torch sees no CUDA device")
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                               else (os.cpu_count() or 1))
     torch.set_num_threads(threads)
     native.set_threads(threads)
     out = Path(args.out)

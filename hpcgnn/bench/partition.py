@@ -66,8 +66,11 @@ def _child_partition(args) -> dict:
             "halo_total": int(summary.halo_counts.sum())}
 
 
-def _run_child(step: list[str], report: Path) -> tuple[float, int, dict]:
-    """Run this module as a child for one step; (wall s, peak RSS bytes, child's report)."""
+def _run_child(step: list[str], report: Path) -> tuple[float, float, int, dict]:
+    """Run this module as a child for one step; (wall s, CPU s, peak RSS bytes, child's report).
+
+    CPU seconds (user + system of the child) are the fairer figure on a shared machine.
+    """
     cmd = [sys.executable, "-m", "hpcgnn.bench.partition", "--report", str(report), *step]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, "HPCGNN_PROGRESS": "0"})
@@ -76,7 +79,7 @@ def _run_child(step: list[str], report: Path) -> tuple[float, int, dict]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"hpcgnn.bench.partition: step {' '.join(step)} failed (exit {proc.returncode})")
-    return wall, usage.ru_maxrss * 1024, json.loads(report.read_text())
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, json.loads(report.read_text())
 
 
 def _write_results(path: Path, rows: list[dict], params: dict) -> None:
@@ -93,11 +96,13 @@ def _write_results(path: Path, rows: list[dict], params: dict) -> None:
             f.create_dataset("step", data=np.array([r["step"] for r in rows], dtype=h5py.string_dtype()))
             f.create_dataset("parts", data=np.array([r["parts"] for r in rows], dtype=np.int64))
             f.create_dataset("wall_seconds", data=np.array([r["wall"] for r in rows]))
+            f.create_dataset("cpu_seconds", data=np.array([r["cpu"] for r in rows]))
             f.create_dataset("peak_rss_bytes", data=np.array([r["rss"] for r in rows], dtype=np.int64))
             for r in rows:
                 g = f.create_group(r["step"])
                 g.attrs["report"] = json.dumps(r["report"], sort_keys=True)
                 g.attrs["wall_seconds"] = r["wall"]
+                g.attrs["cpu_seconds"] = r["cpu"]
                 g.attrs["peak_rss_bytes"] = r["rss"]
 
 
@@ -136,26 +141,31 @@ def main(argv: list[str] | None = None) -> int:
         common = ["--seed", str(args.seed), "--graph", str(graph)]
         size = ["--nodes", str(args.nodes), "--edges", str(args.edges), "--features", str(args.features),
                 "--classes", str(args.classes)]
-        wall, rss, rep = _run_child(["--child", "prepare", *common, *size], work / "prepare.json")
-        rows.append({"step": "prepare", "parts": 0, "wall": wall, "rss": rss, "report": rep})
+        load_before = os.getloadavg()
+        wall, cpu, rss, rep = _run_child(["--child", "prepare", *common, *size], work / "prepare.json")
+        rows.append({"step": "prepare", "parts": 0, "wall": wall, "cpu": cpu, "rss": rss, "report": rep})
         print(f"prepare: {wall:.1f} s (generate {rep['generate']:.1f} s, write {rep['write']:.1f} s), "
               f"peak {rss / 2**30:.2f} GiB", flush=True)
         for k in args.parts:
-            wall, rss, rep = _run_child(["--child", "partition", *common, "--parts", str(k),
-                                         "--store", str(work / f"store-{k}")], work / f"partition-{k}.json")
-            rows.append({"step": f"partition-{k}", "parts": k, "wall": wall, "rss": rss, "report": rep})
+            wall, cpu, rss, rep = _run_child(["--child", "partition", *common, "--parts", str(k),
+                                              "--store", str(work / f"store-{k}")], work / f"partition-{k}.json")
+            rows.append({"step": f"partition-{k}", "parts": k, "wall": wall, "cpu": cpu, "rss": rss,
+                         "report": rep})
             print(f"partition {k}: {wall:.1f} s, peak {rss / 2**30:.2f} GiB", flush=True)
             shutil.rmtree(work / f"store-{k}", ignore_errors=True)
+        load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     params = {"nodes": args.nodes, "edges": args.edges, "features": args.features, "classes": args.classes,
               "seed": args.seed, "num_edges_actual": rows[0]["report"]["num_edges"], "cpus": os.cpu_count(),
-              "machine": platform.platform(), "python": platform.python_version()}
+              "machine": platform.platform(), "python": platform.python_version(),
+              "loadavg_before": load_before, "loadavg_after": load_after}
     print()
     print(f"random graph: {args.nodes:,} vertices, {params['num_edges_actual']:,} directed edges, "
-          f"{args.features} features ({os.cpu_count()} CPUs)")
-    print(f"{'step':<14} {'wall s':>8} {'peak GiB':>9} {'read s':>7} {'metis s':>8} {'write s':>8} "
+          f"{args.features} features ({os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after)")
+    print(f"{'step':<14} {'wall s':>8} {'cpu s':>7} {'peak GiB':>9} {'read s':>7} {'metis s':>8} {'write s':>8} "
           f"{'edge cut %':>10} {'bal v/t/e':>17} {'target':>7}")
     for r in rows:
         rep = r["report"]
@@ -163,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             ok = r["wall"] <= TARGET_SECONDS and r["rss"] <= TARGET_BYTES
             b = rep["balance"]
             cut = 100 * rep["edge_cut"] / (params["num_edges_actual"] // 2)
-            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['rss'] / 2**30:>9.2f} {rep['read']:>7.1f} "
+            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {rep['read']:>7.1f} "
                   f"{rep['assign']:>8.1f} {rep['write']:>8.1f} {cut:>10.1f} "
                   f"{b['vertices']:>5.3f}/{b['train']:.3f}/{b['edges']:.3f} {'met' if ok else 'MISSED':>7}")
         else:
-            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['rss'] / 2**30:>9.2f} {'':>7} {'':>8} "
+            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {'':>7} {'':>8} "
                   f"{rep['write']:>8.1f}")
     _write_results(args.out, rows, params)
     print(f"\nwrote {args.out}")

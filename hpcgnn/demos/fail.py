@@ -18,7 +18,9 @@ Modes (the other ranks wait in ``MPI_Barrier`` meanwhile):
 The failing rank prints ``rank R fails (MODE) at T`` (T = Unix time, seconds) just
 before failing; each rank prints ``rank i finished`` only when it gets past the
 failure point, and ``rank i exits C`` when it leaves through ``SystemExit(C)``
-(an aborted or killed rank prints nothing more).
+(an aborted or killed rank prints nothing more). Arguments it does not know are
+ignored, so it can stand in for ``-m hpcgnn train`` in slurm/train.sh
+(HPCGNN_ENTRY="-m hpcgnn.demos.fail --mode kill" sbatch slurm/train.sh).
 """
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def body(rt: Runtime, args: argparse.Namespace) -> None:
             if args.mode == "raise":
                 raise RuntimeError(f"demo failure on rank {rt.rank}")
             if args.mode == "input-alone":
-                raise InputError(f"--rank {args.rank}: rank {rt.rank} refuses to go on (demo check, no agree)")
+                raise InputError(f"--rank {args.rank}: rank {rt.rank} refuses to go on "
+                                 "(demo check, no agree)")
             if args.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
         rt.comm.Barrier()

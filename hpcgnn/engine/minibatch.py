@@ -324,9 +324,9 @@ class MinibatchTrainer:
             with timer.phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 if logits is not None:
-                    loss_total = F.cross_entropy(logits, y, reduction="sum")
-                    (loss_total / y.shape[0]).backward()
-                    loss_sum += float(loss_total.detach())
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    loss_sum += float(loss.detach()) * int(y.shape[0])
                     seen += int(y.shape[0])
             if self.aep is not None:
                 self.aep.progress()
@@ -335,8 +335,8 @@ class MinibatchTrainer:
             with timer.phase("optimizer"):
                 self.optimizer.step()
             if self.record is not None:
-                self.record.steps.append((epoch, k, float(loss_total.detach()) / max(1, seeds.size)
-                                          if logits is not None else float("nan"), seeds.size,
+                self.record.steps.append((epoch, k, float(loss.detach()) if logits is not None
+                                          else float("nan"), seeds.size,
                                           parameter_checksum(self.model).encode()))
         if self.aep is not None:
             self.aep.assert_drained()

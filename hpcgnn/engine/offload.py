@@ -151,13 +151,17 @@ class OffloadEngine:
             self.chunks, settings.batch_chunks, settings.order, self.num_local, row_bytes)
         self.plan: TransferPlan = build_transfer_plan(self.chunks, self.schedule, self.num_local,
                                                       dedup=settings.dedup)
-        self.blocks = [Block(c.num_src, c.num_dst, torch.from_numpy(c.indptr), torch.from_numpy(c.indices))
-                       for c in self.chunks]
-        self.contexts = [ops.chunk_context(c.src, c.dst_begin, c.dst_end, self.device) for c in self.chunks]
+        # Chunk topology and per-chunk constants stay in host memory (pinned on CUDA) and are
+        # copied to the device with the chunk; on the CPU the blocks keep their cached transposes.
+        self.pin = self.cuda
+        self.blocks = [Block(c.num_src, c.num_dst, self._host(torch.from_numpy(c.indptr)),
+                             self._host(torch.from_numpy(c.indices))) for c in self.chunks]
+        self.contexts = [{k: self._host(v.to(x0.dtype) if v.is_floating_point() else v)
+                          for k, v in ops.chunk_context(c.src, c.dst_begin, c.dst_end, "cpu").items()}
+                         for c in self.chunks]
         self.modes = resolve_modes(ops, settings.recompute)
         if x0.shape[0] != self.num_local:
             raise ValueError(f"x0 has {x0.shape[0]} rows, expected {self.num_local} local vertices")
-        self.pin = self.cuda
         self.h: list[torch.Tensor | None] = [x0.pin_memory() if self.pin else x0] + [None] * ops.num_layers
         self.agg: list[torch.Tensor | None] = [None] * ops.num_layers
         self._slot_tensors = [[torch.from_numpy(s).to(self.device) for s in u.chunk_slots]
@@ -182,8 +186,21 @@ class OffloadEngine:
         return int(sum(t.nbytes for t in self.h + self.agg if t is not None))
 
     # ---- helpers -----------------------------------------------------------
-    def _block(self, c: int):
-        return self.blocks[c].to(self.device)
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory() if self.pin else t
+
+    def _chunk_inputs(self, c: int):
+        """Chunk ``c``'s block and context on the device (copied from host memory on CUDA)."""
+        from hpcgnn.sampling.block import Block
+
+        block, ctx = self.blocks[c], self.contexts[c]
+        if not self.cuda:
+            return block, ctx
+        dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes
+                             + sum(v.nbytes for v in ctx.values()))
+        return (Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)),
+                {k: dev(v) for k, v in ctx.items()})
 
     def _host_out(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         return host_empty((rows,) + tuple(like.shape[1:]), like.dtype, self.pin)
@@ -242,7 +259,7 @@ class OffloadEngine:
                 with self.meter.scope(), torch.no_grad():
                     x = buf.index_select(0, slots)
                     self.meter.track(x)
-                    block, ctx = self._block(c), self.contexts[c]
+                    block, ctx = self._chunk_inputs(c)
                     if training:
                         self.rng.save((l, c))
                     if cache:
@@ -327,7 +344,7 @@ class OffloadEngine:
 
     def _backward_chunk(self, l, c, slots, g_out, buf, gbuf, recompute, need_src) -> None:
         chunk = self.chunks[c]
-        block, ctx = self._block(c), self.contexts[c]
+        block, ctx = self._chunk_inputs(c)
         with self.meter.scope(), self.rng.replay((l, c)):
             g = self.mover.load_range(g_out, chunk.dst_begin, chunk.dst_end, "grad").get()
             self.meter.track(g)

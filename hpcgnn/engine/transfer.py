@@ -189,9 +189,10 @@ class RowMover:
         return self._upload(part)
 
     def _upload(self, pinned: torch.Tensor) -> "Loaded":
-        current = torch.cuda.current_stream(self.device)
+        # The source is final host data and the destination a fresh allocation of the side
+        # stream (handed to the compute stream by Loaded.get), so the copy need not wait for
+        # the compute stream: it overlaps with the kernels already queued there.
         with torch.cuda.stream(self.stream):
-            self.stream.wait_stream(current)  # device memory freed by compute may be reused
             dev = pinned.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)

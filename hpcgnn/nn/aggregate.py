@@ -137,7 +137,7 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     """
     _check_rows(block, x, "aggregate_sum")
     feat_shape = x.shape[1:]
-    x2 = x.reshape(x.shape[0], -1)
+    x2 = x.reshape(x.shape[0], feat_shape.numel())
     if row_scale is not None:
         row_scale = row_scale.detach().to(x.dtype)
     if edge_weight is not None:

@@ -55,11 +55,13 @@ def renumber(part: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray, 
     return new_to_orig, orig_to_new, part_offsets
 
 
-def file_sha256(path: str | os.PathLike, block: int = 16 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
+def file_sha256(path: str | os.PathLike, block: int = 16 << 20, stop=None) -> str | None:
+    """Hex sha256 of a file's bytes; None if the ``stop`` event (threading.Event) gets set."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(block):
+            if stop is not None and stop.is_set():
+                return None
             h.update(chunk)
     return h.hexdigest()
 

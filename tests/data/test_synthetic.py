@@ -7,7 +7,7 @@ import pytest
 import hpcgnn.data.synthetic as synthetic
 from hpcgnn.data.clean import build_symmetric_csr
 from hpcgnn.data.synthetic import (RmatParams, SbmParams, generate_rmat, generate_sbm, products_like_params,
-                                   rmat_chunk)
+                                   rmat_block)
 from hpcgnn.errors import InputError
 
 ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
@@ -52,10 +52,12 @@ def test_deterministic_sizes_and_canonical(params, gen):
 
 def test_streaming_in_chunks_equals_one_shot(monkeypatch):
     monkeypatch.setattr(synthetic, "EDGE_CHUNK", 7000)
+    monkeypatch.setattr(synthetic, "EDGE_BLOCK", 3000)
+    blocks = [m for _, m in synthetic.edge_blocks(SBM.edges, SBM.seed)]
+    assert sum(blocks) == SBM.edges and blocks[:4] == [3000, 3000, 1000, 3000]
     g = generate_sbm(SBM)
     sampler = synthetic._ClassSampler(g.labels, SBM.classes, SBM.degree_skew, SBM.seed)
-    parts = [synthetic.sbm_chunk(synthetic._rng(SBM.seed, synthetic._S_EDGES, k), min(7000, SBM.edges - lo),
-                                 sampler, SBM.p_in) for k, lo in enumerate(range(0, SBM.edges, 7000))]
+    parts = [synthetic.sbm_block(rng, m, sampler, SBM.p_in) for rng, m in synthetic.edge_blocks(SBM.edges, SBM.seed)]
     indptr, indices, stats = build_symmetric_csr(np.concatenate([p[0] for p in parts]),
                                                  np.concatenate([p[1] for p in parts]), SBM.nodes)
     np.testing.assert_array_equal(g.indptr, indptr)
@@ -87,7 +89,7 @@ def test_sbm_features_carry_the_class():
 
 def test_rmat_quadrant_probabilities():
     levels = np.tile([0.57, 0.19, 0.19, 0.05], (1, 1))
-    src, dst = rmat_chunk(np.random.default_rng(0), 200_000, 1, levels)
+    src, dst = rmat_block(np.random.default_rng(0), 200_000, 1, levels)
     freq = np.bincount(src * 2 + dst, minlength=4) / src.size
     np.testing.assert_allclose(freq, [0.57, 0.19, 0.19, 0.05], atol=0.005)
     g = generate_rmat(RmatParams(nodes=4096, edges=40000, features=2, classes=2, seed=0))

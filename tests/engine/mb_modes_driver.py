@@ -5,17 +5,11 @@ Trains with minibatch.halo = hec, off and exact (exact with sampled evaluation),
 ExactFetch against the whole graph (read from every partition file) and prints one
 ``EXACT-OK <rank> <edges>`` line per rank.
 """
-import os
 import sys
 
 import numpy as np
 
-if os.environ.get("HPCGNN_TEST_STUB"):  # DEV-ONLY (remove once hpcgnn.nn lands)
-    sys.path.insert(0, os.environ["HPCGNN_TEST_STUB"])
-    import stubmodel
-    stubmodel.install()
-
-from hpcgnn.cli import main  # noqa: E402
+from hpcgnn.cli import main
 
 parts, root, config = sys.argv[1:4]
 for mode in ("hec", "off", "exact"):

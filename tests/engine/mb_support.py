@@ -2,7 +2,6 @@
 under real mpiexec, and reading the engine's debug records."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import h5py
@@ -63,10 +62,6 @@ def tiny_store(out: Path, graph: Graph, num_parts: int) -> Path:
     return Path(out)
 
 
-import os  # noqa: E402  DEV-ONLY (remove): lets the tests run before hpcgnn.nn lands
-_ENTRY = [os.environ["HPCGNN_TEST_ENTRY"]] if os.environ.get("HPCGNN_TEST_ENTRY") else ["-m", "hpcgnn"]
-
-
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -75,7 +70,7 @@ def write_config(path: Path, text: str) -> Path:
 def train(n: int, config: Path, parts: Path, run: Path, *extra: str, timeout: float = 120,
           env: dict | None = None):
     """`mpiexec -n n python -m hpcgnn train ...`; returns the CompletedProcess."""
-    args = [*_ENTRY, "train", "--config", str(config), "--set", f"data.partitions={parts}",
+    args = ["-m", "hpcgnn", "train", "--config", str(config), "--set", f"data.partitions={parts}",
             "--set", f"output.dir={run}", *extra]
     return run_mpi(n, args, timeout=timeout, env=env, cwd=ROOT)
 
@@ -106,6 +101,3 @@ def read_debug(run: Path, rank: int) -> dict:
             out[name] = recs
     return out
 
-
-def python() -> str:
-    return sys.executable

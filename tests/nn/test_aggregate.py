@@ -126,3 +126,22 @@ def test_measure_bandwidth_small_graph():
     assert r["native_frac_copy"] == pytest.approx(r["native_gbs"] / r["copy_gbs"])
     local = agg.measure_bandwidth(num_nodes=20_000, num_edges=100_000, dim=32, threads=1, locality=50, repeats=1)
     assert local["locality"] == 50 and local["max_abs_diff"] < 1e-4
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_empty_blocks_give_empty_or_zero_outputs_and_gradients(backend):
+    empty = random_block(0, 0, 0, seed=0)
+    x = torch.zeros(0, 3, 4, requires_grad=True)
+    for out in (agg.aggregate_mean(empty, x, backend=backend),
+                agg.gat_aggregate(empty, x, torch.zeros(0, 3), torch.zeros(0, 3), backend=backend)):
+        assert out.shape == (0, 3, 4)
+        out.sum().backward()
+    no_edges = random_block(5, 3, 0, seed=0)
+    x = torch.randn(5, 7, requires_grad=True)
+    out = agg.aggregate_sum(no_edges, x, backend=backend)
+    out.sum().backward()
+    assert out.shape == (3, 7) and (out == 0).all() and (x.grad == 0).all()
+    z = torch.randn(5, 2, 3, requires_grad=True)
+    el, er = torch.randn(5, 2, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    out = agg.gat_aggregate(no_edges, z, el, er, backend=backend)   # only the self edge: out = z[:3]
+    torch.testing.assert_close(out, z[:3].detach())

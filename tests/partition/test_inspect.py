@@ -86,3 +86,17 @@ def test_inspect_bad_paths_exit_2(tmp_path, capsys):
         assert main(["inspect", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(path) in err and message in err, err
+
+
+def test_inspect_cora(cora_graph, cora_parts, capsys):
+    store = cora_parts(2)
+    capsys.readouterr()
+    s = inspect_json(cora_graph, capsys)
+    assert (s["num_nodes"], s["num_edges"], s["num_features"], s["num_classes"]) == (2708, 10556, 1433, 7)
+    assert s["split"] == {"train": 140, "val": 500, "test": 1000}
+    p = inspect_json(store, capsys)
+    assert p["num_parts"] == 2 and p["num_nodes"] == 2708
+    assert sum(part["num_solid"] for part in p["parts"]) == 2708
+    assert sum(part["num_train"] for part in p["parts"]) == 140
+    assert 1.0 < p["replication_factor"] < 1.5
+    assert max(p["balance"].values()) <= 1.05

@@ -91,7 +91,7 @@ def test_format_epoch_line_ranges():
     assert line == "epoch  3/10 | loss 0.5000 | acc% val 75.00 | 1.500 s (forward 0.200-0.400)"
 
 
-def test_report_table_and_json(tmp_path, rt):
+def test_report_table_and_json(tmp_path, rt, capsys):
     from hpcgnn.cli import main
 
     run = tmp_path / "rep"
@@ -111,5 +111,10 @@ def test_report_table_and_json(tmp_path, rt):
     assert s["epochs"][1]["bytes_sent"] == 4e6
     text = format_table(s)
     assert "hit_L0%" in text and "75.00" in text and "best val   60.00% at epoch 2 (test 55.00%)" in text
+    capsys.readouterr()
     assert main(["report", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)         # strict JSON (NaN written as null)
+    assert data["epochs"][0]["val_acc"] == 0.4 and data["final"]["test_acc"] == 0.55
+    assert main(["report", str(run)]) == 0
+    assert "best val" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 2          # not a run directory
