@@ -10,6 +10,7 @@ the session.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -121,6 +122,17 @@ def _munge_key() -> Path:
     return key
 
 
+def _processes_with_env(entry: str) -> list[int]:
+    """PIDs (not ours) whose environment holds ``entry`` exactly, e.g. our private SLURM_CONF."""
+    needle, pids = entry.encode(), []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+    return pids
+
+
 def _wait_for(check, timeout: float, what: str, daemons: list) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -189,6 +201,9 @@ def slurm():
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
+        for pid in _processes_with_env(f"SLURM_CONF={conf}"):  # a slurmstepd or task left behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
     try:
         start("munged", [_which("munged"), "--foreground", f"--socket={munge_socket}",

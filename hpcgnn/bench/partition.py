@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                                               "--store", str(work / f"store-{k}")], work / f"partition-{k}.json")
             rows.append({"step": f"partition-{k}", "parts": k, "wall": wall, "cpu": cpu, "rss": rss,
                          "report": rep})
-            print(f"partition {k}: {wall:.1f} s, peak {rss / 2**30:.2f} GiB", flush=True)
+            print(f"partition {k}: {wall:.1f} s, peak {rss / 2**30:.2f} GiB; CPU s: read {rep['read_cpu']:.1f}, "
+                  f"metis {rep['assign_cpu']:.1f}, write {rep['write_cpu']:.1f}", flush=True)
             shutil.rmtree(work / f"store-{k}", ignore_errors=True)
         load_after = os.getloadavg()
     finally:

@@ -12,6 +12,13 @@ step equals single-process full-graph training up to floating-point order.
 
 With ``fullgraph.offload`` the rank runs :class:`~hpcgnn.engine.offload.OffloadEngine`
 instead (HongTu: host-resident layer data, chunks streamed through the device).
+
+Per epoch the run file gets timings (forward, backward, allreduce, update, eval, halo) and
+counters per rank: ``halo_bytes`` (sent), ``peak_device_bytes`` and, offloaded, the
+host<->device bytes by kind (``h2d_rows_bytes`` = source rows of the chunks,
+``h2d_rows_nodedup_bytes`` = what the same passes would move without deduplication, ...);
+counters include the evaluation pass when the epoch evaluates. The chunk plan of every rank
+(chunks, schedule, Eq. 4 volumes) is the run attribute ``fullgraph_plans``.
 """
 from __future__ import annotations
 
@@ -207,7 +214,12 @@ def train(cfg, rt, out) -> None:
     graph = build_local_graph(part, rt.comm)
     model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
     optimizer = build_optimizer(cfg, model)
-    runner = make_runner(cfg, model, graph, rt.comm, device)
+    error, runner = None, None
+    try:
+        runner = make_runner(cfg, model, graph, rt.comm, device)
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
     reducer = GradientAllreduce(model, rt, op="sum")
     n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
     if n_train == 0:

@@ -37,9 +37,10 @@ import numpy as np
 import torch
 
 from hpcgnn.comm.halo import HaloPlan, accumulate_adjoint, exchange_rows
-from hpcgnn.engine.chunk_schedule import (Chunk, Schedule, TransferPlan, Volumes, build_transfer_plan,
-                                          choose_schedule, make_chunks)
+from hpcgnn.engine.chunk_schedule import (Chunk, TransferPlan, Volumes, build_transfer_plan, choose_schedule,
+                                          make_chunks, schedule_volumes)
 from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter, host_empty, host_zeros
+from hpcgnn.errors import InputError
 
 
 class LayerOps(Protocol):
@@ -134,6 +135,8 @@ class OffloadEngine:
                  meter: DeviceMemoryMeter | None = None):
         from hpcgnn.sampling.block import Block
 
+        if num_solid < 1:
+            raise InputError("fullgraph.offload: this rank's partition owns no vertices")
         self.ops = ops
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -174,8 +177,6 @@ class OffloadEngine:
 
     def volumes(self) -> Volumes:
         """Eq. 4 volumes (rows per layer pass) of the schedule in use."""
-        from hpcgnn.engine.chunk_schedule import schedule_volumes
-
         return schedule_volumes(self.chunks, self.schedule)
 
     def predicted_h2d_rows(self) -> int:

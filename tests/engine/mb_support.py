@@ -2,6 +2,7 @@
 under real mpiexec, and reading the engine's debug records."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
@@ -78,11 +79,7 @@ def train(n: int, config: Path, parts: Path, run: Path, *extra: str, timeout: fl
 def train_each_rank_exit(n: int, args: list[str], timeout: float = 60):
     """Run `hpcgnn <args>` on n ranks; returns (process, {rank: exit code})."""
     proc = run_mpi(n, ["-c", RANK_EXIT, *args], timeout=timeout, cwd=ROOT)
-    codes = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RANK "):
-            _, r, _, c = line.split()
-            codes[int(r)] = int(c)
+    codes = {int(r): int(c) for r, c in re.findall(r"RANK (\d+) EXIT (-?\d+)", proc.stdout)}
     return proc, codes
 
 
