@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT
+    except BrokenPipeError:
+        # Output piped into `head` and closed early: not an error of ours.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("hpcgnn: interrupted", file=sys.stderr)
         return 130

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace hpcgnn {
 namespace {
@@ -41,7 +42,11 @@ template <typename T>
 using cbuf = py::array_t<T, py::array::c_style>;
 
 template <typename T>
-const char* dtype_name() { return sizeof(T) == 4 ? "float32" : (sizeof(T) == 8 && std::is_floating_point<T>::value ? "float64" : "int64"); }
+const char* dtype_name() {
+    if constexpr (std::is_same_v<T, float>) return "float32";
+    if constexpr (std::is_same_v<T, double>) return "float64";
+    return "int64";
+}
 
 template <typename T>
 cbuf<T> get(const py::object& o, const char* name, int ndim) {

@@ -100,38 +100,52 @@ def layer_input_dims(model, in_dim: int, num_layers: int) -> list[int]:
 class DebugRecord:
     """Test instrumentation (``train.debug_record``), one HDF5 file per rank: per-step losses and
     parameter checksums, AEP pushes/receives, and the layer inputs ``h_l`` (after the HEC
-    replacement) of the frontier's boundary and halo vertices as seen by the hooks."""
+    replacement) of the frontier's boundary and halo vertices as seen by the hooks.
+
+    Layout: ``steps`` (epoch, step, loss, seeds, checksum); for each of ``pushes``, ``receives``,
+    ``inputs`` a group with ``index`` [n, 6] int64 rows (epoch, iteration, layer, offset, count,
+    width) into the concatenated ``ids``, ``ranks`` (destination / source rank; -1 for inputs)
+    and ``rows`` (float32, zero-padded to the widest record).
+    """
 
     def __init__(self, path):
         self.path = path
         self.steps: list[tuple] = []
         self.inputs: list[tuple] = []
 
+    @staticmethod
+    def _write_group(f, name: str, records: list[tuple]) -> None:
+        g = f.create_group(name)
+        index = np.zeros((len(records), 6), dtype=np.int64)
+        width = max((r[5].shape[1] for r in records), default=0)
+        off = 0
+        for i, (epoch, it, layer, ids, _, rows) in enumerate(records):
+            index[i] = (epoch, it, layer, off, ids.shape[0], rows.shape[1])
+            off += ids.shape[0]
+        g.create_dataset("index", data=index)
+        g.create_dataset("ids", data=np.concatenate([r[3] for r in records] or [np.zeros(0)]).astype(np.int64))
+        g.create_dataset("ranks", data=np.concatenate([r[4] for r in records] or [np.zeros(0)]).astype(np.int32))
+        rows = np.zeros((off, width), dtype=np.float32)
+        for (_, _, _, o, n, w), r in zip(index, records):
+            rows[o:o + n, :w] = r[5]
+        g.create_dataset("rows", data=rows)
+
     def write(self, aep) -> None:
+        """Rewrite the rank's record file (atomic)."""
         import h5py
 
         from hpcgnn.fileio import atomic_file
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        as_tuple = (lambda r: (r.epoch, r.iteration, r.layer, r.ids, r.dest, r.rows))
         with atomic_file(self.path) as tmp, h5py.File(tmp, "w") as f:
             s = np.array(self.steps, dtype=[("epoch", "i8"), ("step", "i8"), ("loss", "f8"),
                                             ("seeds", "i8"), ("checksum", "S64")])
             f.create_dataset("steps", data=s)
-            for name, recs in (("pushes", aep.pushes if aep else []),
-                               ("receives", aep.receives if aep else [])):
-                g = f.create_group(name)
-                for i, r in enumerate(recs):
-                    gi = g.create_group(str(i))
-                    gi.attrs["epoch"], gi.attrs["iteration"], gi.attrs["layer"] = r.epoch, r.iteration, r.layer
-                    gi.create_dataset("ids", data=r.ids)
-                    gi.create_dataset("ranks", data=r.dest)
-                    gi.create_dataset("rows", data=r.rows)
-            g = f.create_group("inputs")
-            for i, (epoch, k, l, gids, rows) in enumerate(self.inputs):
-                gi = g.create_group(str(i))
-                gi.attrs["epoch"], gi.attrs["iteration"], gi.attrs["layer"] = epoch, k, l
-                gi.create_dataset("ids", data=gids)
-                gi.create_dataset("rows", data=rows)
+            self._write_group(f, "pushes", [as_tuple(r) for r in (aep.pushes if aep else [])])
+            self._write_group(f, "receives", [as_tuple(r) for r in (aep.receives if aep else [])])
+            self._write_group(f, "inputs", [(e, k, l, ids, np.full(ids.shape[0], -1, np.int32), rows)
+                                            for e, k, l, ids, rows in self.inputs])
 
 
 class HaloHooks:

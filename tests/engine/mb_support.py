@@ -84,17 +84,15 @@ def train_each_rank_exit(n: int, args: list[str], timeout: float = 60):
 
 
 def read_debug(run: Path, rank: int) -> dict:
-    """The debug record of one rank: steps, pushes, receives, inputs (lists of dicts)."""
+    """The debug record of one rank: steps (structured array); pushes, receives, inputs as lists
+    of dicts with epoch, iteration, layer, ids, ranks, rows."""
     out: dict = {}
     with h5py.File(Path(run) / "debug" / f"rank-{rank:05d}.h5", "r") as f:
         out["steps"] = f["steps"][()]
         for name in ("pushes", "receives", "inputs"):
-            recs = []
-            for key in sorted(f[name], key=int):
-                g = f[name][key]
-                rec = {k: int(v) for k, v in g.attrs.items()}
-                rec.update({k: g[k][()] for k in g})
-                recs.append(rec)
-            out[name] = recs
+            g = f[name]
+            index, ids, ranks, rows = g["index"][()], g["ids"][()], g["ranks"][()], g["rows"][()]
+            out[name] = [{"epoch": int(e), "iteration": int(k), "layer": int(l), "ids": ids[o:o + n],
+                          "ranks": ranks[o:o + n], "rows": np.ascontiguousarray(rows[o:o + n, :w])}
+                         for e, k, l, o, n, w in index]
     return out
-
