@@ -3,8 +3,8 @@
 1. Data: ``hpcgnn prepare --dataset products-like --scale S`` (an ogbn-products-shaped graph
    scaled to this machine) and ``hpcgnn partition`` (METIS) into 1 and ``--parts`` parts, in a
    work directory (reused when already there).
-2. One-rank epoch time (forward + backward + Adam step over all training vertices, mean over
-   the epochs after the first): hpcgnn's in-memory full-graph engine against PyG
+2. One-rank epoch time (forward + backward + Adam step over all training vertices; the fastest
+   epoch after the first, since the machine may be shared; the mean is stored too): hpcgnn's in-memory full-graph engine against PyG
    (``torch_geometric``, a benchmark-only extra) with the same GraphSAGE-mean model on the same
    graph, PyG in both of its input forms (``edge_index`` and a ``torch.sparse`` CSR ``adj_t``;
    the fastest is the reference). Also the offloaded engine (HongTu) with 1..16 chunks: epoch
@@ -15,7 +15,8 @@
    partitions) beside the cost model's prediction. HongTu reports a 25-71 % reduction; target
    >= 25 %.
 4. Effective bandwidth of the aggregation kernel as a fraction of the measured memory-copy
-   bandwidth (:func:`hpcgnn.nn.aggregate.measure_bandwidth`); target >= 50 %.
+   bandwidth (:func:`hpcgnn.nn.aggregate.measure_bandwidth`, best of ``--bw-repeats``), on a
+   uniform random graph and on one with local edges; target >= 50 %.
 
 Prints a table and writes the figures to FILE.h5 (atomically).
 """
@@ -75,6 +76,22 @@ def _flat_grad(model) -> torch.Tensor:
                       for p in model.parameters()])
 
 
+def _epoch_stats(times: list[float]) -> dict:
+    """Epoch time = the fastest epoch after the first (warm-up): robust on a shared machine."""
+    timed = times[1:] if len(times) > 1 else times
+    return {"epoch_s": float(np.min(timed)), "epoch_mean_s": float(np.mean(timed)), "first_epoch_s": times[0]}
+
+
+def best_bandwidth(repeats: int, *args, **kwargs) -> dict:
+    """The run of :func:`measure_bandwidth` with the highest native fraction of copy bandwidth."""
+    from hpcgnn.nn.aggregate import measure_bandwidth
+
+    runs = [measure_bandwidth(*args, **kwargs) for _ in range(max(1, repeats))]
+    best = dict(max(runs, key=lambda r: r["native_frac_copy"]))
+    best["native_frac_copy_all"] = [r["native_frac_copy"] for r in runs]
+    return best
+
+
 def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None) -> dict:
     """Epoch times of the in-memory (settings None) or offloaded engine on one rank."""
     from hpcgnn.engine.common import PhaseTimer
@@ -98,8 +115,7 @@ def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None) -> 
         opt.step()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    out = {"epoch_s": float(np.mean(times[1:] if len(times) > 1 else times)), "first_epoch_s": times[0],
-           "grad0": grad0}
+    out = dict(_epoch_stats(times), grad0=grad0)
     out.update({k: float(v) for k, v in runner.counters().items()})
     if settings is not None:
         out["chunks"] = runner.engine.num_chunks
@@ -133,24 +149,29 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
         convs = torch.nn.ModuleList([SAGEConv(a, b, aggr="mean") for a, b in zip(dims[:-1], dims[1:])]).to(device)
         opt = torch.optim.Adam(convs.parameters(), lr=0.01)
         times = []
-        for _ in range(epochs):
-            opt.zero_grad(set_to_none=True)
-            _sync(device)
-            t0 = time.perf_counter()
-            h = x
-            for i, conv in enumerate(convs):
-                h = conv(h, adj)
-                if i < len(convs) - 1:
-                    h = torch.relu(h)
-            loss = torch.nn.functional.cross_entropy(h[train], y[train])
-            loss.backward()
-            opt.step()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        out[name] = float(np.mean(times[1:] if len(times) > 1 else times))
-    best = min(out, key=out.get)
-    return {"edge_index_epoch_s": out["edge_index"], "adj_t_epoch_s": out["adj_t"],
-            "best_input": best, "epoch_s": out[best]}
+        try:
+            for _ in range(epochs):
+                opt.zero_grad(set_to_none=True)
+                _sync(device)
+                t0 = time.perf_counter()
+                h = x
+                for i, conv in enumerate(convs):
+                    h = conv(h, adj)
+                    if i < len(convs) - 1:
+                        h = torch.relu(h)
+                loss = torch.nn.functional.cross_entropy(h[train], y[train])
+                loss.backward()
+                opt.step()
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            out[name] = _epoch_stats(times)
+        except (RuntimeError, NotImplementedError) as exc:  # an input form this build cannot run
+            print(f"PyG with {name} failed: {exc.__class__.__name__}: {str(exc)[:200]}", flush=True)
+            out[name] = {"epoch_s": float("inf"), "epoch_mean_s": float("inf")}
+    best = min(out, key=lambda k: out[k]["epoch_s"])
+    return {"edge_index_epoch_s": out["edge_index"]["epoch_s"], "adj_t_epoch_s": out["adj_t"]["epoch_s"],
+            "edge_index_mean_s": out["edge_index"]["epoch_mean_s"], "adj_t_mean_s": out["adj_t"]["epoch_mean_s"],
+            "best_input": best, "epoch_s": out[best]["epoch_s"]}
 
 
 def local_graphs(graph_file: Path, store: Path):
@@ -183,7 +204,8 @@ def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orde
     cases = [(b, o, True) for b in batch_sizes for o in orders] + [(batch_sizes[0], "natural", False)]
     for b, order, dedup in cases:
         model = build_model(**model_args).to(device)
-        tot = {"measured": 0, "nodedup": 0, "v_ori": 0, "v_batch": 0, "v_reuse": 0, "greedy_used": 0}
+        tot = {"measured": 0, "nodedup": 0, "d2h_measured": 0, "d2h_nodedup": 0,
+               "v_ori": 0, "v_batch": 0, "v_reuse": 0, "greedy_used": 0}
         for lg in graphs:
             r = OffloadedFullGraph(model, lg, None, device, OffloadSettings(chunks=chunks, batch_chunks=b,
                                                                             dedup=dedup, order=order))
@@ -193,12 +215,15 @@ def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orde
             vol = r.engine.volumes()
             tot["measured"] += int(c["h2d_rows_bytes"])
             tot["nodedup"] += int(c["h2d_rows_nodedup_bytes"])
+            tot["d2h_measured"] += int(c["d2h_grad_bytes"])
+            tot["d2h_nodedup"] += int(c["d2h_grad_nodedup_bytes"])
             tot["v_ori"] += vol.v_ori
             tot["v_batch"] += vol.v_batch
             tot["v_reuse"] += vol.v_reuse
             tot["greedy_used"] += int(r.engine.schedule.method == "greedy")
         tot.update(batch_chunks=b, order=order, dedup=dedup,
                    reduction=1.0 - tot["measured"] / tot["nodedup"],
+                   d2h_reduction=1.0 - tot["d2h_measured"] / tot["d2h_nodedup"],
                    predicted_reduction=1.0 - (tot["v_reuse"] if dedup else tot["v_ori"]) / tot["v_ori"])
         rows.append(tot)
     return rows
@@ -243,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=0.04, help="products-like scale (1 = ogbn-products size)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--epochs", type=int, default=3, help="epochs per timing (the first is warm-up)")
+    p.add_argument("--epochs", type=int, default=4,
+                   help="epochs per timing: the first is warm-up, the fastest of the others is reported")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--parts", type=int, default=4)
@@ -253,13 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bw-nodes", type=int, default=1_000_000)
     p.add_argument("--bw-edges", type=int, default=10_000_000)
     p.add_argument("--bw-dim", type=int, default=128)
+    p.add_argument("--bw-repeats", type=int, default=3, help="bandwidth measurements (the best is kept)")
     p.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (0 = all cores)")
     p.add_argument("--skip-pyg", action="store_true")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args(argv)
     from hpcgnn import native
     from hpcgnn.engine.offload import OffloadSettings
-    from hpcgnn.nn.aggregate import measure_bandwidth
     from hpcgnn.partition.store import read_meta
 
     device = torch.device(args.device)
@@ -321,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     del graphs
 
     # 4. aggregation kernel bandwidth
-    bw = {"uniform": measure_bandwidth(args.bw_nodes, args.bw_edges, args.bw_dim, threads),
-          "local500": measure_bandwidth(args.bw_nodes, args.bw_edges, args.bw_dim, threads, locality=500)}
+    bw = {"uniform": best_bandwidth(args.bw_repeats, args.bw_nodes, args.bw_edges, args.bw_dim, threads),
+          "local500": best_bandwidth(args.bw_repeats, args.bw_nodes, args.bw_edges, args.bw_dim, threads,
+                                     locality=500)}
     bw["target_fraction"] = TARGET_BANDWIDTH_FRACTION
     results["bandwidth"] = bw
 
@@ -356,10 +383,12 @@ def print_table(results: dict, meta: dict) -> None:
     d = results["dedup"]
     print(f"  source rows host->device, {d['parts']} partitions x {d['chunks']} chunks (one training step, "
           "all partitions):")
-    print("    batch | order   | dedup | measured MiB | no-dedup MiB | reduction | predicted | V_ori/V_batch/V_reuse rows")
+    print("    batch | order   | dedup | H2D MiB (no dedup) | reduction | predicted | D2H grad MiB (no dedup) | "
+          "reduction | V_ori/V_batch/V_reuse rows per layer pass")
     for r in d["cases"]:
-        print(f"    {r['batch_chunks']:>5} | {r['order']:<7} | {str(r['dedup']):<5} | {r['measured'] / 2**20:12.1f} | "
-              f"{r['nodedup'] / 2**20:12.1f} | {100 * r['reduction']:8.1f}% | {100 * r['predicted_reduction']:8.1f}% | "
+        print(f"    {r['batch_chunks']:>5} | {r['order']:<7} | {str(r['dedup']):<5} | {r['measured'] / 2**20:7.1f} "
+              f"({r['nodedup'] / 2**20:7.1f}) | {100 * r['reduction']:8.1f}% | {100 * r['predicted_reduction']:8.1f}% | "
+              f"{r['d2h_measured'] / 2**20:12.1f} ({r['d2h_nodedup'] / 2**20:7.1f}) | {100 * r['d2h_reduction']:8.1f}% | "
               f"{r['v_ori']}/{r['v_batch']}/{r['v_reuse']}")
     print(f"    best reduction {100 * d['best_reduction']:.1f}% (target >= {100 * d['target_reduction']:.0f}%)")
     for k in ("uniform", "local500"):

@@ -21,7 +21,7 @@ counts and IDs), feature rows (float32) and the count exchanges, sent and receiv
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch

@@ -36,7 +36,9 @@ accuracies.
 Randomness is a function of integers only (so resume at an epoch boundary is exact): model
 initialisation ``(seed)``; epoch order ``(seed, epoch, rank)``; sampling ``(seed, rank, epoch,
 step, layer, vertex)``; dropout ``(seed, epoch, step, rank)``; AEP choice ``(seed, epoch,
-step, layer, rank, destination)``.
+step, layer, rank, destination)``. Checkpoints hold model, optimizer and torch RNG state; the
+sampler position is the epoch itself. With ``minibatch.reset_cache_each_epoch = false`` the
+HEC contents are not checkpointed, so a resumed run restarts with empty caches (not exact).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metric
 from hpcgnn.errors import InputError
 
 # Stream tags of rng_key (distinct first parts keep the streams unrelated).
-_ORDER, _DROPOUT, _AEP, _SAMPLER, _EVAL = 1, 2, 3, 4, 5
+_ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
 MISS_POLICY = "edges from missed halo sources are dropped (mean over the remaining neighbours)"
 
 
@@ -69,32 +71,6 @@ def equalised_batches(num_local: int, batch_size: int, rt) -> tuple[int, list[in
         return 0, []
     base, extra = divmod(num_local, m)
     return m, [base + (1 if k < extra else 0) for k in range(m)]
-
-
-def layer_input_dims(model, in_dim: int, num_layers: int) -> list[int]:
-    """Width of each layer's input ``h_l`` (``model.in_dims``, else probed with a one-vertex block)."""
-    from hpcgnn.sampling.block import Block
-
-    if hasattr(model, "in_dims"):
-        return [int(d) for d in model.in_dims]
-
-    dims: list[int] = []
-
-    class _Probe:
-        def before_layer(self, l, h, block):
-            dims.append(int(h.shape[1]))
-            return h, block
-
-    block = Block(1, 1, torch.tensor([0, 1]), torch.tensor([0]))
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        model([block.to(dev)] * num_layers, torch.zeros(1, in_dim, device=dev), hooks=_Probe())
-    model.train(was_training)
-    if len(dims) != num_layers:
-        raise RuntimeError(f"model called hooks.before_layer {len(dims)} times for {num_layers} layers")
-    return dims
 
 
 class DebugRecord:
@@ -240,7 +216,7 @@ class MinibatchTrainer:
         if use_torch:
             rt.init_torch_distributed(cfg.runtime.backend, self.device.type)
         self.reduce_grads = GradientAllreduce(self.model, rt, cfg.train.grad_reduce, use_torch)
-        self.dims = layer_input_dims(self.model, self.in_dim, cfg.model.layers)
+        self.dims = [int(d) for d in self.model.in_dims]      # width of each layer's input h_l
 
         debug_dir = out.debug_dir
         self.record = DebugRecord(debug_dir / f"rank-{rt.rank:05d}.h5") if cfg.train.debug_record else None
@@ -302,7 +278,8 @@ class MinibatchTrainer:
                 self.record.write(self.aep)
             ck = cfg.train.checkpoint_every
             if epoch == epochs or (ck > 0 and epoch % ck == 0):
-                save_training_state(self.out, epoch, self.model, self.optimizer)
+                save_training_state(self.out, epoch, self.model, self.optimizer,
+                                    {"next_epoch": epoch + 1, "halo_mode": self.halo_mode})
 
     def train_epoch(self, epoch: int):
         cfg, rt, timer = self.cfg, self.rt, self.timer

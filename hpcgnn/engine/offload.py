@@ -220,8 +220,13 @@ class OffloadEngine:
         st["halo_s"] = st.get("halo_s", 0.0) + time.perf_counter() - t0
         st["halo_bytes"] = st.get("halo_bytes", 0) + int(nbytes)
 
-    def _count_nodedup(self, x: torch.Tensor) -> None:
-        self.counter.h2d_rows_nodedup += sum(c.num_src for c in self.chunks) * x[0:1].nbytes
+    def _count_nodedup(self, x: torch.Tensor, grads: bool = False) -> None:
+        """Bytes of one pass over every chunk's whole source set (what no deduplication moves)."""
+        nbytes = sum(c.num_src for c in self.chunks) * x[0:1].nbytes
+        if grads:
+            self.counter.d2h_grad_nodedup += nbytes
+        else:
+            self.counter.h2d_rows_nodedup += nbytes
 
     # ---- forward -------------------------------------------------------------
     def forward(self, training: bool) -> torch.Tensor:
@@ -307,6 +312,7 @@ class OffloadEngine:
         if need_src:
             gbuf = torch.zeros((self.plan.capacity,) + width, dtype=x_host.dtype, device=self.device)
             self.meter.hold(gbuf.nbytes)
+            self._count_nodedup(x_host, grads=True)
         order = list(reversed(range(len(units))))
         pending = None
         if recompute and order:

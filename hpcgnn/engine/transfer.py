@@ -41,13 +41,14 @@ class TransferCounter:
     Kinds used by the engine: h2d ``rows`` (layer-input rows of the chunks'
     source sets), ``grad`` (output gradients), ``cache`` (cached aggregations);
     d2h ``out`` (layer outputs), ``cache``, ``grad`` (source gradients).
-    ``h2d_rows_nodedup`` counts the source-set bytes a plan without
-    deduplication would have loaded for the same work.
+    ``h2d_rows_nodedup`` / ``d2h_grad_nodedup`` count the source-row / source-gradient
+    bytes a plan without deduplication would have moved for the same work.
     """
 
     h2d: dict = field(default_factory=lambda: defaultdict(int))
     d2h: dict = field(default_factory=lambda: defaultdict(int))
     h2d_rows_nodedup: int = 0
+    d2h_grad_nodedup: int = 0
 
     def add_h2d(self, kind: str, nbytes: int) -> None:
         self.h2d[kind] += int(nbytes)
@@ -67,12 +68,14 @@ class TransferCounter:
         self.h2d.clear()
         self.d2h.clear()
         self.h2d_rows_nodedup = 0
+        self.d2h_grad_nodedup = 0
 
     def as_dict(self) -> dict:
         out = {f"h2d_{k}_bytes": int(v) for k, v in sorted(self.h2d.items())}
         out.update({f"d2h_{k}_bytes": int(v) for k, v in sorted(self.d2h.items())})
         out.update(h2d_bytes=self.h2d_total, d2h_bytes=self.d2h_total,
-                   h2d_rows_nodedup_bytes=int(self.h2d_rows_nodedup))
+                   h2d_rows_nodedup_bytes=int(self.h2d_rows_nodedup),
+                   d2h_grad_nodedup_bytes=int(self.d2h_grad_nodedup))
         return out
 
 

@@ -57,7 +57,7 @@ if r == 0:
 '''
 
 
-@pytest.mark.parametrize("ranks", [3])
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_halo_exchange_forward_and_adjoint(tmp_path, ranks):
     store = toy_store(tmp_path / "store", toy_graph(120, 5.0, seed=ranks), ranks, seed=ranks)
     script = tmp_path / "halo.py"

@@ -144,8 +144,9 @@ def test_transfer_bytes_dedup_and_prediction(graph, arch):
         assert c["h2d_rows_nodedup_bytes"] == sum(p * vol.v_ori * w * 4 for p, w in zip(passes, widths))
         # gradient flush (device -> host) moves the same rows as the loads, for layers > 0
         assert c["d2h_grad_bytes"] == sum(rows * w * 4 for w in widths[1:])
-        measured[dedup] = c["h2d_rows_bytes"]
-    assert measured[True] < measured[False]
+        assert c["d2h_grad_nodedup_bytes"] == sum(vol.v_ori * w * 4 for w in widths[1:])
+        measured[dedup] = (c["h2d_rows_bytes"], c["d2h_grad_bytes"])
+    assert measured[True][0] < measured[False][0] and measured[True][1] < measured[False][1]
     if arch == "gcn":
         assert r.engine.modes == ["cache"] * 3
 
