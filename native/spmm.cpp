@@ -110,16 +110,24 @@ Csr get_csr(const py::object& indptr, const py::object& indices) {
     return c;
 }
 
+inline bool out_of_range(int64_t u, int64_t n) { return static_cast<uint64_t>(u) >= static_cast<uint64_t>(n); }
+
+// True if some index is outside [0, n) (one parallel pass, so the kernels' inner loops
+// need no check).
+bool any_out_of_range(const int64_t* idx, int64_t nnz, int64_t n) {
+    uint64_t mx = 0;  // negative indices become huge unsigned values
+#pragma omp parallel for simd reduction(max : mx) if (nnz > kParallelWork)
+    for (int64_t j = 0; j < nnz; ++j) mx = std::max(mx, static_cast<uint64_t>(idx[j]));
+    return nnz > 0 && mx >= static_cast<uint64_t>(n);
+}
+
 // An index array used to read per-edge values (edge ids of a transposed CSR).
 const int64_t* opt_index(const py::object& o, const char* name, int64_t nnz, int64_t limit, cbuf<int64_t>& keep) {
     if (o.is_none()) return nullptr;
     keep = get<int64_t>(o, name, 1);
     require_dim(keep.shape(0), nnz, std::string(name) + " length");
     const int64_t* p = keep.data();
-    bool bad = false;
-#pragma omp parallel for reduction(|| : bad) if (nnz > kParallelWork)
-    for (int64_t j = 0; j < nnz; ++j) bad = bad || static_cast<uint64_t>(p[j]) >= static_cast<uint64_t>(limit);
-    require(!bad, std::string(name) + ": an edge id is outside [0, " + std::to_string(limit) + ")");
+    require(!any_out_of_range(p, nnz, limit), std::string(name) + ": an edge id is outside [0, " + std::to_string(limit) + ")");
     return p;
 }
 
@@ -128,19 +136,35 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
     for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(c + l, 0, 3);
 }
 
-inline bool out_of_range(int64_t u, int64_t n) { return static_cast<uint64_t>(u) >= static_cast<uint64_t>(n); }
-
 // ---- SpMM: out[v, :] = scale[v] * sum_j w[j] * X[indices[j], :] ---------------------------
 
-template <typename T>
-bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t n_src, int64_t D,
-                 const T* row_scale, T* out) {
+// acc[0:len) += sum over row edges [b, e) of w_j * X[indices[j], c:c+len); prefetches whole
+// source rows kPrefetch edges ahead during the first chunk (c == 0) of a row.
+template <typename T, int64_t CH, bool FULL, bool WEIGHTED, bool INDEXED>
+inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X,
+                         int64_t D, int64_t c, int64_t len, const T* w, const int64_t* widx) {
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+    for (int64_t j = b; j < e; ++j) {
+        if (c == 0 && j + kPrefetch < nnz) prefetch_bytes(X + indices[j + kPrefetch] * D, row_bytes);
+        const T* x = X + indices[j] * D + c;
+        const T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        if (FULL) {
+#pragma omp simd
+            for (int64_t k = 0; k < CH; ++k) acc[k] += wj * x[k];
+        } else {
+#pragma omp simd
+            for (int64_t k = 0; k < len; ++k) acc[k] += wj * x[k];
+        }
+    }
+}
+
+template <typename T, bool WEIGHTED, bool INDEXED>
+void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale, T* out) {
     constexpr int64_t CH = 256 / sizeof(T);
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
-    const int64_t nnz = g.nnz, row_bytes = D * static_cast<int64_t>(sizeof(T));
-    bool bad = false;
-#pragma omp parallel for schedule(dynamic, kRowsPerTask) reduction(|| : bad) if (worth_threads(g.rows, g.nnz, (D)))
+    const int64_t nnz = g.nnz;
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, D))
     for (int64_t v = 0; v < g.rows; ++v) {
         const int64_t b = indptr[v], e = indptr[v + 1];
         const T s = row_scale ? row_scale[v] : T(1);
@@ -150,25 +174,27 @@ bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const T* X, int6
             T acc[CH];
 #pragma omp simd
             for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
-            for (int64_t j = b; j < e; ++j) {
-                if (c == 0 && j + kPrefetch < nnz) prefetch_bytes(X + indices[j + kPrefetch] * D, row_bytes);
-                const int64_t u = indices[j];
-                if (out_of_range(u, n_src)) { bad = true; continue; }
-                const T wj = w ? w[widx ? widx[j] : j] : T(1);
-                const T* x = X + u * D + c;
-                if (len == CH) {
-#pragma omp simd
-                    for (int64_t k = 0; k < CH; ++k) acc[k] += wj * x[k];
-                } else {
-#pragma omp simd
-                    for (int64_t k = 0; k < len; ++k) acc[k] += wj * x[k];
-                }
-            }
+            if (len == CH)
+                gather_chunk<T, CH, true, WEIGHTED, INDEXED>(acc, indices, b, e, nnz, X, D, c, len, w, widx);
+            else
+                gather_chunk<T, CH, false, WEIGHTED, INDEXED>(acc, indices, b, e, nnz, X, D, c, len, w, widx);
 #pragma omp simd
             for (int64_t k = 0; k < len; ++k) o[c + k] = acc[k] * s;
         }
     }
-    return bad;
+}
+
+template <typename T>
+bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t n_src, int64_t D,
+                 const T* row_scale, T* out) {
+    if (any_out_of_range(g.indices, g.nnz, n_src)) return true;
+    if (!w)
+        spmm_rows<T, false, false>(g, w, widx, X, D, row_scale, out);
+    else if (!widx)
+        spmm_rows<T, true, false>(g, w, widx, X, D, row_scale, out);
+    else
+        spmm_rows<T, true, true>(g, w, widx, X, D, row_scale, out);
+    return false;
 }
 
 template <typename T>
@@ -218,8 +244,8 @@ bool spmm_heads_kernel(const Csr& g, const T* alpha, const int64_t* aidx, const 
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
     const int64_t nnz = g.nnz, HD = H * D, row_bytes = HD * static_cast<int64_t>(sizeof(T));
-    bool bad = false;
-#pragma omp parallel for schedule(dynamic, kRowsPerTask) reduction(|| : bad) if (worth_threads(g.rows, g.nnz, HD))
+    if (any_out_of_range(indices, nnz, n_src)) return true;
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, HD))
     for (int64_t v = 0; v < g.rows; ++v) {
         const int64_t b = indptr[v], e = indptr[v + 1];
         for (int64_t h = 0; h < H; ++h) {
@@ -233,7 +259,6 @@ bool spmm_heads_kernel(const Csr& g, const T* alpha, const int64_t* aidx, const 
                 for (int64_t j = b; j < e; ++j) {
                     if (first && j + kPrefetch < nnz) prefetch_bytes(Z + indices[j + kPrefetch] * HD, row_bytes);
                     const int64_t u = indices[j];
-                    if (out_of_range(u, n_src)) { bad = true; continue; }
                     const T a = alpha[(aidx ? aidx[j] : j) * H + h];
                     const T* z = Z + u * HD + h * D + c;
                     if (len == CH) {
@@ -249,7 +274,7 @@ bool spmm_heads_kernel(const Csr& g, const T* alpha, const int64_t* aidx, const 
             }
         }
     }
-    return bad;
+    return false;
 }
 
 template <typename T>
@@ -292,14 +317,13 @@ bool sddmm_kernel(const Csr& g, const T* A, const T* B, int64_t n_src, int64_t H
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
     const int64_t nnz = g.nnz, HD = H * D, row_bytes = HD * static_cast<int64_t>(sizeof(T));
-    bool bad = false;
-#pragma omp parallel for schedule(dynamic, kRowsPerTask) reduction(|| : bad) if (worth_threads(g.rows, g.nnz, (D * H)))
+    if (any_out_of_range(indices, nnz, n_src)) return true;
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, (D * H)))
     for (int64_t v = 0; v < g.rows; ++v) {
         const T* a_row = A + v * HD;
         for (int64_t j = indptr[v]; j < indptr[v + 1]; ++j) {
             if (j + kPrefetch < nnz) prefetch_bytes(B + indices[j + kPrefetch] * HD, row_bytes);
             const int64_t u = indices[j];
-            if (out_of_range(u, n_src)) { bad = true; continue; }
             const T* b_row = B + u * HD;
             for (int64_t h = 0; h < H; ++h) {
                 T s = T(0);
@@ -309,7 +333,7 @@ bool sddmm_kernel(const Csr& g, const T* A, const T* B, int64_t n_src, int64_t H
             }
         }
     }
-    return bad;
+    return false;
 }
 
 template <typename T>
@@ -404,11 +428,11 @@ void gat_edge_logits_t(const Csr& g, const py::object& el_o, const py::object& e
     bool bad = false;
     {
         py::gil_scoped_release nogil;
-#pragma omp parallel for schedule(dynamic, 256) reduction(|| : bad) if (worth_threads(g.rows, g.nnz, H))
+        bad = any_out_of_range(indices, g.nnz, n_src);
+#pragma omp parallel for schedule(dynamic, 256) if (!bad && worth_threads(g.rows, g.nnz, H))
         for (int64_t v = 0; v < g.rows; ++v) {
             for (int64_t j = indptr[v]; j < indptr[v + 1]; ++j) {
                 const int64_t u = indices[j];
-                if (out_of_range(u, n_src)) { bad = true; continue; }
                 for (int64_t h = 0; h < H; ++h) {
                     const T x = l[u * H + h] + r[v * H + h];
                     o[j * H + h] = x > T(0) ? x : sl * x;
@@ -565,7 +589,7 @@ py::tuple csr_transpose(const py::object& indptr_o, const py::object& indices_o,
     bool bad = false;
     {
         py::gil_scoped_release nogil;
-        for (int64_t j = 0; j < nnz; ++j) bad = bad || out_of_range(indices[j], num_src);
+        bad = any_out_of_range(indices, nnz, num_src);
         if (!bad) {
             int T = std::max(1, omp_get_max_threads());
             if (static_cast<double>(T) * (num_src + 1) > 2.0 * nnz + 1e6 || nnz < 100000) T = 1;

@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bw-dim", type=int, default=128)
     p.add_argument("--bw-repeats", type=int, default=3, help="bandwidth measurements (the best is kept)")
     p.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (0 = all cores)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternating hpcgnn/PyG timing rounds (the fastest epoch of each is kept)")
     p.add_argument("--skip-pyg", action="store_true")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args(argv)
@@ -305,13 +307,36 @@ def main(argv: list[str] | None = None) -> int:
                       num_classes=meta1.num_classes, num_layers=args.layers, dropout=0.0, seed=args.seed)
     results: dict = {}
 
-    # 2. one-rank epoch time: hpcgnn in memory and offloaded, PyG
+    # 2. one-rank epoch time: hpcgnn in memory and PyG, alternating for --rounds (the fastest
+    #    epoch of each is kept), then the offloaded engine
     (g1,) = local_graphs(graph_file, stores[1])
-    mem = time_hpcgnn(g1, model_args, device, args.epochs)
-    ref_grad = mem.pop("grad0")
-    results["epoch_time"] = {"hpcgnn_in_memory": mem}
-    print(f"hpcgnn in-memory SAGE: {mem['epoch_s']:.3f} s/epoch, peak device {mem['peak_device_bytes'] / 2**20:.1f} MiB",
-          flush=True)
+    try:
+        import torch_geometric
+    except ImportError:
+        torch_geometric = None
+        print("PyG not installed (.venv/bin/pip install torch_geometric): skipped", flush=True)
+    mem, pyg, ref_grad = None, None, None
+    for _ in range(max(1, args.rounds)):
+        r = time_hpcgnn(g1, model_args, device, args.epochs)
+        ref_grad = r.pop("grad0")
+        mem = r if mem is None or r["epoch_s"] < mem["epoch_s"] else mem
+        print(f"hpcgnn in-memory SAGE: {r['epoch_s']:.3f} s/epoch, peak device "
+              f"{r['peak_device_bytes'] / 2**20:.1f} MiB", flush=True)
+        if torch_geometric is not None and not args.skip_pyg:
+            p = time_pyg(graph_file, model_args, device, args.epochs)
+            print(f"PyG {torch_geometric.__version__} SAGEConv: edge_index {p['edge_index_epoch_s']:.3f} s, "
+                  f"adj_t {p['adj_t_epoch_s']:.3f} s/epoch", flush=True)
+            if pyg is not None:
+                for key in ("edge_index_epoch_s", "adj_t_epoch_s"):
+                    p[key] = min(p[key], pyg[key])
+                p["best_input"] = "adj_t" if p["adj_t_epoch_s"] <= p["edge_index_epoch_s"] else "edge_index"
+                p["epoch_s"] = p[f"{p['best_input']}_epoch_s"]
+            pyg = p
+    results["epoch_time"] = {"hpcgnn_in_memory": mem, "rounds": args.rounds}
+    if pyg is not None:
+        pyg["version"] = torch_geometric.__version__
+        results["epoch_time"]["pyg"] = pyg
+        results["epoch_time"]["speedup_vs_pyg"] = pyg["epoch_s"] / mem["epoch_s"]
     offload = {}
     for n in [int(x) for x in args.offload_chunks.split(",") if x]:
         r = time_hpcgnn(g1, model_args, device, args.epochs,
@@ -323,17 +348,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['peak_device_bytes'] / 2**20:.1f} MiB, h2d {r['h2d_bytes'] / 2**20:.1f} MiB, "
               f"grad rel err {r['grad_rel_err_vs_in_memory']:.1e}", flush=True)
     results["offload"] = offload
-    if not args.skip_pyg:
-        try:
-            import torch_geometric
-            pyg = time_pyg(graph_file, model_args, device, args.epochs)
-            pyg["version"] = torch_geometric.__version__
-            results["epoch_time"]["pyg"] = pyg
-            results["epoch_time"]["speedup_vs_pyg"] = pyg["epoch_s"] / mem["epoch_s"]
-            print(f"PyG {pyg['version']} SAGEConv: edge_index {pyg['edge_index_epoch_s']:.3f} s, adj_t "
-                  f"{pyg['adj_t_epoch_s']:.3f} s/epoch (best: {pyg['best_input']})", flush=True)
-        except ImportError:
-            print("PyG not installed (.venv/bin/pip install torch_geometric): skipped", flush=True)
     del g1
 
     # 3. deduplicated transfers on the products-shaped graph, parts x chunks

@@ -169,6 +169,9 @@ class OffloadEngine:
         self.agg: list[torch.Tensor | None] = [None] * ops.num_layers
         self._slot_tensors = [[torch.from_numpy(s).to(self.device) for s in u.chunk_slots]
                               for u in self.plan.units]
+        # chunks whose sources sit in slots 0..num_src-1 in order read the buffer without a copy
+        self._identity = [[bool(np.array_equal(s, np.arange(s.shape[0]))) for s in u.chunk_slots]
+                          for u in self.plan.units]
 
     # ---- reporting -------------------------------------------------------
     @property
@@ -260,11 +263,10 @@ class OffloadEngine:
             if ui + 1 < len(units):  # prefetch the next batch's new rows while this one computes
                 nxt = units[ui + 1]
                 pending = self.mover.load_rows(x_host, nxt.vertices[nxt.enter], "rows")
-            for c, slots in zip(unit.chunks, self._slot_tensors[ui]):
+            for k, (c, slots) in enumerate(zip(unit.chunks, self._slot_tensors[ui])):
                 chunk = self.chunks[c]
                 with self.meter.scope(), torch.no_grad():
-                    x = buf.index_select(0, slots)
-                    self.meter.track(x)
+                    x = self._gather(buf, slots, self._identity[ui][k])
                     block, ctx = self._chunk_inputs(c)
                     if training:
                         self.rng.save((l, c))
@@ -331,8 +333,9 @@ class OffloadEngine:
                     pending = self.mover.load_rows(x_host, nxt.vertices[nxt.leave], "rows")
             if need_src:
                 gbuf.index_fill_(0, entering, 0.0)
-            for c, slots in reversed(list(zip(unit.chunks, self._slot_tensors[ui]))):
-                self._backward_chunk(l, c, slots, g_out, buf, gbuf, recompute, need_src)
+            for k in reversed(range(len(unit.chunks))):
+                self._backward_chunk(l, unit.chunks[k], self._slot_tensors[ui][k], self._identity[ui][k],
+                                     g_out, buf, gbuf, recompute, need_src)
             if need_src:  # rows not resident in the previous batch leave the device now
                 flush = unit.enter
                 part = gbuf.index_select(0, torch.from_numpy(unit.slots[flush]).to(self.device))
@@ -349,15 +352,22 @@ class OffloadEngine:
             self._halo_account(t0, g_in[self.num_solid:].nbytes)
         return g_in[:self.num_solid]
 
-    def _backward_chunk(self, l, c, slots, g_out, buf, gbuf, recompute, need_src) -> None:
+    def _gather(self, buf: torch.Tensor, slots: torch.Tensor, identity: bool) -> torch.Tensor:
+        """The chunk's source rows from the device buffer (a view when they are its prefix)."""
+        if identity:
+            return buf[:slots.shape[0]]  # already counted as the buffer
+        x = buf.index_select(0, slots)
+        self.meter.track(x)
+        return x
+
+    def _backward_chunk(self, l, c, slots, identity, g_out, buf, gbuf, recompute, need_src) -> None:
         chunk = self.chunks[c]
         block, ctx = self._chunk_inputs(c)
         with self.meter.scope(), self.rng.replay((l, c)):
             g = self.mover.load_range(g_out, chunk.dst_begin, chunk.dst_end, "grad").get()
             self.meter.track(g)
             if recompute:
-                x = buf.index_select(0, slots).requires_grad_(need_src)
-                self.meter.track(x)
+                x = self._gather(buf, slots, identity).detach().requires_grad_(need_src)
                 out = self.ops.forward(l, block, x, ctx)
                 torch.autograd.backward(out, g)
                 if need_src:
