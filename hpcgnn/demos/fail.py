@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import os
 import sys
 import time
 
@@ -40,6 +41,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.demos.fail", description=__doc__.splitlines()[0])
     p.add_argument("--rank", type=int, default=1, help="the failing rank (default 1)")
     p.add_argument("--mode", choices=MODES, default="raise")
+    p.add_argument("--report", default=None,
+                   help="directory where each rank leaving through SystemExit writes rank-<r> "
+                        "with its exit code (stdout of ranks that mpiexec ends may be lost)")
     p.add_argument("--delay", type=float, default=0.5,
                    help="seconds the failing rank waits first, so the others are in the barrier")
     args, _ignored = p.parse_known_args(argv)  # stands in for `-m hpcgnn train` in slurm/train.sh
@@ -53,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         body(rt, args)
     except SystemExit as exc:
         print(f"rank {rt.rank} exits {exc.code}", flush=True)
+        if args.report:
+            with open(os.path.join(args.report, f"rank-{rt.rank}"), "w") as f:
+                f.write(f"{exc.code}\n")
         raise
     return 0
 
