@@ -3,8 +3,8 @@
 The C++ kernels in ``native/`` are compiled with pybind11 and OpenMP into one
 extension module per kernel family: ``native/<family>.cpp`` becomes
 ``hpcgnn._native_<family>`` (re-exported by :mod:`hpcgnn.native`). Separate
-modules let ``make native`` rebuild only the family that changed. The build needs neither torch
-nor numpy headers (arrays cross the boundary through the buffer protocol,
+modules let ``make native`` rebuild only the family that changed. The build needs no torch or
+numpy headers (arrays cross the boundary through the buffer protocol,
 zero-copy), so build isolation can never pull in another torch.
 
 Install with ``pip install --no-build-isolation -e .`` from the Makefile,
