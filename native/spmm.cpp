@@ -15,9 +15,12 @@
 // * Source indices are range-checked inside the loops (ValueError after the kernel).
 //
 // Speed: the feature loop runs over 256-byte chunks accumulated in registers, and the
-// whole source row of the edge kPrefetch positions ahead (across row boundaries) is
+// whole source row of the edge about kPrefetchBytes ahead (across row boundaries) is
 // software-prefetched: random row gathers are latency bound, and hardware prefetchers
-// do not follow indirect accesses.
+// do not follow indirect accesses. Measured on the 2-core dev machine (1M x 128 float32,
+// 10M random edges): 8-16 edges ahead are equally good (about 2.5-3x torch CSR); without
+// prefetching the kernel is 5x slower. 4-/8-way row blocking (rows advancing through their
+// edges in lockstep), streaming stores and huge pages did not help there.
 #include "common.h"
 
 #include <algorithm>
@@ -28,7 +31,12 @@
 namespace hpcgnn {
 namespace {
 
-constexpr int64_t kPrefetch = 8;      // edges ahead
+constexpr int64_t kPrefetchBytes = 5120;  // source-row bytes in flight ahead of the gather
+
+// Prefetch distance in edges for rows of `row_bytes` bytes (10 edges for 512-byte rows).
+inline int64_t prefetch_distance(int64_t row_bytes) {
+    return std::clamp<int64_t>(kPrefetchBytes / std::max<int64_t>(row_bytes, 1), 4, 64);
+}
 constexpr int64_t kRowsPerTask = 64;  // dynamic-schedule chunk (destination rows)
 // Below this many element operations a kernel runs on the calling thread: waking a team
 // costs more than it saves, and a lot more on an oversubscribed node.
@@ -136,18 +144,22 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
     for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(c + l, 0, 3);
 }
 
-// ---- SpMM: out[v, :] = scale[v] * sum_j w[j] * X[indices[j], :] ---------------------------
+// ---- SpMM: out[v, :] = row_scale[v] * sum_j w[j] * col_scale[u_j] * X[u_j, :] -----------------
 
-// acc[0:len) += sum over row edges [b, e) of w_j * X[indices[j], c:c+len); prefetches whole
-// source rows kPrefetch edges ahead during the first chunk (c == 0) of a row.
-template <typename T, int64_t CH, bool FULL, bool WEIGHTED, bool INDEXED>
+// acc[0:len) += sum over row edges [b, e) of w_j * cs[u_j] * X[u_j, c:c+len) (u_j = indices[j]);
+// prefetches whole source rows prefetch_distance edges ahead during the first chunk (c == 0).
+template <typename T, int64_t CH, bool FULL, bool WEIGHTED, bool INDEXED, bool COLSCALE>
 inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X,
-                         int64_t D, int64_t c, int64_t len, const T* w, const int64_t* widx) {
-    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+                         int64_t D, int64_t c, int64_t len, const T* w, const int64_t* widx, const T* cs) {
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T)), pf = prefetch_distance(row_bytes);
     for (int64_t j = b; j < e; ++j) {
-        if (c == 0 && j + kPrefetch < nnz) prefetch_bytes(X + indices[j + kPrefetch] * D, row_bytes);
+        if (c == 0 && j + pf < nnz) {
+            prefetch_bytes(X + indices[j + pf] * D, row_bytes);
+            if (INDEXED) __builtin_prefetch(w + widx[j + pf], 0, 3);  // weights read out of order
+        }
         const T* x = X + indices[j] * D + c;
-        const T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        if (COLSCALE) wj *= cs[indices[j]];
         if (FULL) {
 #pragma omp simd
             for (int64_t k = 0; k < CH; ++k) acc[k] += wj * x[k];
@@ -158,8 +170,9 @@ inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, i
     }
 }
 
-template <typename T, bool WEIGHTED, bool INDEXED>
-void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale, T* out) {
+template <typename T, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+               const T* cs, T* out) {
     constexpr int64_t CH = 256 / sizeof(T);
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
@@ -175,37 +188,48 @@ void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_
 #pragma omp simd
             for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
             if (len == CH)
-                gather_chunk<T, CH, true, WEIGHTED, INDEXED>(acc, indices, b, e, nnz, X, D, c, len, w, widx);
+                gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
+                                                                       widx, cs);
             else
-                gather_chunk<T, CH, false, WEIGHTED, INDEXED>(acc, indices, b, e, nnz, X, D, c, len, w, widx);
+                gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
+                                                                        widx, cs);
 #pragma omp simd
             for (int64_t k = 0; k < len; ++k) o[c + k] = acc[k] * s;
         }
     }
 }
 
+template <typename T, bool COLSCALE>
+void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+                   const T* cs, T* out) {
+    if (!w)
+        spmm_rows<T, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+    else if (!widx)
+        spmm_rows<T, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+    else
+        spmm_rows<T, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+}
+
 template <typename T>
 bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t n_src, int64_t D,
-                 const T* row_scale, T* out) {
+                 const T* row_scale, const T* col_scale, T* out) {
     if (any_out_of_range(g.indices, g.nnz, n_src)) return true;
-    if (!w)
-        spmm_rows<T, false, false>(g, w, widx, X, D, row_scale, out);
-    else if (!widx)
-        spmm_rows<T, true, false>(g, w, widx, X, D, row_scale, out);
+    if (col_scale)
+        spmm_dispatch<T, true>(g, w, widx, X, D, row_scale, col_scale, out);
     else
-        spmm_rows<T, true, true>(g, w, widx, X, D, row_scale, out);
+        spmm_dispatch<T, false>(g, w, widx, X, D, row_scale, col_scale, out);
     return false;
 }
 
 template <typename T>
 void spmm_sum_t(const Csr& g, const py::object& X_o, const py::object& out_o, const py::object& w_o,
-                const py::object& widx_o, const py::object& scale_o) {
+                const py::object& widx_o, const py::object& scale_o, const py::object& cs_o) {
     auto X = get<T>(X_o, "X", 2);
     auto out = get<T>(out_o, "out", 2);
     const int64_t n_src = X.shape(0), D = X.shape(1);
     require_dim(out.shape(0), g.rows, "out rows (= len(indptr) - 1)");
     require_dim(out.shape(1), D, "out columns (= X columns)");
-    cbuf<T> w_a, s_a;
+    cbuf<T> w_a, s_a, cs_a;
     cbuf<int64_t> wi_a;
     const T* w = opt_in<T>(w_o, "edge_weight", 1, w_a);
     const int64_t* widx = nullptr;
@@ -217,69 +241,136 @@ void spmm_sum_t(const Csr& g, const py::object& X_o, const py::object& out_o, co
     }
     const T* scale = opt_in<T>(scale_o, "row_scale", 1, s_a);
     if (scale) require_dim(s_a.shape(0), g.rows, "row_scale length (= rows)");
+    const T* col_scale = opt_in<T>(cs_o, "col_scale", 1, cs_a);
+    if (col_scale) require_dim(cs_a.shape(0), n_src, "col_scale length (= X rows)");
     T* o = out_ptr_checked(out, "out");
     const T* x = X.data();
     bool bad;
     {
         py::gil_scoped_release nogil;
-        bad = spmm_kernel<T>(g, w, widx, x, n_src, D, scale, o);
+        bad = spmm_kernel<T>(g, w, widx, x, n_src, D, scale, col_scale, o);
     }
     require(!bad, "spmm_sum: a source index is outside [0, X.shape[0])");
 }
 
 void spmm_sum(const py::object& indptr, const py::object& indices, const py::object& X, const py::object& out,
-              const py::object& edge_weight, const py::object& weight_index, const py::object& row_scale) {
+              const py::object& edge_weight, const py::object& weight_index, const py::object& row_scale,
+              const py::object& col_scale) {
     Csr g = get_csr(indptr, indices);
-    if (py::isinstance<cbuf<float>>(X)) return spmm_sum_t<float>(g, X, out, edge_weight, weight_index, row_scale);
-    if (py::isinstance<cbuf<double>>(X)) return spmm_sum_t<double>(g, X, out, edge_weight, weight_index, row_scale);
+    if (py::isinstance<cbuf<float>>(X))
+        return spmm_sum_t<float>(g, X, out, edge_weight, weight_index, row_scale, col_scale);
+    if (py::isinstance<cbuf<double>>(X))
+        return spmm_sum_t<double>(g, X, out, edge_weight, weight_index, row_scale, col_scale);
     throw std::invalid_argument("X: expected a C-contiguous float32 or float64 numpy array");
 }
 
 // ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------
+//                      (+ self_w[v, h] * Z[v, h, :] for v < n_self)
 
-template <typename T>
-bool spmm_heads_kernel(const Csr& g, const T* alpha, const int64_t* aidx, const T* Z, int64_t n_src, int64_t H,
-                       int64_t D, T* out) {
+// One output chunk of destination row v, accumulated in a local array (registers for the
+// compile-time modes). Chunk layouts of the flattened [H*D] row:
+//   kHeadFull  CH columns of one head (D >= CH)        kHeadPart  fewer than CH columns of one head
+//   kGroupFull CH/DD whole heads, D == DD (compile-time) kGroupPart gc whole heads, runtime D
+enum HeadsMode { kHeadFull, kHeadPart, kGroupFull, kGroupPart };
+
+template <typename T, int64_t CH, HeadsMode MODE, int64_t DD>
+inline void heads_accumulate(T* acc, const T* a, const T* z, int64_t gc, int64_t D, int64_t len) {
+    if constexpr (MODE == kHeadFull) {
+        const T a0 = a[0];
+#pragma omp simd
+        for (int64_t k = 0; k < CH; ++k) acc[k] += a0 * z[k];
+    } else if constexpr (MODE == kHeadPart) {
+        const T a0 = a[0];
+#pragma omp simd
+        for (int64_t k = 0; k < len; ++k) acc[k] += a0 * z[k];
+    } else if constexpr (MODE == kGroupFull) {
+        for (int64_t g = 0; g < CH / DD; ++g) {
+            const T ag = a[g];
+#pragma omp simd
+            for (int64_t k = 0; k < DD; ++k) acc[g * DD + k] += ag * z[g * DD + k];
+        }
+    } else {
+        for (int64_t g = 0; g < gc; ++g) {
+            const T ag = a[g];
+#pragma omp simd
+            for (int64_t k = 0; k < D; ++k) acc[g * D + k] += ag * z[g * D + k];
+        }
+    }
+}
+
+// o[0:len) = sum_j alpha[j, h0:h0+gc] * Z[u_j, off:off+len) (+ self term), see HeadsMode.
+template <typename T, int64_t CH, HeadsMode MODE, int64_t DD>
+inline void heads_chunk(T* o, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, bool first, int64_t pf,
+                        const T* alpha, const int64_t* aidx, int64_t H, int64_t h0, int64_t gc, const T* Z,
+                        int64_t HD, int64_t off, int64_t D, int64_t len, const T* self_a, const T* self_z) {
+    const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(T));
+    T acc[CH];
+#pragma omp simd
+    for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
+    for (int64_t j = b; j < e; ++j) {
+        if (first && j + pf < nnz) {
+            prefetch_bytes(Z + indices[j + pf] * HD, row_bytes);
+            if (aidx) prefetch_bytes(alpha + aidx[j + pf] * H, H * static_cast<int64_t>(sizeof(T)));
+        }
+        heads_accumulate<T, CH, MODE, DD>(acc, alpha + (aidx ? aidx[j] : j) * H + h0, Z + indices[j] * HD + off,
+                                          gc, D, len);
+    }
+    if (self_a) heads_accumulate<T, CH, MODE, DD>(acc, self_a, self_z, gc, D, len);
+#pragma omp simd
+    for (int64_t k = 0; k < len; ++k) o[k] = acc[k];
+}
+
+// Heads narrower than a chunk (D < CH, CH % D == 0) are grouped CH / D per chunk, so a row
+// takes H*D/CH passes over its edges; wider heads take chunks of CH columns each.
+template <typename T, int64_t DD>
+void spmm_heads_rows(const Csr& g, const T* alpha, const int64_t* aidx, const T* Z, int64_t H, int64_t D,
+                     const T* self_w, int64_t n_self, T* out) {
     constexpr int64_t CH = 256 / sizeof(T);
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
-    const int64_t nnz = g.nnz, HD = H * D, row_bytes = HD * static_cast<int64_t>(sizeof(T));
-    if (any_out_of_range(indices, nnz, n_src)) return true;
+    const int64_t nnz = g.nnz, HD = H * D;
+    const int64_t pf = prefetch_distance(HD * static_cast<int64_t>(sizeof(T)));
+    const bool grouped = D < CH && CH % D == 0;
+    const int64_t G = grouped ? CH / D : 1;
 #pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, HD))
     for (int64_t v = 0; v < g.rows; ++v) {
         const int64_t b = indptr[v], e = indptr[v + 1];
-        for (int64_t h = 0; h < H; ++h) {
-            T* o = out + v * HD + h * D;
-            for (int64_t c = 0; c < D; c += CH) {
-                const int64_t len = std::min(CH, D - c);
-                const bool first = (h == 0 && c == 0);
-                T acc[CH];
-#pragma omp simd
-                for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
-                for (int64_t j = b; j < e; ++j) {
-                    if (first && j + kPrefetch < nnz) prefetch_bytes(Z + indices[j + kPrefetch] * HD, row_bytes);
-                    const int64_t u = indices[j];
-                    const T a = alpha[(aidx ? aidx[j] : j) * H + h];
-                    const T* z = Z + u * HD + h * D + c;
-                    if (len == CH) {
-#pragma omp simd
-                        for (int64_t k = 0; k < CH; ++k) acc[k] += a * z[k];
-                    } else {
-#pragma omp simd
-                        for (int64_t k = 0; k < len; ++k) acc[k] += a * z[k];
-                    }
+        const bool self = v < n_self;
+        T* orow = out + v * HD;
+        const T* zself = Z + v * HD;
+        if (grouped) {
+            for (int64_t h0 = 0; h0 < H; h0 += G) {
+                const int64_t gc = std::min(G, H - h0), off = h0 * D;
+                const T* sa = self ? self_w + v * H + h0 : nullptr;
+                if (DD > 0 && gc == G)
+                    heads_chunk<T, CH, kGroupFull, (DD > 0 ? DD : 1)>(orow + off, indices, b, e, nnz, h0 == 0, pf,
+                                                                      alpha, aidx, H, h0, gc, Z, HD, off, D,
+                                                                      gc * D, sa, zself + off);
+                else
+                    heads_chunk<T, CH, kGroupPart, 0>(orow + off, indices, b, e, nnz, h0 == 0, pf, alpha, aidx, H,
+                                                      h0, gc, Z, HD, off, D, gc * D, sa, zself + off);
+            }
+        } else {
+            for (int64_t h = 0; h < H; ++h) {
+                const T* sa = self ? self_w + v * H + h : nullptr;
+                for (int64_t c = 0; c < D; c += CH) {
+                    const int64_t off = h * D + c, len = std::min(CH, D - c);
+                    const bool first = h == 0 && c == 0;
+                    if (len == CH)
+                        heads_chunk<T, CH, kHeadFull, 0>(orow + off, indices, b, e, nnz, first, pf, alpha, aidx, H, h,
+                                                         1, Z, HD, off, D, len, sa, zself + off);
+                    else
+                        heads_chunk<T, CH, kHeadPart, 0>(orow + off, indices, b, e, nnz, first, pf, alpha, aidx, H, h,
+                                                         1, Z, HD, off, D, len, sa, zself + off);
                 }
-#pragma omp simd
-                for (int64_t k = 0; k < len; ++k) o[c + k] = acc[k];
             }
         }
     }
-    return false;
 }
 
 template <typename T>
 void spmm_heads_t(const Csr& g, const py::object& alpha_o, const py::object& Z_o, const py::object& out_o,
-                  const py::object& aidx_o) {
+                  const py::object& aidx_o, const py::object& self_o) {
     auto Z = get<T>(Z_o, "Z", 3);
     auto alpha = get<T>(alpha_o, "alpha", 2);
     auto out = get<T>(out_o, "out", 3);
@@ -291,53 +382,79 @@ void spmm_heads_t(const Csr& g, const py::object& alpha_o, const py::object& Z_o
     cbuf<int64_t> ai_a;
     const int64_t* aidx = opt_index(aidx_o, "alpha_index", g.nnz, alpha.shape(0), ai_a);
     if (!aidx) require_dim(alpha.shape(0), g.nnz, "alpha rows (= nnz)");
+    cbuf<T> sw_a;
+    const T* self_w = opt_in<T>(self_o, "self_weight", 2, sw_a);
+    int64_t n_self = 0;
+    if (self_w) {
+        n_self = sw_a.shape(0);
+        require_dim(sw_a.shape(1), H, "self_weight heads (= Z.shape[1])");
+        require(n_self <= g.rows && n_self <= n_src, "self_weight: more rows than out or Z");
+    }
     T* o = out_ptr_checked(out, "out");
     const T* a = alpha.data();
     const T* z = Z.data();
     bool bad;
     {
         py::gil_scoped_release nogil;
-        bad = spmm_heads_kernel<T>(g, a, aidx, z, n_src, H, D, o);
+        bad = any_out_of_range(g.indices, g.nnz, n_src);
+        if (!bad) {
+            constexpr bool F = sizeof(T) == 4;  // chunk = 64 floats or 32 doubles; DD must be < chunk
+            if (D == 4) spmm_heads_rows<T, 4>(g, a, aidx, z, H, D, self_w, n_self, o);
+            else if (D == 8) spmm_heads_rows<T, 8>(g, a, aidx, z, H, D, self_w, n_self, o);
+            else if (D == 16) spmm_heads_rows<T, 16>(g, a, aidx, z, H, D, self_w, n_self, o);
+            else if (F && D == 32) spmm_heads_rows<T, F ? 32 : 0>(g, a, aidx, z, H, D, self_w, n_self, o);
+            else spmm_heads_rows<T, 0>(g, a, aidx, z, H, D, self_w, n_self, o);
+        }
     }
     require(!bad, "spmm_heads: a source index is outside [0, Z.shape[0])");
 }
 
 void spmm_heads(const py::object& indptr, const py::object& indices, const py::object& alpha, const py::object& Z,
-                const py::object& out, const py::object& alpha_index) {
+                const py::object& out, const py::object& alpha_index, const py::object& self_weight) {
     Csr g = get_csr(indptr, indices);
-    if (py::isinstance<cbuf<float>>(Z)) return spmm_heads_t<float>(g, alpha, Z, out, alpha_index);
-    if (py::isinstance<cbuf<double>>(Z)) return spmm_heads_t<double>(g, alpha, Z, out, alpha_index);
+    if (py::isinstance<cbuf<float>>(Z)) return spmm_heads_t<float>(g, alpha, Z, out, alpha_index, self_weight);
+    if (py::isinstance<cbuf<double>>(Z)) return spmm_heads_t<double>(g, alpha, Z, out, alpha_index, self_weight);
     throw std::invalid_argument("Z: expected a C-contiguous float32 or float64 numpy array");
 }
 
 // ---- SDDMM: out[j, h] = <A[v, h, :], B[indices[j], h, :]> for edge j of row v -------------------
+//             (self_out[v, h] = <A[v, h, :], B[v, h, :]> for v < len(self_out))
 
-template <typename T>
-bool sddmm_kernel(const Csr& g, const T* A, const T* B, int64_t n_src, int64_t H, int64_t D, T* out) {
+template <typename T, int64_t DD>
+inline void head_dots(const T* a, const T* b, int64_t H, int64_t D, T* out) {
+    for (int64_t h = 0; h < H; ++h) {
+        T s = T(0);
+        if constexpr (DD > 0) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < DD; ++k) s += a[h * DD + k] * b[h * DD + k];
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < D; ++k) s += a[h * D + k] * b[h * D + k];
+        }
+        out[h] = s;
+    }
+}
+
+template <typename T, int64_t DD>
+void sddmm_rows(const Csr& g, const T* A, const T* B, int64_t H, int64_t D, T* out, T* self_out, int64_t n_self) {
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
     const int64_t nnz = g.nnz, HD = H * D, row_bytes = HD * static_cast<int64_t>(sizeof(T));
-    if (any_out_of_range(indices, nnz, n_src)) return true;
-#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, (D * H)))
+    const int64_t pf = prefetch_distance(row_bytes);
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, HD))
     for (int64_t v = 0; v < g.rows; ++v) {
         const T* a_row = A + v * HD;
         for (int64_t j = indptr[v]; j < indptr[v + 1]; ++j) {
-            if (j + kPrefetch < nnz) prefetch_bytes(B + indices[j + kPrefetch] * HD, row_bytes);
-            const int64_t u = indices[j];
-            const T* b_row = B + u * HD;
-            for (int64_t h = 0; h < H; ++h) {
-                T s = T(0);
-#pragma omp simd reduction(+ : s)
-                for (int64_t k = 0; k < D; ++k) s += a_row[h * D + k] * b_row[h * D + k];
-                out[j * H + h] = s;
-            }
+            if (j + pf < nnz) prefetch_bytes(B + indices[j + pf] * HD, row_bytes);
+            head_dots<T, DD>(a_row, B + indices[j] * HD, H, D, out + j * H);
         }
+        if (v < n_self) head_dots<T, DD>(a_row, B + v * HD, H, D, self_out + v * H);
     }
-    return false;
 }
 
 template <typename T>
-void sddmm_heads_t(const Csr& g, const py::object& A_o, const py::object& B_o, const py::object& out_o) {
+void sddmm_heads_t(const Csr& g, const py::object& A_o, const py::object& B_o, const py::object& out_o,
+                   const py::object& self_o) {
     auto A = get<T>(A_o, "A", 3);
     auto B = get<T>(B_o, "B", 3);
     auto out = get<T>(out_o, "out", 2);
@@ -347,6 +464,16 @@ void sddmm_heads_t(const Csr& g, const py::object& A_o, const py::object& B_o, c
     require_dim(B.shape(2), D, "B width (= A.shape[2])");
     require_dim(out.shape(0), g.nnz, "out rows (= nnz)");
     require_dim(out.shape(1), H, "out heads (= A.shape[1])");
+    T* so = nullptr;
+    int64_t n_self = 0;
+    cbuf<T> so_a;
+    if (!self_o.is_none()) {
+        so_a = get<T>(self_o, "self_out", 2);
+        n_self = so_a.shape(0);
+        require_dim(so_a.shape(1), H, "self_out heads (= A.shape[1])");
+        require(n_self <= g.rows && n_self <= B.shape(0), "self_out: more rows than A or B");
+        so = out_ptr_checked(so_a, "self_out");
+    }
     T* o = out_ptr_checked(out, "out");
     const T* a = A.data();
     const T* b = B.data();
@@ -354,16 +481,23 @@ void sddmm_heads_t(const Csr& g, const py::object& A_o, const py::object& B_o, c
     bool bad;
     {
         py::gil_scoped_release nogil;
-        bad = sddmm_kernel<T>(g, a, b, n_src, H, D, o);
+        bad = any_out_of_range(g.indices, g.nnz, n_src);
+        if (!bad) {
+            if (D == 8) sddmm_rows<T, 8>(g, a, b, H, D, o, so, n_self);
+            else if (D == 16) sddmm_rows<T, 16>(g, a, b, H, D, o, so, n_self);
+            else if (D == 32) sddmm_rows<T, 32>(g, a, b, H, D, o, so, n_self);
+            else if (D == 64) sddmm_rows<T, 64>(g, a, b, H, D, o, so, n_self);
+            else sddmm_rows<T, 0>(g, a, b, H, D, o, so, n_self);
+        }
     }
     require(!bad, "sddmm_heads: a source index is outside [0, B.shape[0])");
 }
 
 void sddmm_heads(const py::object& indptr, const py::object& indices, const py::object& A, const py::object& B,
-                 const py::object& out) {
+                 const py::object& out, const py::object& self_out) {
     Csr g = get_csr(indptr, indices);
-    if (py::isinstance<cbuf<float>>(A)) return sddmm_heads_t<float>(g, A, B, out);
-    if (py::isinstance<cbuf<double>>(A)) return sddmm_heads_t<double>(g, A, B, out);
+    if (py::isinstance<cbuf<float>>(A)) return sddmm_heads_t<float>(g, A, B, out, self_out);
+    if (py::isinstance<cbuf<double>>(A)) return sddmm_heads_t<double>(g, A, B, out, self_out);
     throw std::invalid_argument("A: expected a C-contiguous float32 or float64 numpy array");
 }
 
@@ -388,6 +522,7 @@ void segment_sum_t(const Csr& g, const py::object& vals_o, const py::object& out
         T* orow = o + r * H;
         for (int64_t h = 0; h < H; ++h) orow[h] = T(0);
         for (int64_t j = indptr[r]; j < indptr[r + 1]; ++j) {
+            if (vidx && j + 16 < g.nnz) __builtin_prefetch(x + vidx[j + 16] * H, 0, 3);
             const T* xr = x + (vidx ? vidx[j] : j) * H;
             for (int64_t h = 0; h < H; ++h) orow[h] += xr[h];
         }
@@ -432,6 +567,7 @@ void gat_edge_logits_t(const Csr& g, const py::object& el_o, const py::object& e
 #pragma omp parallel for schedule(dynamic, 256) if (!bad && worth_threads(g.rows, g.nnz, H))
         for (int64_t v = 0; v < g.rows; ++v) {
             for (int64_t j = indptr[v]; j < indptr[v + 1]; ++j) {
+                if (j + 16 < g.nnz) __builtin_prefetch(l + indices[j + 16] * H, 0, 3);
                 const int64_t u = indices[j];
                 for (int64_t h = 0; h < H; ++h) {
                     const T x = l[u * H + h] + r[v * H + h];
@@ -647,15 +783,19 @@ PYBIND11_MODULE(_native_spmm, m) {
     const auto none = py::none();
     m.def("spmm_sum", &spmm_sum, py::arg("indptr"), py::arg("indices"), py::arg("X"), py::arg("out"),
           py::arg("edge_weight") = none, py::arg("weight_index") = none, py::arg("row_scale") = none,
-          "out[v] = row_scale[v] * sum_j w[j] X[indices[j]] over row v's edges j (w = 1 when absent; "
-          "w read at weight_index[j] when given). X [num_src, D], out [rows, D], overwritten.");
+          py::arg("col_scale") = none,
+          "out[v] = row_scale[v] * sum_j w[j] col_scale[u_j] X[u_j] over row v's edges j, u_j = indices[j] "
+          "(absent factors = 1; w read at weight_index[j] when given). X [num_src, D], out [rows, D], "
+          "overwritten; row_scale [rows], col_scale [num_src].");
     m.def("spmm_heads", &spmm_heads, py::arg("indptr"), py::arg("indices"), py::arg("alpha"), py::arg("Z"),
-          py::arg("out"), py::arg("alpha_index") = none,
-          "out[v, h] = sum_j alpha[j, h] Z[indices[j], h] (alpha row alpha_index[j] when given). "
-          "alpha [nnz, H], Z [num_src, H, D], out [rows, H, D].");
+          py::arg("out"), py::arg("alpha_index") = none, py::arg("self_weight") = none,
+          "out[v, h] = sum_j alpha[j, h] Z[indices[j], h] (alpha row alpha_index[j] when given), plus "
+          "self_weight[v, h] Z[v, h] for v < len(self_weight). alpha [nnz, H], Z [num_src, H, D], "
+          "out [rows, H, D], self_weight [n_self, H].");
     m.def("sddmm_heads", &sddmm_heads, py::arg("indptr"), py::arg("indices"), py::arg("A"), py::arg("B"),
-          py::arg("out"), "out[j, h] = <A[v, h], B[indices[j], h]> for edge j of row v. A [rows, H, D], "
-          "B [num_src, H, D], out [nnz, H].");
+          py::arg("out"), py::arg("self_out") = none,
+          "out[j, h] = <A[v, h], B[indices[j], h]> for edge j of row v, and self_out[v, h] = "
+          "<A[v, h], B[v, h]> for v < len(self_out). A [rows, H, D], B [num_src, H, D], out [nnz, H].");
     m.def("segment_sum", &segment_sum, py::arg("indptr"), py::arg("values"), py::arg("out"),
           py::arg("value_index") = none,
           "out[r] = sum_j values[value_index[j] or j] over row r's positions j. values [*, H], out [rows, H].");

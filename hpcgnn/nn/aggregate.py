@@ -20,6 +20,7 @@ constants. The structure tensors of a block must be on the same device as ``x``.
 """
 from __future__ import annotations
 
+import mmap
 import time
 import warnings
 
@@ -101,14 +102,16 @@ class _SpmmSum(torch.autograd.Function):
         x, w, row_scale = ctx.saved_tensors
         block = ctx.block
         g = grad_out.contiguous()
-        if row_scale is not None:
-            g = g * row_scale.unsqueeze(1)
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
+            # grad_x[u] = sum_{e=(u->v)} w_e row_scale[v] g[v]: the transpose's columns are the v
             t_ptr, t_idx, t_eid = _transpose(block)
             grad_x = g.new_empty(block.num_src, g.shape[1])
-            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else t_eid, None)
+            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else t_eid, None,
+                           _np(row_scale))
         if ctx.needs_input_grad[2]:
+            if row_scale is not None:
+                g = g * row_scale.unsqueeze(1)
             nnz, f = int(block.indices.shape[0]), g.shape[1]
             grad_w = g.new_empty(nnz)
             ip, ix = _csr(block)
@@ -276,46 +279,59 @@ def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None =
 
 
 class _SpmmHeads(torch.autograd.Function):
-    """out[v, h] = sum_e alpha[e, h] z[src_e, h]."""
+    """out[v, h] = sum_e alpha[e, h] z[src_e, h] (+ self_alpha[v, h] z[v, h])."""
 
     @staticmethod
-    def forward(ctx, block, alpha, z):
+    def forward(ctx, block, alpha, z, self_alpha):
         alpha, z = alpha.contiguous(), z.contiguous()
+        self_alpha = None if self_alpha is None else self_alpha.contiguous()
         out = z.new_empty(block.num_dst, z.shape[1], z.shape[2])
         ip, ix = _csr(block)
-        _spmm.spmm_heads(ip, ix, _np(alpha), _np(z), out.numpy(), None)
+        _spmm.spmm_heads(ip, ix, _np(alpha), _np(z), out.numpy(), None, _np(self_alpha))
         ctx.block = block
-        ctx.save_for_backward(alpha, z)
+        ctx.save_for_backward(alpha, z, self_alpha)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        alpha, z = ctx.saved_tensors
+        alpha, z, self_alpha = ctx.saved_tensors
         block = ctx.block
         g = grad.contiguous()
-        grad_alpha = grad_z = None
-        if ctx.needs_input_grad[1]:
+        grad_alpha = grad_z = grad_self = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[3]:
             grad_alpha = alpha.new_empty(alpha.shape)
+            grad_self = None if self_alpha is None else self_alpha.new_empty(self_alpha.shape)
             ip, ix = _csr(block)
-            _spmm.sddmm_heads(ip, ix, _np(g), _np(z), grad_alpha.numpy())
+            _spmm.sddmm_heads(ip, ix, _np(g), _np(z), grad_alpha.numpy(), _np(grad_self))
         if ctx.needs_input_grad[2]:
             t_ptr, t_idx, t_eid = _transpose(block)
             grad_z = z.new_empty(z.shape)
-            _spmm.spmm_heads(t_ptr, t_idx, _np(alpha), _np(g), grad_z.numpy(), t_eid)
-        return None, grad_alpha, grad_z
+            # transposed rows are sources; the self term of source row u < num_dst reads g[u]
+            _spmm.spmm_heads(t_ptr, t_idx, _np(alpha), _np(g), grad_z.numpy(), t_eid, _np(self_alpha))
+        return None, grad_alpha, grad_z, grad_self
 
 
-def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """``out[v, h] = sum_{e=(u->v)} alpha[e, h] * z[u, h]``; alpha [nnz, H], z [num_src, H, D]."""
+def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, self_alpha: torch.Tensor | None = None, *,
+                    backend: str = "auto") -> torch.Tensor:
+    """``out[v, h] = sum_{e=(u->v)} alpha[e, h] * z[u, h]`` (+ ``self_alpha[v, h] * z[v, h]``).
+
+    alpha [nnz, H], z [num_src, H, D], self_alpha [num_dst, H] or None. Returns [num_dst, H, D].
+    """
     _check_rows(block, z, "aggregate_heads")
-    if z.dim() != 3 or alpha.shape != (block.indices.shape[0], z.shape[1]):
-        raise ValueError(f"aggregate_heads: expected alpha [nnz, H] and z [num_src, H, D], "
-                         f"got {tuple(alpha.shape)} and {tuple(z.shape)}")
+    nd = block.num_dst
+    if z.dim() != 3 or alpha.shape != (block.indices.shape[0], z.shape[1]) or (
+            self_alpha is not None and self_alpha.shape != (nd, z.shape[1])):
+        raise ValueError(f"aggregate_heads: expected alpha [nnz, H], z [num_src, H, D], self_alpha [num_dst, H]; "
+                         f"got {tuple(alpha.shape)}, {tuple(z.shape)}, "
+                         f"{None if self_alpha is None else tuple(self_alpha.shape)}")
     if _use_native(z, backend):
-        return _SpmmHeads.apply(block, alpha.to(z.dtype), z)
+        return _SpmmHeads.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype))
     msg = z.index_select(0, block.indices) * alpha.unsqueeze(2)
-    return z.new_zeros(block.num_dst, z.shape[1], z.shape[2]).index_add(0, _edge_dst(block), msg)
+    out = z.new_zeros(nd, z.shape[1], z.shape[2]).index_add(0, _edge_dst(block), msg)
+    if self_alpha is not None:
+        out = out + self_alpha.unsqueeze(2) * z[:nd]
+    return out
 
 
 def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: torch.Tensor,
@@ -340,10 +356,7 @@ def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: 
         alpha = torch.nn.functional.dropout(alpha, attn_dropout, True)
         if self_loop:
             self_alpha = torch.nn.functional.dropout(self_alpha, attn_dropout, True)
-    out = aggregate_heads(block, alpha, z, backend=backend)
-    if self_loop:
-        out = out + self_alpha.unsqueeze(2) * z[:block.num_dst]
-    return out
+    return aggregate_heads(block, alpha, z, self_alpha if self_loop else None, backend=backend)
 
 
 # ---- bandwidth measurement -----------------------------------------------------------------
@@ -361,6 +374,16 @@ def _random_csr(num_nodes: int, num_edges: int, locality: int | None, seed: int)
     return indptr, src
 
 
+def _empty_hugepages(rows: int, cols: int) -> tuple[torch.Tensor, object]:
+    """float32 [rows, cols] on anonymous memory advised MADV_HUGEPAGE (Linux THP in "madvise"
+    mode); returns (tensor, owner) and the owner must outlive the tensor."""
+    nbytes = max(rows * cols * 4, 4)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(mm, dtype=torch.float32)[:rows * cols].view(rows, cols), mm
+
+
 def _best_time(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -372,16 +395,19 @@ def _best_time(fn, repeats: int) -> float:
 
 def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, dim: int = 128,
                       threads: int = 2, locality: int | None = None, repeats: int = 3,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, hugepages: bool = False) -> dict:
     """Effective bandwidth of the native ``spmm_sum`` vs ``torch.sparse.mm`` (CSR) and a memory copy.
 
     Graph: ``num_edges`` edges with uniform destinations and uniform sources (``locality``
     None) or sources within ``+-locality`` of the destination. Features float32
     [num_nodes, dim]. Bytes of one SpMM = nnz*dim*4 (gathered rows) + num_nodes*dim*4
     (written) + (nnz + num_nodes + 1)*8 (indices, indptr). Copy bandwidth = 2*bytes/time of
-    a ``copy_`` of a float32 tensor of max(64 MiB, X's size), at most 256 MiB (read + write). Times are the best of
-    ``repeats``. Returns seconds, GB/s (1e9 bytes/s), fractions of the copy bandwidth, and
+    a ``copy_`` of a float32 tensor of max(64 MiB, X's size), at most 256 MiB (read + write).
+    Times are the best of ``repeats``. Returns seconds, GB/s (1e9 bytes/s), fractions of the copy bandwidth, and
     the max abs difference between the two SpMM results. Threads are restored afterwards.
+    ``hugepages`` puts the features and the output on transparent huge pages (fewer TLB
+    misses on the random row gathers; the same effect for a whole run: environment variable
+    ``THP_MEM_ALLOC_ENABLE=1``, read by torch's CPU allocator).
     """
     if min(num_nodes, num_edges, dim, threads, repeats) < 1:
         raise ValueError("measure_bandwidth: num_nodes, num_edges, dim, threads and repeats must be >= 1")
@@ -390,8 +416,15 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
     _spmm.set_threads(threads)
     try:
         indptr, indices = _random_csr(num_nodes, num_edges, locality, seed)
-        x = torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1))
-        out = torch.empty(num_nodes, dim)
+        owners = []
+        if hugepages:
+            x, x_owner = _empty_hugepages(num_nodes, dim)
+            out, out_owner = _empty_hugepages(num_nodes, dim)
+            owners += [x_owner, out_owner]
+            x.copy_(torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1)))
+        else:
+            x = torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1))
+            out = torch.empty(num_nodes, dim)
         ip, ix, xn, on = indptr.numpy(), indices.numpy(), x.numpy(), out.numpy()
         t_native = _best_time(lambda: _spmm.spmm_sum(ip, ix, xn, on), repeats)
         with warnings.catch_warnings():
@@ -413,7 +446,7 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
     native_gbs, torch_gbs = nbytes / t_native / 1e9, nbytes / t_torch / 1e9
     return {
         "num_nodes": num_nodes, "num_edges": num_edges, "dim": dim, "threads": threads,
-        "locality": locality or 0, "bytes": nbytes,
+        "locality": locality or 0, "hugepages": bool(hugepages), "bytes": nbytes,
         "native_s": t_native, "native_gbs": native_gbs, "native_frac_copy": native_gbs / copy_gbs,
         "torch_csr_s": t_torch, "torch_csr_gbs": torch_gbs, "torch_frac_copy": torch_gbs / copy_gbs,
         "copy_gbs": copy_gbs, "speedup_vs_torch": t_torch / t_native, "max_abs_diff": max_abs_diff,

@@ -45,6 +45,9 @@ def test_spmm_sum_matches_index_add(shape, dim, dtype):
     torch.testing.assert_close(out, ref_sum(b, x), **tol)
     spmm.spmm_sum(np_(b.indptr), np_(b.indices), np_(x), np_(out), np_(w), None, np_(scale))
     torch.testing.assert_close(out, ref_sum(b, x, w, scale), **tol)
+    col = torch.rand(ns, generator=g, dtype=dtype)   # per-source factor (mean/GCN backward)
+    spmm.spmm_sum(np_(b.indptr), np_(b.indices), np_(x), np_(out), None, None, None, np_(col))
+    torch.testing.assert_close(out, ref_sum(b, x * col.unsqueeze(1)), **tol)
     # weights read through an index (the transpose's edge ids): w[perm[j]] for edge j
     perm = torch.randperm(b.indices.shape[0], generator=g)
     spmm.spmm_sum(np_(b.indptr), np_(b.indices), np_(x), np_(out), np_(w), np_(perm))
@@ -54,27 +57,43 @@ def test_spmm_sum_matches_index_add(shape, dim, dtype):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("hd", [(1, 5), (4, 16), (3, 70)])
-def test_spmm_heads_and_sddmm_match_reference(shape, hd):
+@pytest.mark.parametrize("hd,dtype", [
+    ((1, 5), torch.float64), ((4, 16), torch.float64), ((3, 70), torch.float64),   # double: 32-wide chunks
+    ((3, 32), torch.float32), ((5, 8), torch.float32), ((2, 64), torch.float32),   # heads grouped per chunk
+    ((20, 4), torch.float32), ((4, 12), torch.float32), ((2, 100), torch.float32)])  # last two: per head
+def test_spmm_heads_and_sddmm_match_reference(shape, hd, dtype):
     ns, nd, nnz, zr = shape
     h, d = hd
     b = random_block(ns, nd, nnz, seed=3, zero_rows=zr)
     g = torch.Generator().manual_seed(2)
     m = b.indices.shape[0]
-    z = torch.randn(ns, h, d, generator=g, dtype=torch.float64)
-    alpha = torch.randn(m, h, generator=g, dtype=torch.float64)
-    out = torch.full((nd, h, d), float("nan"), dtype=torch.float64)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
+    z = torch.randn(ns, h, d, generator=g, dtype=dtype)
+    alpha = torch.randn(m, h, generator=g, dtype=dtype)
+    ids = edge_dst(b)
+
+    def ref(a, self_w=None):
+        out = torch.zeros(nd, h, d, dtype=dtype).index_add_(0, ids, z[b.indices] * a.unsqueeze(2))
+        if self_w is not None:
+            out[:self_w.shape[0]] += self_w.unsqueeze(2) * z[:self_w.shape[0]]
+        return out
+
+    out = torch.full((nd, h, d), float("nan"), dtype=dtype)
     spmm.spmm_heads(np_(b.indptr), np_(b.indices), np_(alpha), np_(z), np_(out))
-    ref = torch.zeros(nd, h, d, dtype=torch.float64).index_add_(0, edge_dst(b), z[b.indices] * alpha.unsqueeze(2))
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out, ref(alpha), **tol)
     perm = torch.randperm(m, generator=g)
     spmm.spmm_heads(np_(b.indptr), np_(b.indices), np_(alpha), np_(z), np_(out), np_(perm))
-    ref = torch.zeros(nd, h, d, dtype=torch.float64).index_add_(0, edge_dst(b), z[b.indices] * alpha[perm].unsqueeze(2))
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
-    a = torch.randn(nd, h, d, generator=g, dtype=torch.float64)
-    dots = torch.full((m, h), float("nan"), dtype=torch.float64)
-    spmm.sddmm_heads(np_(b.indptr), np_(b.indices), np_(a), np_(z), np_(dots))
-    torch.testing.assert_close(dots, (a[edge_dst(b)] * z[b.indices]).sum(-1), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out, ref(alpha[perm]), **tol)
+    # self term on the first rows (GAT self loop; fewer rows than out in the transposed use)
+    self_w = torch.randn(max(nd - 2, 0), h, generator=g, dtype=dtype)
+    spmm.spmm_heads(np_(b.indptr), np_(b.indices), np_(alpha), np_(z), np_(out), None, np_(self_w))
+    torch.testing.assert_close(out, ref(alpha, self_w), **tol)
+    a = torch.randn(nd, h, d, generator=g, dtype=dtype)
+    dots = torch.full((m, h), float("nan"), dtype=dtype)
+    self_dots = torch.full((max(nd - 2, 0), h), float("nan"), dtype=dtype)
+    spmm.sddmm_heads(np_(b.indptr), np_(b.indices), np_(a), np_(z), np_(dots), np_(self_dots))
+    torch.testing.assert_close(dots, (a[ids] * z[b.indices]).sum(-1), **tol)
+    torch.testing.assert_close(self_dots, (a[:nd - 2] * z[:nd - 2]).sum(-1) if nd >= 2 else self_dots, **tol)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
