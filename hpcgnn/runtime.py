@@ -152,6 +152,10 @@ class Runtime:
         """
         sys.stdout.flush()
         sys.stderr.flush()
+        # The launcher kills every rank as soon as it sees the abort, and output
+        # still in its forwarding pipes is lost: give it a moment to pass on the
+        # message this rank just printed.
+        time.sleep(0.5)
         self.comm.Abort(code)
         os._exit(code)
 
