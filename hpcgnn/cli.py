@@ -46,6 +46,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hpcgnn.runtime import prefer_huge_pages
+
+    prefer_huge_pages()  # before any subcommand allocates a tensor
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         command = next((a for a in argv if not a.startswith("-")), None)

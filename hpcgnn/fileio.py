@@ -71,6 +71,24 @@ def atomic_dir(path: str | os.PathLike):
         raise
 
 
+def persist_and_drop_cache(path: str | os.PathLike) -> None:
+    """Write ``path``'s data to disk (fdatasync) and drop its pages from the page cache.
+
+    For large outputs that are not read back soon (partition files, graph files): the data
+    is durable before the atomic rename, and the freed page-cache memory is reused by the
+    next file instead of growing the cache. The latter matters on VMs where every new guest
+    page costs a host fault: there, writing 1 GB into a growing page cache took 3-4 s of
+    system time vs 0.8 s with this call after every 128 MB file (docs/benchmarks.md).
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def open_h5(path: str | os.PathLike, expected_format: str | None = None) -> h5py.File:
     """Open an HDF5 file for reading, turning every failure into an InputError."""
     path = Path(path)

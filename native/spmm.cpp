@@ -14,17 +14,24 @@
 //   wrong dtype, layout or shape raises ValueError.
 // * Source indices are range-checked inside the loops (ValueError after the kernel).
 //
-// Speed: the feature loop runs over 256-byte chunks accumulated in registers, and the
-// whole source row of the edge about kPrefetchBytes ahead (across row boundaries) is
-// software-prefetched: random row gathers are latency bound, and hardware prefetchers
-// do not follow indirect accesses. Measured on the 2-core dev machine (1M x 128 float32,
-// 10M random edges): 8-16 edges ahead are equally good (about 2.5-3x torch CSR); without
-// prefetching the kernel is 5x slower. 4-/8-way row blocking (rows advancing through their
-// edges in lockstep), streaming stores and huge pages did not help there.
+// Speed: spmm_sum accumulates up to 512-byte chunks of a row (one pass for 128 float32
+// columns), the multi-head kernels 256-byte chunks; the whole source row of the edge about
+// kPrefetchBytes ahead (across row boundaries) is software-prefetched: random row gathers are
+// latency bound, and hardware prefetchers do not follow indirect accesses. Large spmm_sum
+// outputs are written with streaming stores. Measured on the 2-core dev machine (1M x 128
+// float32, 10M random edges): 8-16 edges ahead are equally good; without prefetching the
+// kernel is 5x slower; one 512-byte pass instead of two 256-byte passes saved 15-20 %,
+// streaming stores about 5 %, transparent huge pages for X (fewer TLB misses) 5-15 %.
+// 4-/8-way row blocking (rows advancing through their edges in lockstep) did not help.
 #include "common.h"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 
@@ -170,32 +177,82 @@ inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, i
     }
 }
 
+// Output rows of a large SpMM are written with streaming (non-temporal) stores: they are not
+// read again soon, and a normal store first reads the line it overwrites. Used when the
+// output exceeds kStreamBytes and every row starts on a 32-byte boundary (AVX builds only).
+constexpr int64_t kStreamBytes = int64_t(64) << 20;
+
+template <typename T>
+bool can_stream(const T* out, int64_t rows, int64_t D) {
+#if defined(__AVX__)
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+    return rows * row_bytes >= kStreamBytes && row_bytes % 32 == 0 && reinterpret_cast<uintptr_t>(out) % 32 == 0;
+#else
+    (void)out, (void)rows, (void)D;
+    return false;
+#endif
+}
+
+// o[0:len) = acc[0:len) * s; streaming stores when `stream` (then len % (32 / sizeof(T)) == 0
+// and o is 32-byte aligned, see can_stream). Same values either way.
+template <typename T>
+inline void store_scaled(T* o, const T* acc, int64_t len, T s, bool stream) {
+#if defined(__AVX__)
+    if (stream) {
+        if constexpr (std::is_same_v<T, float>) {
+            const __m256 sv = _mm256_set1_ps(s);
+            for (int64_t k = 0; k < len; k += 8) _mm256_stream_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(acc + k), sv));
+        } else {
+            const __m256d sv = _mm256_set1_pd(s);
+            for (int64_t k = 0; k < len; k += 4) _mm256_stream_pd(o + k, _mm256_mul_pd(_mm256_loadu_pd(acc + k), sv));
+        }
+        return;
+    }
+#endif
+    (void)stream;
+#pragma omp simd
+    for (int64_t k = 0; k < len; ++k) o[k] = acc[k] * s;
+}
+
+inline void store_fence(bool stream) {
+#if defined(__AVX__)
+    if (stream) _mm_sfence();  // make this thread's streaming stores visible before the join
+#endif
+    (void)stream;
+}
+
+// One pass over a row's edges per CH-column chunk; CH = 512 bytes (a 128-wide float32 row
+// in one pass: the accumulator lives in registers and L1, and each edge's index is read once).
 template <typename T, bool WEIGHTED, bool INDEXED, bool COLSCALE>
 void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
                const T* cs, T* out) {
-    constexpr int64_t CH = 256 / sizeof(T);
+    constexpr int64_t CH = 512 / sizeof(T);
     const int64_t* indptr = g.indptr;
     const int64_t* indices = g.indices;
     const int64_t nnz = g.nnz;
-#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, D))
-    for (int64_t v = 0; v < g.rows; ++v) {
-        const int64_t b = indptr[v], e = indptr[v + 1];
-        const T s = row_scale ? row_scale[v] : T(1);
-        T* o = out + v * D;
-        for (int64_t c = 0; c < D; c += CH) {
-            const int64_t len = std::min(CH, D - c);
-            T acc[CH];
+    const bool stream = can_stream(out, g.rows, D);
+#pragma omp parallel if (worth_threads(g.rows, g.nnz, D))
+    {
+#pragma omp for schedule(dynamic, kRowsPerTask) nowait
+        for (int64_t v = 0; v < g.rows; ++v) {
+            const int64_t b = indptr[v], e = indptr[v + 1];
+            const T s = row_scale ? row_scale[v] : T(1);
+            T* o = out + v * D;
+            for (int64_t c = 0; c < D; c += CH) {
+                const int64_t len = std::min(CH, D - c);
+                alignas(64) T acc[CH];
 #pragma omp simd
-            for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
-            if (len == CH)
-                gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
-                                                                       widx, cs);
-            else
-                gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
-                                                                        widx, cs);
-#pragma omp simd
-            for (int64_t k = 0; k < len; ++k) o[c + k] = acc[k] * s;
+                for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
+                if (len == CH)
+                    gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
+                                                                           widx, cs);
+                else
+                    gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len,
+                                                                            w, widx, cs);
+                store_scaled(o + c, acc, len, s, stream);
+            }
         }
+        store_fence(stream);
     }
 }
 

@@ -16,7 +16,8 @@
    >= 25 %.
 4. Effective bandwidth of the aggregation kernel as a fraction of the measured memory-copy
    bandwidth (:func:`hpcgnn.nn.aggregate.measure_bandwidth`, best of ``--bw-repeats``), on a
-   uniform random graph and on one with local edges; target >= 50 %.
+   uniform random graph and on one with local edges, with the features on transparent huge
+   pages (as hpcgnn runs) and, for the uniform graph, on 4 KiB pages; target >= 50 %.
 
 Prints a table and writes the figures to FILE.h5 (atomically).
 """
@@ -29,6 +30,7 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -133,11 +135,13 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
     n = g.num_nodes
     indptr, indices = torch.from_numpy(g.indptr), torch.from_numpy(g.indices)
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-    inputs = {
-        "edge_index": torch.stack([indices, dst]).to(device),
-        "adj_t": torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.numel()), (n, n),
-                                         check_invariants=False).to(device),
-    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR tensor support is in beta state"
+        inputs = {
+            "edge_index": torch.stack([indices, dst]).to(device),
+            "adj_t": torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.numel()), (n, n),
+                                             check_invariants=False).to(device),
+        }
     x = torch.from_numpy(g.features).to(device)
     y = torch.from_numpy(g.labels).to(device)
     train = torch.from_numpy(g.train_mask).nonzero().squeeze(1).to(device)
@@ -289,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     from hpcgnn import native
     from hpcgnn.engine.offload import OffloadSettings
     from hpcgnn.partition.store import read_meta
+    from hpcgnn.runtime import prefer_huge_pages
 
+    prefer_huge_pages()  # as `hpcgnn train` does, before the first tensor
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("hpcgnn.bench.fullgraph: --device cuda but torch sees no CUDA device")
@@ -361,9 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     del graphs
 
     # 4. aggregation kernel bandwidth
-    bw = {"uniform": best_bandwidth(args.bw_repeats, args.bw_nodes, args.bw_edges, args.bw_dim, threads),
-          "local500": best_bandwidth(args.bw_repeats, args.bw_nodes, args.bw_edges, args.bw_dim, threads,
-                                     locality=500)}
+    #    (huge pages as the engine runs with them, see hpcgnn.runtime.prefer_huge_pages; also 4 KiB)
+    shape = (args.bw_nodes, args.bw_edges, args.bw_dim, threads)
+    bw = {"uniform": best_bandwidth(args.bw_repeats, *shape, hugepages=True),
+          "uniform_4k_pages": best_bandwidth(args.bw_repeats, *shape, hugepages=False),
+          "local500": best_bandwidth(args.bw_repeats, *shape, locality=500, hugepages=True)}
     bw["target_fraction"] = TARGET_BANDWIDTH_FRACTION
     results["bandwidth"] = bw
 
@@ -405,11 +413,13 @@ def print_table(results: dict, meta: dict) -> None:
               f"{r['d2h_measured'] / 2**20:12.1f} ({r['d2h_nodedup'] / 2**20:7.1f}) | {100 * r['d2h_reduction']:8.1f}% | "
               f"{r['v_ori']}/{r['v_batch']}/{r['v_reuse']}")
     print(f"    best reduction {100 * d['best_reduction']:.1f}% (target >= {100 * d['target_reduction']:.0f}%)")
-    for k in ("uniform", "local500"):
+    target = results["bandwidth"]["target_fraction"]
+    for k in ("uniform", "uniform_4k_pages", "local500"):
         b = results["bandwidth"][k]
-        print(f"  aggregation bandwidth ({k}): native {b['native_gbs']:.1f} GB/s = {100 * b['native_frac_copy']:.0f}% "
-              f"of copy {b['copy_gbs']:.1f} GB/s (torch CSR {100 * b['torch_frac_copy']:.0f}%; target >= "
-              f"{100 * results['bandwidth']['target_fraction']:.0f}%)")
+        verdict = "met" if b["native_frac_copy"] >= target else "MISSED"
+        print(f"  aggregation bandwidth ({k}): native {b['native_s']:.3f} s, {b['native_gbs']:.1f} GB/s = "
+              f"{100 * b['native_frac_copy']:.0f}% of copy {b['copy_gbs']:.1f} GB/s (torch CSR "
+              f"{100 * b['torch_frac_copy']:.0f}%; target >= {100 * target:.0f}%: {verdict})")
 
 
 if __name__ == "__main__":

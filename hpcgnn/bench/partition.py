@@ -2,10 +2,12 @@
 
 Generates a uniform random graph (default 1M vertices, 10M directed edges, 128 float32
 features: the worst case for METIS, which finds no structure), writes it as a graph file, then
-runs `hpcgnn partition` (METIS, three constraints) into 4 and 16 parts. Each step runs in its
+runs `hpcgnn partition` (METIS, three constraints) into 4 and 16 parts, with the tool's default
+refinement passes (--niter 3) and, for reference, METIS' own default (10). Each step runs in its
 own child process; its wall time and peak resident memory (ru_maxrss from wait4) are measured
 from outside, and the child reports its own step timings. Prints a table and writes the
-figures to FILE.h5 (atomically). Targets: partition <= 30 s and <= 3 GB peak.
+figures to FILE.h5 (atomically). Targets (judged at the default --niter): partition <= 30 s and
+<= 3 GB peak.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from hpcgnn.partition.metis import DEFAULT_NITER
 
 TARGET_SECONDS = 30.0
 TARGET_BYTES = 3 << 30
@@ -61,7 +65,7 @@ def _child_partition(args) -> dict:
     from hpcgnn.commands.partition import partition_file
 
     summary, timings = partition_file(args.graph, args.store, args.parts, "metis", args.seed, force=True,
-                                      progress=False)
+                                      progress=False, niter=args.niter[0])
     return {**timings, "edge_cut": summary.edge_cut, "balance": summary.balance,
             "halo_total": int(summary.halo_counts.sum())}
 
@@ -95,6 +99,7 @@ def _write_results(path: Path, rows: list[dict], params: dict) -> None:
             f.attrs["targets"] = json.dumps({"partition_seconds": TARGET_SECONDS, "peak_bytes": TARGET_BYTES})
             f.create_dataset("step", data=np.array([r["step"] for r in rows], dtype=h5py.string_dtype()))
             f.create_dataset("parts", data=np.array([r["parts"] for r in rows], dtype=np.int64))
+            f.create_dataset("niter", data=np.array([r["niter"] for r in rows], dtype=np.int64))
             f.create_dataset("wall_seconds", data=np.array([r["wall"] for r in rows]))
             f.create_dataset("cpu_seconds", data=np.array([r["cpu"] for r in rows]))
             f.create_dataset("peak_rss_bytes", data=np.array([r["rss"] for r in rows], dtype=np.int64))
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--parts", type=int, nargs="+", default=[4, 16])
+    ap.add_argument("--niter", type=int, nargs="+", default=[DEFAULT_NITER, 10],
+                    help="METIS refinement passes to measure (the first is judged against the target)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None, help="where the graph and stores go (temporary)")
     # Child-process steps (internal).
@@ -143,17 +150,21 @@ def main(argv: list[str] | None = None) -> int:
                 "--classes", str(args.classes)]
         load_before = os.getloadavg()
         wall, cpu, rss, rep = _run_child(["--child", "prepare", *common, *size], work / "prepare.json")
-        rows.append({"step": "prepare", "parts": 0, "wall": wall, "cpu": cpu, "rss": rss, "report": rep})
+        rows.append({"step": "prepare", "parts": 0, "niter": 0, "wall": wall, "cpu": cpu, "rss": rss, "report": rep})
         print(f"prepare: {wall:.1f} s (generate {rep['generate']:.1f} s, write {rep['write']:.1f} s), "
               f"peak {rss / 2**30:.2f} GiB", flush=True)
-        for k in args.parts:
-            wall, cpu, rss, rep = _run_child(["--child", "partition", *common, "--parts", str(k),
-                                              "--store", str(work / f"store-{k}")], work / f"partition-{k}.json")
-            rows.append({"step": f"partition-{k}", "parts": k, "wall": wall, "cpu": cpu, "rss": rss,
-                         "report": rep})
-            print(f"partition {k}: {wall:.1f} s, peak {rss / 2**30:.2f} GiB; CPU s: read {rep['read_cpu']:.1f}, "
-                  f"metis {rep['assign_cpu']:.1f}, write {rep['write_cpu']:.1f}", flush=True)
-            shutil.rmtree(work / f"store-{k}", ignore_errors=True)
+        for niter in args.niter:
+            for k in args.parts:
+                step = f"partition-{k}" + ("" if niter == args.niter[0] else f"-niter{niter}")
+                wall, cpu, rss, rep = _run_child(["--child", "partition", *common, "--parts", str(k), "--niter",
+                                                  str(niter), "--store", str(work / f"store-{k}")],
+                                                 work / f"partition-{k}.json")
+                rows.append({"step": step, "parts": k, "niter": niter, "judged": niter == args.niter[0],
+                             "wall": wall, "cpu": cpu, "rss": rss, "report": rep})
+                print(f"partition {k} (niter {niter}): {wall:.1f} s, peak {rss / 2**30:.2f} GiB; CPU s: read "
+                      f"{rep['read_cpu']:.1f}, metis {rep['assign_cpu']:.1f}, write {rep['write_cpu']:.1f}",
+                      flush=True)
+                shutil.rmtree(work / f"store-{k}", ignore_errors=True)
         load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -166,20 +177,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"random graph: {args.nodes:,} vertices, {params['num_edges_actual']:,} directed edges, "
           f"{args.features} features ({os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after)")
-    print(f"{'step':<14} {'wall s':>8} {'cpu s':>7} {'peak GiB':>9} {'read s':>7} {'metis s':>8} {'write s':>8} "
+    print(f"{'step':<20} {'wall s':>8} {'cpu s':>7} {'peak GiB':>9} {'read s':>7} {'metis s':>8} {'write s':>8} "
           f"{'edge cut %':>10} {'bal v/t/e':>17} {'target':>7}")
     for r in rows:
         rep = r["report"]
         if r["parts"]:
             ok = r["wall"] <= TARGET_SECONDS and r["rss"] <= TARGET_BYTES
+            verdict = ("met" if ok else "MISSED") if r["judged"] else "ref"
             b = rep["balance"]
             cut = 100 * rep["edge_cut"] / (params["num_edges_actual"] // 2)
-            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {rep['read']:>7.1f} "
+            print(f"{r['step']:<20} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {rep['read']:>7.1f} "
                   f"{rep['assign']:>8.1f} {rep['write']:>8.1f} {cut:>10.1f} "
-                  f"{b['vertices']:>5.3f}/{b['train']:.3f}/{b['edges']:.3f} {'met' if ok else 'MISSED':>7}")
+                  f"{b['vertices']:>5.3f}/{b['train']:.3f}/{b['edges']:.3f} {verdict:>7}")
         else:
-            print(f"{r['step']:<14} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {'':>7} {'':>8} "
+            print(f"{r['step']:<20} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {'':>7} {'':>8} "
                   f"{rep['write']:>8.1f}")
+    print("(read s overlaps metis s: the assignment starts once the topology is read; target judged at "
+          f"--niter {args.niter[0]}, 'ref' rows for comparison)")
     _write_results(args.out, rows, params)
     print(f"\nwrote {args.out}")
     return 0

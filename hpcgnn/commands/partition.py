@@ -17,6 +17,7 @@ import numpy as np
 from hpcgnn.errors import InputError
 from hpcgnn.partition.balance import CONSTRAINTS
 from hpcgnn.partition.methods import METHODS
+from hpcgnn.partition.metis import DEFAULT_NITER
 
 SEED_MAX = 2**31 - 1
 
@@ -34,18 +35,22 @@ def add_arguments(parser) -> None:
                              "(default: all three)")
     parser.add_argument("--ufactor", type=int, default=30,
                         help="METIS allowed imbalance per constraint in 1/1000 (default 30 = 3%%)")
+    parser.add_argument("--niter", type=int, default=DEFAULT_NITER,
+                        help=f"METIS refinement passes per level (default {DEFAULT_NITER}; METIS' own "
+                             "default 10 can lower the cut of unstructured graphs by 2-3%% for twice the time)")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int = 0,
                    constraints: str = ",".join(CONSTRAINTS), ufactor: int = 30, force: bool = False,
-                   progress: bool = True):
+                   progress: bool = True, niter: int = DEFAULT_NITER):
     """Partition the graph file ``graph_path`` into the store ``out``.
 
-    Returns (StoreSummary, timings) with wall seconds for the steps ``read`` (graph),
-    ``assign`` (METIS/random/contiguous) and ``write``, and their process CPU seconds
-    (all threads) as ``read_cpu``, ``assign_cpu``, ``write_cpu``.
+    Returns (StoreSummary, timings): wall seconds of ``read`` (the whole graph file),
+    ``assign`` (METIS/random/contiguous, which overlaps the read after the topology is in),
+    ``wait_assign`` (the part of it after the read), ``write`` and ``total``; CPU seconds
+    ``read_cpu`` and ``assign_cpu`` (of their threads) and ``write_cpu`` (process, all threads).
     Raises InputError on bad arguments or inputs, before any heavy work.
     """
     from hpcgnn.data.graph import read_graph_attrs
@@ -61,6 +66,8 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
         raise InputError(f"--seed {seed}: expected an integer in [0, {SEED_MAX}]")
     if not 1 <= ufactor <= 1000:
         raise InputError(f"--ufactor {ufactor}: expected an integer in [1, 1000] (thousandths)")
+    if not 1 <= niter <= 1000:
+        raise InputError(f"--niter {niter}: expected an integer in [1, 1000]")
     check_output(out, force)
     attrs = read_graph_attrs(graph_path)
     n = int(attrs.get("num_nodes", 0))
@@ -72,40 +79,62 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
         source_hash = pool.submit(file_sha256, graph_path, stop=stop)
         try:
             return _partition_graph(graph_path, source_hash, out, parts, method, seed, names, ufactor,
-                                    force, progress)
+                                    niter, force, progress)
         finally:
             stop.set()  # after a failure, do not wait for the hash of a large file
 
 
-def _partition_graph(graph_path: Path, source_hash, out, parts, method, seed, names, ufactor, force,
-                     progress):
-    """Read, assign, write; ``source_hash`` is a future of the graph file's sha256."""
-    from hpcgnn.data.graph import read_graph
+def _partition_graph(graph_path: Path, source_hash, out, parts, method, seed, names, ufactor, niter,
+                     force, progress):
+    """Read, assign, write; ``source_hash`` is a future of the graph file's sha256.
+
+    The assignment needs only the topology and the training mask: it starts in a thread
+    (METIS runs in C without the GIL) as soon as those are read and checked, while this
+    thread reads and validates the features, labels and other masks.
+    """
+    from hpcgnn.data.graph import read_graph, read_topology
     from hpcgnn.partition.methods import assign_parts
     from hpcgnn.partition.writer import write_store
     from hpcgnn.progress import Progress
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    indptr, indices, train_mask = read_topology(graph_path)
+    assigned: dict = {}
+
+    def assign() -> None:
+        ta, ca = time.perf_counter(), time.thread_time()
+        try:
+            assigned["value"] = assign_parts(method, indptr, indices, train_mask, parts, seed, names, ufactor, niter)
+        except BaseException as exc:  # re-raised in the calling thread
+            assigned["error"] = exc
+        assigned["wall"], assigned["cpu"] = time.perf_counter() - ta, time.thread_time() - ca
+
+    # A daemon thread: if the rest of the file turns out to be bad, the error is reported at once.
+    worker = threading.Thread(target=assign, name="hpcgnn-partition-assign", daemon=True)
+    worker.start()
     with Progress("partition: reading graph", enabled=progress) as bar:
         graph = read_graph(graph_path)
         bar.update(graph.num_nodes)
-    t1, c1 = time.perf_counter(), time.process_time()
+    t1, c1 = time.perf_counter(), time.thread_time()
     with Progress(f"partition: {method} into {parts} parts", enabled=progress) as bar:
-        part, used = assign_parts(method, graph.indptr, graph.indices, graph.train_mask, parts, seed,
-                                  names, ufactor)
+        worker.join()
         bar.update(graph.num_nodes)
+    if "error" in assigned:
+        raise assigned["error"]
+    part, used = assigned["value"]
     t2, c2 = time.perf_counter(), time.process_time()
     summary = write_store(out, graph, part, parts, method=method, seed=seed, constraints=used,
                           source_graph=str(graph_path.resolve()), source_hash=source_hash.result(),
-                          ufactor=ufactor if method == "metis" else None, force=force, progress=progress)
+                          metis_options={"ufactor": ufactor, "niter": niter} if method == "metis" else None,
+                          force=force, progress=progress)
     t3, c3 = time.perf_counter(), time.process_time()
-    return summary, {"read": t1 - t0, "assign": t2 - t1, "write": t3 - t2,
-                     "read_cpu": c1 - c0, "assign_cpu": c2 - c1, "write_cpu": c3 - c2}
+    return summary, {"read": t1 - t0, "assign": assigned["wall"], "wait_assign": t2 - t1, "write": t3 - t2,
+                     "total": t3 - t0, "read_cpu": c1 - c0, "assign_cpu": assigned["cpu"], "write_cpu": c3 - c2}
 
 
 def run(args) -> int:
     summary, t = partition_file(args.graph, args.out, args.parts, args.method, args.seed, args.constraints,
-                                args.ufactor, args.force, progress=not args.quiet)
+                                args.ufactor, args.force, progress=not args.quiet, niter=args.niter)
     bal = ", ".join(f"{k} {v:.3f}" for k, v in summary.balance.items())
     cut_pct = 100 * summary.edge_cut / max(summary.num_edges // 2, 1)
     print(f"wrote {summary.path}: {summary.num_parts} partitions ({args.method}, seed {args.seed}), "

@@ -66,12 +66,7 @@ class Graph:
         n = self.num_nodes
         if n < 1:
             raise InputError(f"{where}: graph has no vertices")
-        ip, ix = self.indptr, self.indices
-        if ip[0] != 0 or ip[-1] != ix.shape[0] or np.any(np.diff(ip) < 0):
-            raise InputError(f"{where}: 'indptr' is not a valid CSR row pointer for {ix.shape[0]} edges")
-        if ix.size and (ix.min() < 0 or ix.max() >= n):
-            bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
-            raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
+        _check_csr(where, self.indptr, self.indices, n)
         if self.features.ndim != 2 or self.features.shape[0] != n:
             raise InputError(f"{where}: 'features' has shape {self.features.shape}, expected ({n}, F)")
         if not np.all(np.isfinite(self.features)):
@@ -128,6 +123,30 @@ def read_graph_attrs(path: str | os.PathLike) -> dict:
     """The root attributes of a graph file (cheap: reads no arrays)."""
     with open_h5(path, GRAPH_FORMAT) as f:
         return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+
+
+def read_topology(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr, indices, train_mask) of a graph file with the CSR checked: what a partitioner
+    needs before the rest of the file (read and checked by :func:`read_graph`) arrives."""
+    with open_h5(path, GRAPH_FORMAT) as f:
+        if "num_nodes" not in f.attrs:
+            raise InputError(f"{path}: attribute 'num_nodes' is missing")
+        n = int(f.attrs["num_nodes"])
+        indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
+        indices = read_dataset(f, "indices", np.int64, (None,))
+        train = read_dataset(f, "train_mask", bool, (n,))
+    if n < 1:
+        raise InputError(f"{path}: graph has no vertices")
+    _check_csr(str(path), indptr, indices, n)
+    return indptr, indices, train
+
+
+def _check_csr(where: str, ip: np.ndarray, ix: np.ndarray, n: int) -> None:
+    if ip[0] != 0 or ip[-1] != ix.shape[0] or np.any(np.diff(ip) < 0):
+        raise InputError(f"{where}: 'indptr' is not a valid CSR row pointer for {ix.shape[0]} edges")
+    if ix.size and (ix.min() < 0 or ix.max() >= n):
+        bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
+        raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
 
 
 def read_graph(path: str | os.PathLike, validate: bool = True) -> Graph:

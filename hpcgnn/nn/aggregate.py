@@ -374,13 +374,15 @@ def _random_csr(num_nodes: int, num_edges: int, locality: int | None, seed: int)
     return indptr, src
 
 
-def _empty_hugepages(rows: int, cols: int) -> tuple[torch.Tensor, object]:
-    """float32 [rows, cols] on anonymous memory advised MADV_HUGEPAGE (Linux THP in "madvise"
-    mode); returns (tensor, owner) and the owner must outlive the tensor."""
+def _empty_pages(rows: int, cols: int, huge: bool) -> tuple[torch.Tensor, object]:
+    """float32 [rows, cols] on anonymous memory advised MADV_HUGEPAGE (``huge``; Linux THP in
+    "madvise" or "always" mode) or MADV_NOHUGEPAGE (4 KiB pages whatever torch's allocator
+    would do); returns (tensor, owner) and the owner must outlive the tensor."""
     nbytes = max(rows * cols * 4, 4)
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mm.madvise(mmap.MADV_HUGEPAGE)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        mm.madvise(advice)
     return torch.frombuffer(mm, dtype=torch.float32)[:rows * cols].view(rows, cols), mm
 
 
@@ -402,12 +404,12 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
     None) or sources within ``+-locality`` of the destination. Features float32
     [num_nodes, dim]. Bytes of one SpMM = nnz*dim*4 (gathered rows) + num_nodes*dim*4
     (written) + (nnz + num_nodes + 1)*8 (indices, indptr). Copy bandwidth = 2*bytes/time of
-    a ``copy_`` of a float32 tensor of max(64 MiB, X's size), at most 256 MiB (read + write).
-    Times are the best of ``repeats``. Returns seconds, GB/s (1e9 bytes/s), fractions of the copy bandwidth, and
+    a ``copy_`` of a float32 tensor of max(64 MiB, X's size), at most 256 MiB (read + write),
+    best of max(repeats, 20). SpMM times are the best of ``repeats``. Returns seconds, GB/s (1e9 bytes/s), fractions of the copy bandwidth, and
     the max abs difference between the two SpMM results. Threads are restored afterwards.
     ``hugepages`` puts the features and the output on transparent huge pages (fewer TLB
-    misses on the random row gathers; the same effect for a whole run: environment variable
-    ``THP_MEM_ALLOC_ENABLE=1``, read by torch's CPU allocator).
+    misses on the random row gathers), else on 4 KiB pages. hpcgnn's commands run with huge
+    pages for torch's large CPU tensors (:func:`hpcgnn.runtime.prefer_huge_pages`).
     """
     if min(num_nodes, num_edges, dim, threads, repeats) < 1:
         raise ValueError("measure_bandwidth: num_nodes, num_edges, dim, threads and repeats must be >= 1")
@@ -416,15 +418,9 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
     _spmm.set_threads(threads)
     try:
         indptr, indices = _random_csr(num_nodes, num_edges, locality, seed)
-        owners = []
-        if hugepages:
-            x, x_owner = _empty_hugepages(num_nodes, dim)
-            out, out_owner = _empty_hugepages(num_nodes, dim)
-            owners += [x_owner, out_owner]
-            x.copy_(torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1)))
-        else:
-            x = torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1))
-            out = torch.empty(num_nodes, dim)
+        x, x_owner = _empty_pages(num_nodes, dim, hugepages)
+        out, out_owner = _empty_pages(num_nodes, dim, hugepages)
+        x.copy_(torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1)))
         ip, ix, xn, on = indptr.numpy(), indices.numpy(), x.numpy(), out.numpy()
         t_native = _best_time(lambda: _spmm.spmm_sum(ip, ix, xn, on), repeats)
         with warnings.catch_warnings():
@@ -437,7 +433,7 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
         del ref, a
         src = torch.empty(min(max(num_nodes * dim, 2**24), 2**26)).fill_(1.0)
         dst = torch.empty_like(src).fill_(0.0)
-        t_copy = _best_time(lambda: dst.copy_(src), max(repeats, 3))
+        t_copy = _best_time(lambda: dst.copy_(src), max(repeats, 20))  # ~20 ms each: cheap to repeat
         copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
     finally:
         torch.set_num_threads(old_torch)

@@ -10,6 +10,7 @@ import numpy as np
 
 from hpcgnn.errors import InputError
 from hpcgnn.partition.balance import CONSTRAINTS, vertex_weights
+from hpcgnn.partition.metis import DEFAULT_NITER
 
 METHODS = ("metis", "random", "contiguous")
 DEFAULT_CONSTRAINTS = CONSTRAINTS
@@ -41,8 +42,9 @@ def contiguous_parts(num_nodes: int, num_parts: int) -> np.ndarray:
 
 def metis_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray, num_parts: int,
                 seed: int, constraints=DEFAULT_CONSTRAINTS, ufactor: int = 30,
-                log=None) -> tuple[np.ndarray, tuple[str, ...]]:
-    """METIS k-way min-edge-cut balancing each named constraint within ``ufactor``/1000.
+                niter: int = DEFAULT_NITER, log=None) -> tuple[np.ndarray, tuple[str, ...]]:
+    """METIS k-way min-edge-cut balancing each named constraint within ``ufactor``/1000
+    (``niter`` refinement passes per level).
 
     Constraints whose total weight is zero (e.g. ``train`` on a graph with no training
     vertices) cannot be balanced and are dropped with a note on ``log``. Returns
@@ -66,20 +68,20 @@ def metis_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray,
     if not columns:  # unit weights: METIS balances the vertex count
         used = ["vertices"]
     vwgt = np.stack(columns, axis=1) if columns else None
-    part, _ = part_graph_kway(indptr, indices, num_parts, vwgt, seed=seed, ufactor=ufactor)
+    part, _ = part_graph_kway(indptr, indices, num_parts, vwgt, seed=seed, ufactor=ufactor, niter=niter)
     return part, tuple(used)
 
 
 def assign_parts(method: str, indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray,
                  num_parts: int, seed: int, constraints=DEFAULT_CONSTRAINTS,
-                 ufactor: int = 30) -> tuple[np.ndarray, tuple[str, ...]]:
+                 ufactor: int = 30, niter: int = DEFAULT_NITER) -> tuple[np.ndarray, tuple[str, ...]]:
     """(part int64 [N], constraints balanced by construction) for ``method``.
 
     Random and contiguous assignments balance no weighted constraint: they return ``()``.
     """
     n = indptr.shape[0] - 1
     if method == "metis":
-        return metis_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor)
+        return metis_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor, niter)
     if method == "random":
         return random_parts(n, num_parts, seed), ()
     if method == "contiguous":

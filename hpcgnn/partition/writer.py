@@ -20,7 +20,7 @@ import numpy as np
 
 from hpcgnn import __version__
 from hpcgnn.data.graph import MASKS, Graph
-from hpcgnn.fileio import atomic_dir, check_output
+from hpcgnn.fileio import atomic_dir, check_output, persist_and_drop_cache
 from hpcgnn.partition.balance import imbalance, part_weights
 from hpcgnn.partition.store import (META_DATASETS, META_FILE, META_FORMAT, PART_DATASETS, PART_FORMAT,
                                     STORE_VERSION, combine_hashes, datasets_digest, part_file_name)
@@ -124,8 +124,11 @@ def _write_part(path: Path, data: dict, attrs: dict) -> None:
 
 def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_parts: int, *,
                 method: str, seed: int, constraints, source_graph: str, source_hash: str,
-                ufactor: int | None = None, force: bool = False, progress: bool = True) -> StoreSummary:
+                metis_options: dict | None = None, force: bool = False, progress: bool = True) -> StoreSummary:
     """Renumber ``graph`` by the assignment ``part`` and write the store to directory ``out``.
+
+    ``metis_options`` ({"ufactor": int, "niter": int} for METIS assignments) become attributes
+    of the same names in the metadata file.
 
     ``out`` must not exist unless ``force``; nothing is left behind if writing fails.
     """
@@ -146,9 +149,10 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
         # Pipeline: partition p's digest is computed in a thread (hashlib releases the GIL) while
         # p+1 is cut out and written. The digest of the arrays equals datasets_digest of the
         # written datasets (same names, dtypes, shapes and bytes), so the file is not read back.
+        # The same thread then syncs the written file and drops it from the page cache.
         with Progress("partition: writing", total=k, enabled=progress) as bar, \
                 ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
+            pending, synced = None, []
             for p in range(k):
                 data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree)
                 digest = pool.submit(datasets_digest, data, PART_DATASETS)
@@ -161,11 +165,14 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
                     "num_features": graph.num_features, "num_classes": int(graph.num_classes),
                     "hpcgnn_version": __version__})
                 del data
+                synced.append(pool.submit(persist_and_drop_cache, tmp / part_file_name(p)))
                 if pending is not None:
                     part_hashes.append(pending.result())
                 pending = digest
                 bar.update(1)
             part_hashes.append(pending.result())
+            for future in synced:
+                future.result()
         edge_cut = cut_entries // 2
         with h5py.File(tmp / META_FILE, "w") as f:
             meta = {"part_offsets": part_offsets, "new_to_orig": new_to_orig, "halo_counts": halo_counts}
@@ -181,8 +188,8 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
                 "source_hash": source_hash, "tool_versions": json.dumps(tool_versions(), sort_keys=True),
                 "content_hash": content_hash, "hpcgnn_version": __version__,
             }
-            if ufactor is not None:
-                attrs["ufactor"] = int(ufactor)
+            for key, value in (metis_options or {}).items():
+                attrs[key] = int(value)
             for key, value in attrs.items():
                 f.attrs[key] = value
         for p in range(k):

@@ -207,6 +207,31 @@ def test_results_are_bitwise_identical_for_any_thread_count():
     assert all(np.array_equal(transposes[0], t) for t in transposes[1:])
 
 
+@pytest.mark.parametrize("dtype, dim", [(np.float32, 128), (np.float64, 64), (np.float32, 200)])
+def test_large_outputs_take_the_streaming_store_path_exactly(dtype, dim):
+    """Outputs of >= 64 MiB are written with streaming stores (AVX builds); values stay exact.
+
+    Two edges per row and a power-of-two row scale make the reference exact: out[v] =
+    0.5 * (X[a_v] + X[b_v]). dim 200 float32 (800-byte rows, not a multiple of 32 bytes) and
+    an output that starts 4 bytes off a 32-byte boundary take the ordinary store path.
+    """
+    rows = (64 << 20) // (dim * np.dtype(dtype).itemsize) + 1
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, dim)).astype(dtype)
+    indices = rng.integers(0, rows, 2 * rows)
+    indptr = np.arange(0, 2 * rows + 1, 2, dtype=np.int64)
+    scale = np.full(rows, 0.5, dtype=dtype)
+    expected = (x[indices[0::2]] + x[indices[1::2]]) * dtype(0.5)
+    out = np.empty_like(x)
+    spmm.spmm_sum(indptr, indices, x, out, row_scale=scale)
+    np.testing.assert_array_equal(out, expected)
+    if dtype is np.float32 and dim == 128:  # misaligned output rows
+        buf = np.empty(rows * dim + 1, dtype=dtype)
+        shifted = buf[1:].reshape(rows, dim)
+        spmm.spmm_sum(indptr, indices, x, shifted, row_scale=scale)
+        np.testing.assert_array_equal(shifted, expected)
+
+
 def test_bad_arguments_raise_value_error():
     b = random_block(10, 5, 30, seed=8)
     ip, ix = np_(b.indptr), np_(b.indices)

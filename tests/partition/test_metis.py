@@ -74,6 +74,22 @@ def test_ufactor_loosens_balance(graph_files):
     assert bal.balance(loose, 4, deg, g.train_mask)["vertices"] <= 1.3
 
 
+def test_niter_reaches_metis():
+    """More refinement passes give a different, lower cut on an unstructured graph."""
+    from hpcgnn.data.clean import build_symmetric_csr
+
+    rng = np.random.default_rng(0)
+    n, m = 3000, 15000
+    indptr, indices, _ = build_symmetric_csr(rng.integers(0, n, m), rng.integers(0, n, m), n)
+    one, cut_one = part_graph_kway(indptr, indices, 4, seed=0, niter=1)
+    ten, cut_ten = part_graph_kway(indptr, indices, 4, seed=0, niter=10)
+    assert not np.array_equal(one, ten)
+    assert cut_ten < cut_one
+    assert cut_one == bal.edge_cut(indptr, indices, one) and cut_ten == bal.edge_cut(indptr, indices, ten)
+    with pytest.raises(ValueError, match="niter=0"):
+        part_graph_kway(indptr, indices, 4, niter=0)
+
+
 def test_zero_weight_constraint_is_dropped(make_graph_file, capsys):
     g = read_graph(make_graph_file(n=500, intra=3000, inter=50))
     no_train = np.zeros(g.num_nodes, dtype=bool)

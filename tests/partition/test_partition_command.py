@@ -70,10 +70,10 @@ def test_partition_from_another_store_is_refused(graph_files, tmp_path):
 def test_meta_records_provenance(graph_files, tmp_path):
     out = tmp_path / "s"
     assert partition(graph_files["plain"], out, "--parts", 2, "--constraints", "vertices,edges",
-                     "--ufactor", "50") == 0
+                     "--ufactor", "50", "--niter", "7") == 0
     meta = read_meta(out)
     a = meta.attrs
-    assert a["constraints"] == '["vertices", "edges"]' and int(a["ufactor"]) == 50
+    assert a["constraints"] == '["vertices", "edges"]' and int(a["ufactor"]) == 50 and int(a["niter"]) == 7
     assert a["source_hash"] == writer.file_sha256(graph_files["plain"])
     assert {"hpcgnn", "numpy", "h5py", "pymetis", "METIS"} <= set(__import__("json").loads(a["tool_versions"]))
     assert oct(out.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
@@ -92,6 +92,7 @@ def _umask() -> int:
     (["--parts", "2", "--constraints", "train,train"], "listed twice"),
     (["--parts", "2", "--seed", "-1"], "--seed -1"),
     (["--parts", "2", "--ufactor", "0"], "--ufactor 0"),
+    (["--parts", "2", "--niter", "0"], "--niter 0: expected an integer in [1, 1000]"),
     (["--parts", "2", "--method", "spectral"], "invalid choice: 'spectral'"),
 ])
 def test_bad_arguments_exit_2(graph_files, tmp_path, capsys, args, message):
