@@ -27,20 +27,11 @@
 #SBATCH --output=hpcgnn-partition-%j.out
 set -euo pipefail
 
-if [[ -z "${HPCGNN_ROOT:-}" ]]; then
-    if [[ -n "${SLURM_SUBMIT_DIR:-}" && -d "${SLURM_SUBMIT_DIR}/hpcgnn" ]]; then
-        HPCGNN_ROOT=$SLURM_SUBMIT_DIR
-    else
-        HPCGNN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-    fi
-fi
-cd "$HPCGNN_ROOT"
-VENV=${VENV:-$HPCGNN_ROOT/.venv}
-PYTHON=$VENV/bin/python
-if [[ ! -x "$PYTHON" ]]; then
-    echo "partition.sh: error: no Python at $PYTHON (run 'make install' or set HPCGNN_ROOT / VENV)" >&2
-    exit 2
-fi
+# sbatch runs a copy of this script: the repository is the submission directory or HPCGNN_ROOT.
+if [[ -z "${HPCGNN_ROOT:-}" && -d "${SLURM_SUBMIT_DIR:-}/hpcgnn" ]]; then HPCGNN_ROOT=$SLURM_SUBMIT_DIR; fi
+HPCGNN_ROOT=${HPCGNN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+[[ -f "$HPCGNN_ROOT/slurm/env.sh" ]] || { echo "partition.sh: error: $HPCGNN_ROOT is not an hpcgnn checkout (set HPCGNN_ROOT)" >&2; exit 2; }
+source "$HPCGNN_ROOT/slurm/env.sh" partition.sh
 
 GRAPH=${1:-${GRAPH:-data/cora.h5}}
 PARTS=${2:-${PARTS:-2}}
@@ -50,10 +41,6 @@ OUT=${3:-${OUT:-${GRAPH%.h5}-$METHOD-$PARTS}}
 DATASET=${DATASET:-$(basename "${GRAPH%.h5}")}
 DATA_ROOT=${DATA_ROOT:-inputs/data}
 
-if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
-    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
-fi
-export HPCGNN_PROGRESS=${HPCGNN_PROGRESS:-0}
 
 if [[ ! -f "$GRAPH" ]]; then
     echo "partition.sh: $GRAPH is missing: importing dataset '$DATASET' from $DATA_ROOT"

@@ -26,35 +26,23 @@
 #SBATCH --output=hpcgnn-train-%j.out
 set -euo pipefail
 
-if [[ -z "${HPCGNN_ROOT:-}" ]]; then
-    if [[ -n "${SLURM_SUBMIT_DIR:-}" && -d "${SLURM_SUBMIT_DIR}/hpcgnn" ]]; then
-        HPCGNN_ROOT=$SLURM_SUBMIT_DIR
-    else
-        HPCGNN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-    fi
-fi
-cd "$HPCGNN_ROOT"
-VENV=${VENV:-$HPCGNN_ROOT/.venv}
-PYTHON=$VENV/bin/python
-if [[ ! -x "$PYTHON" ]]; then
-    echo "train.sh: error: no Python at $PYTHON (run 'make install' or set HPCGNN_ROOT / VENV)" >&2
-    exit 2
-fi
+# sbatch runs a copy of this script: the repository is the submission directory or HPCGNN_ROOT.
+if [[ -z "${HPCGNN_ROOT:-}" && -d "${SLURM_SUBMIT_DIR:-}/hpcgnn" ]]; then HPCGNN_ROOT=$SLURM_SUBMIT_DIR; fi
+HPCGNN_ROOT=${HPCGNN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+[[ -f "$HPCGNN_ROOT/slurm/env.sh" ]] || { echo "train.sh: error: $HPCGNN_ROOT is not an hpcgnn checkout (set HPCGNN_ROOT)" >&2; exit 2; }
+source "$HPCGNN_ROOT/slurm/env.sh" train.sh
 
 CONFIG=${CONFIG:-inputs/cora-sage.toml}
 PARTITIONS=${PARTITIONS:-data/cora-metis-2}
 RUN_DIR=${RUN_DIR:-runs/slurm-${SLURM_JOB_ID:-$$}}
 read -r -a ENTRY <<< "${HPCGNN_ENTRY:--m hpcgnn train}"
 
-# One rank per task; each rank's torch and OpenMP threads = the task's CPUs.
+# One rank per task; each rank's torch and OpenMP threads = the task's CPUs (env.sh).
 # srun does not inherit --cpus-per-task from sbatch since SLURM 22.05: pass it on.
 SRUN_ARGS=(--mpi="${SRUN_MPI:-pmi2}" --kill-on-bad-exit=1)
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
-    export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK
-    export HPCGNN_THREADS=${HPCGNN_THREADS:-$SLURM_CPUS_PER_TASK}
     SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
 fi
-export HPCGNN_PROGRESS=${HPCGNN_PROGRESS:-0}
 
 echo "train.sh: job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname -s)}:" \
      "${SLURM_NTASKS:-?} ranks x ${HPCGNN_THREADS:-auto} threads, config $CONFIG," \

@@ -371,3 +371,18 @@ def test_train_script_trains_on_cora_partitions(slurm, tmp_path, request):
     assert run["attrs"]["num_ranks"] == 2, run["attrs"]
     loss = np.asarray(run["metrics"]["loss"])
     assert loss.shape[0] == 2 and np.isfinite(loss).all(), loss
+
+
+@pytest.mark.parametrize("script", ["train.sh", "partition.sh"])
+def test_scripts_refuse_a_missing_venv_or_checkout_with_exit_2(script, tmp_path):
+    """No SLURM needed: the set-up errors come before srun or any Python runs."""
+    path = str(Path(__file__).resolve().parents[1] / "slurm" / script)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run(["bash", path], capture_output=True, text=True, timeout=60,
+                       env={**base, "VENV": str(tmp_path / "no-venv")})
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"{script}: error: no Python at {tmp_path / 'no-venv'}/bin/python (run 'make install' or set HPCGNN_ROOT / VENV)")
+    r = subprocess.run(["bash", path], capture_output=True, text=True, timeout=60,
+                       env={**base, "HPCGNN_ROOT": str(tmp_path)})
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"{script}: error: {tmp_path} is not an hpcgnn checkout (set HPCGNN_ROOT)"

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import warnings
@@ -36,36 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from hpcgnn.bench.workdir import products_like_inputs
+
 TARGET_DEDUP_REDUCTION = 0.25
 TARGET_BANDWIDTH_FRACTION = 0.50
-
-
-def _run(cmd: list[str], log: Path, timeout: float) -> None:
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                              env={**os.environ, "HPCGNN_PROGRESS": "0"}, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(f"hpcgnn.bench.fullgraph: {' '.join(cmd)} failed (exit {proc.returncode})\n"
-                         f"{log.read_text()[-3000:]}")
-
-
-def prepare_data(work: Path, scale: float, seed: int, parts: int, timeout: float) -> tuple[Path, dict]:
-    """Graph file and the 1- and ``parts``-way METIS stores in ``work`` (reused if present)."""
-    hpcgnn = [sys.executable, "-m", "hpcgnn"]
-    tag = f"products-like-s{scale:g}-seed{seed}"
-    graph = work / f"{tag}.h5"
-    if not graph.exists():
-        _run(hpcgnn + ["prepare", "--dataset", "products-like", "--scale", f"{scale:g}", "--seed", str(seed),
-                       "--out", str(graph)], work / "prepare.log", timeout)
-    stores = {}
-    for k in sorted({1, parts}):
-        store = work / f"{tag}-metis-{k}"
-        if not (store / "meta.h5").exists():
-            _run(hpcgnn + ["partition", str(graph), "--parts", str(k), "--seed", str(seed), "--out", str(store),
-                           "--force"], work / f"partition-{k}.log", timeout)
-        stores[k] = store
-    return graph, stores
 
 
 def _sync(device: torch.device) -> None:
@@ -307,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else out.parent / "fullgraph-work"
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    graph_file, stores = prepare_data(work, args.scale, args.seed, args.parts, args.timeout)
+    graph_file, stores = products_like_inputs(work, args.scale, args.seed, {1, args.parts}, args.timeout,
+                                              "hpcgnn.bench.fullgraph")
     meta1 = read_meta(stores[1])
     model_args = dict(arch="sage", in_dim=meta1.num_features, hidden=args.hidden,
                       num_classes=meta1.num_classes, num_layers=args.layers, dropout=0.0, seed=args.seed)

@@ -20,47 +20,16 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
+
 TARGET_WAIT_SHARE = 0.05
 TARGET_BYTES_RATIO = 5.0
-
-
-def _run(cmd: list[str], log: Path, timeout: float) -> float:
-    """Run a command (output to ``log``); wall seconds. Exits with the log tail on failure."""
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                              env={**os.environ, "HPCGNN_PROGRESS": "0"}, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise SystemExit(f"hpcgnn.bench.minibatch: {' '.join(cmd)} failed (exit {proc.returncode})\n{tail}")
-    return wall
-
-
-def prepare_data(work: Path, scale: float, seed: int, timeout: float) -> dict[int, Path]:
-    """Graph file and 1-/2-part stores in ``work`` (reused if present); {parts: store}."""
-    hpcgnn = [sys.executable, "-m", "hpcgnn"]
-    tag = f"products-like-s{scale:g}-seed{seed}"
-    graph = work / f"{tag}.h5"
-    if not graph.exists():
-        _run(hpcgnn + ["prepare", "--dataset", "products-like", "--scale", f"{scale:g}", "--seed", str(seed),
-                       "--out", str(graph)], work / "prepare.log", timeout)
-    stores = {}
-    for k in (1, 2):
-        store = work / f"{tag}-metis-{k}"
-        if not (store / "meta.h5").exists():
-            _run(hpcgnn + ["partition", str(graph), "--parts", str(k), "--seed", str(seed), "--out", str(store),
-                           "--force"], work / f"partition-{k}.log", timeout)
-        stores[k] = store
-    return stores
 
 
 def summarise_run(run_dir: Path) -> dict:
@@ -159,7 +128,7 @@ def main(argv=None) -> int:
     work = Path(args.work) if args.work else out.parent / "minibatch-work"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    stores = prepare_data(work, args.scale, args.seed, args.timeout)
+    _, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results, walls = {}, {}
     for spec in args.runs.split(","):
@@ -171,7 +140,7 @@ def main(argv=None) -> int:
                "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"]
         for s in args.set:
             cmd += ["--set", s]
-        walls[spec] = _run(cmd, work / f"run-{spec}.log", args.timeout)
+        walls[spec] = run_logged(cmd, work / f"run-{spec}.log", args.timeout, "hpcgnn.bench.minibatch")
         results[spec] = summarise_run(run_dir)
         results[spec]["wall_s"] = walls[spec]
         print(f"{spec}: {results[spec]['epoch_time_s']:.2f} s/epoch, test {100 * results[spec]['test_acc']:.2f}%",

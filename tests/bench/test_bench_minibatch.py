@@ -1,0 +1,27 @@
+"""`python -m hpcgnn.bench.minibatch` end to end on a tiny products-like graph (real mpiexec runs)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import h5py
+from mpiutil import clean_env
+
+
+def test_minibatch_benchmark_writes_its_figures(tmp_path):
+    out = tmp_path / "mb.h5"
+    cmd = [sys.executable, "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
+           "--scale", "0.002", "--epochs", "2", "--runs", "hec-1,hec-2,exact-2",
+           "--set", "minibatch.batch_size=200", "--set", "minibatch.cs=10000", "--timeout", "240"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "exact / AEP bytes per epoch" in proc.stdout
+    with h5py.File(out, "r") as f:
+        assert f.attrs["format"] == "hpcgnn-bench-minibatch" and f.attrs["epochs"] == 2
+        assert f["hec-1"].attrs["bytes_sent_per_epoch"] == 0  # one rank sends nothing
+        aep = f["hec-2"].attrs["aep_bytes_per_epoch"]
+        exact = f["exact-2"].attrs["bytes_sent_per_epoch"]
+        assert aep > 0 and exact > 0
+        assert abs(f.attrs["exact_over_aep_bytes"] - exact / aep) < 1e-9
+        for run in ("hec-1", "hec-2", "exact-2"):
+            assert f[run].attrs["epoch_time_s"] > 0
