@@ -1,6 +1,6 @@
 // Neighbour sampling kernels (DistGNN-MB SYNC_MBC): one synchronous, OpenMP-parallel
-// sampler over a partition's local in-edge CSR, plus the block transpose and the
-// degree-biased choice used by AEP.
+// sampler over a partition's local in-edge CSR, plus the degree-biased choice used by AEP.
+// (Blocks are transposed by spmm.csr_transpose.)
 //
 // Randomness is counter based: the stream used for destination vertex v of block l is
 // a splitmix64 sequence seeded by hash(seed, epoch, step, l, v). No state is carried
@@ -360,52 +360,6 @@ class Sampler {
     std::mutex mu_;
 };
 
-// Transposed CSR of a block: rows = sources. Within a source, edges in increasing edge id
-// (so the result equals a stable sort of the edges by source).
-py::tuple transpose(carray<int64_t> indptr, carray<int64_t> indices, int64_t num_src) {
-    const int64_t n_dst = indptr.shape(0) - 1;
-    const int64_t nnz = indices.shape(0);
-    require(n_dst >= 0 && indptr.data()[0] == 0 && indptr.data()[n_dst] == nnz,
-            "transpose: indptr must start at 0 and end at len(indices)");
-    const int64_t* ip = indptr.data();
-    const int64_t* ix = indices.data();
-    std::vector<int64_t> t_indptr(num_src + 1, 0), t_indices(nnz), t_eid(nnz);
-    bool bad = false;
-    {
-        py::gil_scoped_release release;
-        int64_t* cnt = t_indptr.data() + 1;
-#pragma omp parallel for schedule(static) reduction(|| : bad) if (nnz > kParallelMin)
-        for (int64_t e = 0; e < nnz; ++e) {
-            const int64_t s = ix[e];
-            if (s < 0 || s >= num_src) {
-                bad = true;
-                continue;
-            }
-            __atomic_fetch_add(&cnt[s], 1, __ATOMIC_RELAXED);
-        }
-        if (!bad) {
-            prefix_sum(t_indptr);
-            std::vector<int64_t> cursor(t_indptr.begin(), t_indptr.end() - 1);
-            std::vector<int64_t> edge_dst(nnz);
-#pragma omp parallel for schedule(dynamic, 256) if (nnz > kParallelMin)
-            for (int64_t i = 0; i < n_dst; ++i) {
-                for (int64_t e = ip[i]; e < ip[i + 1]; ++e) {
-                    edge_dst[e] = i;
-                    t_eid[__atomic_fetch_add(&cursor[ix[e]], 1, __ATOMIC_RELAXED)] = e;
-                }
-            }
-#pragma omp parallel for schedule(dynamic, 256) if (nnz > kParallelMin)
-            for (int64_t s = 0; s < num_src; ++s) {
-                std::sort(t_eid.begin() + t_indptr[s], t_eid.begin() + t_indptr[s + 1]);
-                for (int64_t p = t_indptr[s]; p < t_indptr[s + 1]; ++p) t_indices[p] = edge_dst[t_eid[p]];
-            }
-        }
-    }
-    require(!bad, "transpose: an index is outside [0, num_src)");
-    return py::make_tuple(from_vector(std::move(t_indptr)), from_vector(std::move(t_indices)),
-                          from_vector(std::move(t_eid)));
-}
-
 // Degree-biased Bernoulli choice (DistGNN-MB AEP cap): for candidate i draw
 // r = hash(key, candidates[i]) mod 2^hil and accept it when r < degrees[i]; return the
 // positions of the first max_count accepted candidates, in candidate order.
@@ -444,7 +398,7 @@ uint64_t mix_key(const std::vector<int64_t>& parts) {
 
 PYBIND11_MODULE(_native_sampler, m) {
     using namespace hpcgnn;
-    m.doc() = "Neighbour sampling, block transpose and degree-biased choice (OpenMP).";
+    m.doc() = "Neighbour sampling and degree-biased choice (OpenMP).";
     py::class_<Sampler>(m, "Sampler")
         .def(py::init<carray<int64_t>, carray<int64_t>, int64_t, int64_t>(), py::arg("indptr"),
              py::arg("indices"), py::arg("num_solid"), py::arg("num_local"))
@@ -452,8 +406,6 @@ PYBIND11_MODULE(_native_sampler, m) {
              "List of (indptr, indices, frontier) per block, seeds' block first.")
         .def_property_readonly("num_solid", &Sampler::num_solid)
         .def_property_readonly("num_local", &Sampler::num_local);
-    m.def("transpose", &transpose, py::arg("indptr"), py::arg("indices"), py::arg("num_src"),
-          "(t_indptr, t_indices, t_eid) of a CSR over destinations.");
     m.def("degree_biased_choice", &degree_biased_choice, py::arg("candidates"), py::arg("degrees"),
           py::arg("max_count"), py::arg("key"), py::arg("hil"));
     m.def("mix_key", &mix_key, py::arg("parts"), "64-bit key from a list of integers (splitmix64 chain).");

@@ -24,6 +24,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def _over_ranks(fn, values) -> float | None:
+    """``fn`` (np.nanmax, np.nanmean) of one epoch's per-rank values; None when none was recorded
+    (an epoch without that phase, e.g. no evaluation) instead of numpy's empty-slice warning."""
+    v = np.asarray(values, dtype=float)
+    return _clean(float(fn(v))) if np.isfinite(v).any() else None
+
+
 def _clean(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
@@ -50,8 +57,8 @@ def summarise(run: dict) -> dict:
             if k != "epoch":
                 row[k] = _clean(float(v[i]))
         if "epoch" in t:
-            row["time_s"] = _clean(float(np.nanmax(t["epoch"][i])))
-        row["phases_mean_s"] = {k: _clean(float(np.nanmean(t[k][i]))) for k in PHASES if k in t}
+            row["time_s"] = _over_ranks(np.nanmax, t["epoch"][i])
+        row["phases_mean_s"] = {k: _over_ranks(np.nanmean, t[k][i]) for k in PHASES if k in t}
         if "bytes_sent" in c:
             row["bytes_sent"] = _clean(float(np.nansum(c["bytes_sent"][i])))
         if "hec_hits" in pl and "hec_lookups" in pl:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpcgnn.native import sampler as _native
+from hpcgnn.native import spmm as _spmm
 
 
 @dataclass(eq=False)
@@ -59,11 +59,11 @@ class Block:
 
         Rows are sources; within a row, edges in increasing edge id (a stable sort by
         source), so ``t_indices == edge_dst()[t_eid]`` and ``indices[t_eid]`` is sorted.
-        CPU blocks use the OpenMP kernel; other devices use torch ops (same result).
+        CPU blocks use the OpenMP counting sort ``spmm.csr_transpose``; other devices use torch ops (same result).
         """
         if "transpose" not in self._cache:
             if self.device.type == "cpu":
-                t_indptr, t_indices, t_eid = _native.transpose(
+                t_indptr, t_indices, t_eid = _spmm.csr_transpose(
                     self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(), int(self.num_src))
                 out = (torch.from_numpy(t_indptr), torch.from_numpy(t_indices), torch.from_numpy(t_eid))
             else:

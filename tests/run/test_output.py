@@ -118,3 +118,24 @@ def test_report_table_and_json(tmp_path, rt, capsys):
     assert main(["report", str(run)]) == 0
     assert "best val" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 2          # not a run directory
+
+
+def test_report_of_epochs_without_a_phase_has_no_value_and_no_warning(tmp_path, rt):
+    import warnings
+
+    from hpcgnn.commands.report import PHASES, summarise
+
+    phase = next(p for p in PHASES if p not in ("epoch", "forward"))
+    run = tmp_path / "gap"
+    out = RunOutput(run, rt, _cfg(run, epochs=2), _meta(tmp_path), resume=False, force=False)
+    out.log_epoch(1, {"loss": 2.0, "train_acc": 0.5, "val_acc": 0.4, "test_acc": 0.3},
+                  {"epoch": 1.0, "forward": 0.5, phase: 0.25}, {"bytes_sent": 0}, {})
+    out.log_epoch(2, {"loss": 1.0, "train_acc": 0.9, "val_acc": float("nan"), "test_acc": float("nan")},
+                  {"epoch": 1.2, "forward": 0.5}, {"bytes_sent": 0}, {})
+    out.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" would fail here
+        s = summarise(read_run(run))
+    assert s["epochs"][0]["phases_mean_s"][phase] == 0.25
+    assert s["epochs"][1]["phases_mean_s"][phase] is None
+    assert s["epochs"][1]["time_s"] == 1.2

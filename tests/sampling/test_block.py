@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpcgnn.native import sampler as native_sampler
+from hpcgnn.native import spmm as native_spmm
 from hpcgnn.sampling.block import Block, _transpose_torch
 
 
@@ -56,14 +56,14 @@ def test_transpose_round_trip(shape):
 
 def test_transpose_same_with_one_and_two_threads():
     block = random_block(20_000, 30_000, 10, seed=1)
-    before = native_sampler.max_threads()
+    before = native_spmm.max_threads()
     try:
-        native_sampler.set_threads(1)
+        native_spmm.set_threads(1)
         one = Block(block.num_src, block.num_dst, block.indptr, block.indices).transpose()
-        native_sampler.set_threads(2)
+        native_spmm.set_threads(2)
         two = Block(block.num_src, block.num_dst, block.indptr, block.indices).transpose()
     finally:
-        native_sampler.set_threads(before)
+        native_spmm.set_threads(before)
     for a, b in zip(one, two):
         assert torch.equal(a, b)
 
