@@ -82,7 +82,7 @@ def persist_and_drop_cache(path: str | os.PathLike) -> None:
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fdatasync(fd)
+        getattr(os, "fdatasync", os.fsync)(fd)  # macOS has no fdatasync
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
