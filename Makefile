@@ -54,14 +54,15 @@ $(NATIVE_STAMP): $(DEPS_STAMP) $(NATIVE_SRC) setup.py
 
 native: $(NATIVE_STAMP)
 
-$(DATA)/cora.h5: $(NATIVE_STAMP) | $(DATA)
+# (Output directories are made in the recipes: a `data` directory target would be the phony
+# `data` target below when DATA=data.)
+$(DATA)/cora.h5: $(NATIVE_STAMP)
+	@mkdir -p $(@D)
 	$(HPCGNN) prepare --dataset cora --root inputs/data --out $@ --force
 
-$(DATA)/synthetic-small.h5: $(NATIVE_STAMP) | $(DATA)
+$(DATA)/synthetic-small.h5: $(NATIVE_STAMP)
+	@mkdir -p $(@D)
 	$(HPCGNN) prepare --dataset sbm --nodes 20000 --edges 200000 --features 64 --classes 8 --seed 0 --out $@ --force
-
-$(DATA):
-	mkdir -p $@
 
 data: $(DATA)/cora.h5 $(DATA)/synthetic-small.h5
 
