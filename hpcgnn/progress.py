@@ -1,7 +1,8 @@
 """A small progress bar for long preprocessing steps (stderr, rank 0 only).
 
-Prints at most every ``interval`` seconds; silent when ``enabled`` is false or
-when HPCGNN_PROGRESS=0. Use as a context manager::
+On a terminal it redraws one line at most every ``interval`` seconds; into a file
+or pipe (batch logs) it writes just the final line of each step. Silent when
+``enabled`` is false or when HPCGNN_PROGRESS=0. Use as a context manager::
 
     with Progress("partition", total=n) as bar:
         bar.update(k)
@@ -25,6 +26,8 @@ class Progress:
         self.done = 0
         self._start = time.perf_counter()
         self._last = 0.0
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
 
     def __enter__(self) -> "Progress":
         return self
@@ -32,7 +35,7 @@ class Progress:
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.perf_counter()
-        if self.enabled and now - self._last >= self.interval:
+        if self.enabled and self.tty and now - self._last >= self.interval:
             self._last = now
             self._draw(now, final=False)
 
@@ -41,10 +44,10 @@ class Progress:
         if self.total:
             frac = min(1.0, self.done / self.total)
             bar = "#" * int(frac * 30)
-            text = f"\r{self.label}: [{bar:<30}] {100 * frac:5.1f}% {elapsed:6.1f}s"
+            text = f"{self.label}: [{bar:<30}] {100 * frac:5.1f}% {elapsed:6.1f}s"
         else:
-            text = f"\r{self.label}: {self.done:,} {self.unit} {elapsed:6.1f}s"
-        self.stream.write(text + ("\n" if final else ""))
+            text = f"{self.label}: {self.done:,} {self.unit} {elapsed:6.1f}s"
+        self.stream.write(("\r" if self.tty else "") + text + ("\n" if final else ""))
         self.stream.flush()
 
     def __exit__(self, exc_type, exc, tb) -> None:
