@@ -1,6 +1,6 @@
 """The compiled kernels, one extension module per family (built from native/).
 
-``from hpcgnn.native import graph, partition, sampler, cache, spmm``. A missing
+``from hpcgnn.native import graph, partition, sampler, cache, spmm, dropout``. A missing
 module means the build did not run or failed: the error says how to build,
 there is no pure-Python fallback.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILIES = ("graph", "partition", "sampler", "cache", "spmm")
+FAMILIES = ("graph", "partition", "sampler", "cache", "spmm", "dropout")
 
 
 def _load(family: str):
@@ -24,6 +24,7 @@ partition = _load("partition")
 sampler = _load("sampler")
 cache = _load("cache")
 spmm = _load("spmm")
+dropout = _load("dropout")
 
 
 def set_threads(n: int) -> None:

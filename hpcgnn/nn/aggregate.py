@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from hpcgnn.native import spmm as _spmm
+from hpcgnn.nn.dropout import dropout
 
 BACKENDS = ("auto", "native", "torch")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
@@ -353,9 +354,9 @@ def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: 
     else:
         alpha = edge_softmax(block, logits, backend=backend)
     if attn_dropout > 0 and training:
-        alpha = torch.nn.functional.dropout(alpha, attn_dropout, True)
+        alpha = dropout(alpha, attn_dropout, True)
         if self_loop:
-            self_alpha = torch.nn.functional.dropout(self_alpha, attn_dropout, True)
+            self_alpha = dropout(self_alpha, attn_dropout, True)
     return aggregate_heads(block, alpha, z, self_alpha if self_loop else None, backend=backend)
 
 

@@ -14,8 +14,8 @@ replace rows (historical embeddings: use an out-of-place ``index_copy``/``index_
 detached rows), swap the block (e.g. drop edges) or record ``h``.
 
 Engines that run layer by layer call ``model.layer_forward(l, block, h)`` (the layer plus
-its activation and dropout). Dropout draws from torch's global RNG: a recomputation must
-restore the RNG state to replay the same masks.
+its activation and dropout). Dropout (:mod:`hpcgnn.nn.dropout`) draws its seed from torch's
+global RNG: a recomputation must restore the RNG state to replay the same masks.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from torch import nn
 from hpcgnn.errors import InputError
 from hpcgnn.nn.aggregate import BACKENDS
 from hpcgnn.nn.conv import GAT_VARIANTS, GATConv, GCNConv, SAGEConv
+from hpcgnn.nn.dropout import Dropout
 
 ARCHS = ("sage", "gat", "gcn")
 
@@ -36,7 +37,7 @@ class GNN(nn.Module):
         super().__init__()
         self.arch = arch
         self.layers = nn.ModuleList(layers)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @property
     def num_layers(self) -> int:

