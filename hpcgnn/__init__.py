@@ -7,7 +7,7 @@ Packages (one concept each):
   comm/       collectives as autograd functions, asynchronous embedding push
   sampling/   neighbour sampler and sampled blocks
   cache/      historical embedding cache
-  nn/         aggregation kernels and models (GraphSAGE, GAT, GCN)
+  nn/         aggregation kernels, dropout and models (GraphSAGE, GAT, GCN)
   engine/     training engines (minibatch, fullgraph)
   run/        configuration, run output (HDF5), checkpoints
   commands/   the `hpcgnn` subcommands
