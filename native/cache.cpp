@@ -20,12 +20,6 @@
 namespace hpcgnn {
 namespace {
 
-inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 constexpr int64_t kNone = -1;
 
 // Open-addressing map int64 tag (>= 0) -> int64 value. Linear probing, no tombstones;

@@ -42,6 +42,16 @@ inline void require(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument(what);
 }
 
+// splitmix64: the golden-ratio increment and the finaliser, a good 64-bit integer hash.
+// Shared by the sampler's random streams, the cache's hash table and dropout's keys.
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 }  // namespace hpcgnn
 
 // Each kernel family is its own extension module: native/<family>.cpp defines

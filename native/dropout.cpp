@@ -14,14 +14,7 @@
 namespace hpcgnn {
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 constexpr int64_t kParallelMin = 1 << 15;
-
-inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 // 32-bit integer hash with low bias (Wellons' "lowbias32"); vectorises with AVX2.
 inline uint32_t hash32(uint32_t x) {

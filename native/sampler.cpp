@@ -21,14 +21,6 @@
 namespace hpcgnn {
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-
-inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 // Fold one more integer into a key.
 inline uint64_t combine(uint64_t key, uint64_t x) { return mix64(key ^ mix64(x + kGolden)); }
 
