@@ -149,8 +149,12 @@ def _check_csr(where: str, ip: np.ndarray, ix: np.ndarray, n: int) -> None:
         raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
 
 
-def read_graph(path: str | os.PathLike, validate: bool = True) -> Graph:
-    """Read a graph file, checking every dataset's presence, dtype and shape."""
+def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) -> Graph:
+    """Read a graph file, checking every dataset's presence, dtype and shape.
+
+    ``topology``: the (indptr, indices, train_mask) :func:`read_topology` returned for this
+    file; those datasets are then not read again.
+    """
     with open_h5(path, GRAPH_FORMAT) as f:
         version = int(f.attrs.get("version", -1))
         if version != GRAPH_VERSION:
@@ -159,11 +163,15 @@ def read_graph(path: str | os.PathLike, validate: bool = True) -> Graph:
             if key not in f.attrs:
                 raise InputError(f"{path}: attribute '{key}' is missing")
         n = int(f.attrs["num_nodes"])
-        indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
-        indices = read_dataset(f, "indices", np.int64, (None,))
+        if topology is None:
+            indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
+            indices = read_dataset(f, "indices", np.int64, (None,))
+            known = {}
+        else:
+            indptr, indices, known = topology[0], topology[1], {"train_mask": topology[2]}
         features = read_dataset(f, "features", np.float32, (n, None))
         labels = read_dataset(f, "labels", np.int64, (n,))
-        masks = {name: read_dataset(f, name, bool, (n,)) for name in MASKS}
+        masks = {name: known[name] if name in known else read_dataset(f, name, bool, (n,)) for name in MASKS}
         meta = {
             "name": str(f.attrs.get("name", Path(path).stem)),
             "source": json.loads(f.attrs.get("source", "{}")),

@@ -38,10 +38,15 @@ class NativeDropout(torch.autograd.Function):
         return out, None, None
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """Dropout with probability ``p`` in [0, 1] when ``training`` (identity otherwise)."""
+def _check_p(p: float) -> float:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    return float(p)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """Dropout with probability ``p`` in [0, 1] when ``training`` (identity otherwise)."""
+    _check_p(p)
     if not training or p == 0.0:
         return x
     if p == 1.0 or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
@@ -55,9 +60,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        self.p = float(p)
+        self.p = _check_p(p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
