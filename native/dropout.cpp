@@ -1,11 +1,12 @@
 // Dropout with a counter-based mask: element i of a call with key `seed` is kept iff
 // hash32(key + i) >= p * 2^32, key = 32 bits of splitmix64(seed, i / 2^30) (one integer hash
-// per element, 8 lanes wide with AVX2). The mask is
+// per element, 8 lanes wide in the AVX2 copy, isa.h). The mask is
 // a pure function of (seed, i): backward regenerates it instead of storing it, and the
 // result is identical for any thread count. torch's CPU dropout draws its Bernoulli mask
 // element by element on one thread (1.9 s for 100M float32 elements on the dev machine;
 // this kernel 0.07 s on one thread, memory bound).
 #include "common.h"
+#include "isa.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,16 +17,6 @@ namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;
 
-// 32-bit integer hash with low bias (Wellons' "lowbias32"); vectorises with AVX2.
-inline uint32_t hash32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    return x;
-}
-
 // Threshold t with P(u32 draw < t) = p for p in [0, 1) (p resolved to 2^-32).
 uint32_t drop_threshold(double p) {
     const double t = std::ldexp(p, 32);
@@ -34,24 +25,19 @@ uint32_t drop_threshold(double p) {
 
 constexpr int64_t kBlock = int64_t(1) << 30;  // elements per 32-bit key
 
-template <typename T>
-void apply(const T* x, T* out, int64_t n, double p, uint64_t seed) {
-    const uint32_t thr = drop_threshold(p);
-    const T scale = static_cast<T>(1.0 / (1.0 - p));
-    for (int64_t b = 0; b < n; b += kBlock) {
-        const uint32_t key = static_cast<uint32_t>(mix64(seed + static_cast<uint64_t>(b / kBlock + 1) * kGolden));
-        const int64_t e = std::min(n, b + kBlock);
-        const T* xb = x + b;
-        T* ob = out + b;
-#pragma omp parallel for simd schedule(static) if (e - b > kParallelMin)
-        for (int64_t i = 0; i < e - b; ++i) {
-            // Multiply unconditionally (x * 0 for a dropped element, NaN for NaN as in torch): a
-            // conditional multiply is a branch per element (-ftrapping-math), 10x slower.
-            const uint32_t r = hash32(key + static_cast<uint32_t>(i));
-            ob[i] = xb[i] * (r >= thr ? scale : T(0));
-        }
-    }
-}
+// ---- the kernel, compiled per instruction set (dropout_kernels.h, isa.h) --------------------
+
+#define HPCGNN_ISA_NS base
+#include "dropout_kernels.h"
+#undef HPCGNN_ISA_NS
+#if HPCGNN_X86_64
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define HPCGNN_ISA_NS avx2
+#include "dropout_kernels.h"
+#undef HPCGNN_ISA_NS
+#pragma GCC pop_options
+#endif
 
 template <typename T>
 bool try_apply(const py::object& x_o, const py::object& out_o, double p, uint64_t seed) {
@@ -66,7 +52,7 @@ bool try_apply(const py::object& x_o, const py::object& out_o, double p, uint64_
     T* op = out.mutable_data();
     const int64_t n = x.size();
     py::gil_scoped_release nogil;
-    apply<T>(xp, op, n, p, seed);
+    HPCGNN_ISA_CALL(apply<T>, xp, op, n, p, seed);
     return true;
 }
 
@@ -83,6 +69,7 @@ PYBIND11_MODULE(_native_dropout, m) {
     using namespace hpcgnn;
     m.doc() = "Dropout with a counter-based (seed, element) mask (OpenMP).";
     add_thread_control(m);
+    HPCGNN_ADD_ISA_INFO(m);
     m.def("dropout", &dropout, py::arg("x"), py::arg("out"), py::arg("p"), py::arg("seed"),
           "out[i] = x[i] / (1 - p) if element i is kept under `seed`, else 0 (P(drop) = p). x and out: "
           "C-contiguous float32 or float64 of the same size (out may be x). The same seed gives the same "

@@ -1,0 +1,299 @@
+// The compute kernels of native/spmm.cpp (SpMM, multi-head SpMM, SDDMM), included by spmm.cpp
+// once per instruction set: in namespace `base` compiled for the build's -march (the
+// x86-64-v2 baseline by default) and, on x86-64, again in namespace `avx2` under
+// `#pragma GCC target("avx2,fma")`. spmm.cpp picks one at run time (isa.h). No include
+// guard on purpose; the includer defines HPCGNN_ISA_NS and has included every header used here
+// (and defines Csr, prefetch_distance, worth_threads, kRowsPerTask).
+
+namespace HPCGNN_ISA_NS {
+
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(c + l, 0, 3);
+}
+
+// ---- SpMM: out[v, :] = row_scale[v] * sum_j w[j] * col_scale[u_j] * X[u_j, :] -----------------
+
+// acc[0:len) += sum over row edges [b, e) of w_j * cs[u_j] * X[u_j, c:c+len) (u_j = indices[j]);
+// prefetches whole source rows prefetch_distance edges ahead during the first chunk (c == 0).
+template <typename T, int64_t CH, bool FULL, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X,
+                         int64_t D, int64_t c, int64_t len, const T* w, const int64_t* widx, const T* cs) {
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T)), pf = prefetch_distance(row_bytes);
+    for (int64_t j = b; j < e; ++j) {
+        if (c == 0 && j + pf < nnz) {
+            prefetch_bytes(X + indices[j + pf] * D, row_bytes);
+            if (INDEXED) __builtin_prefetch(w + widx[j + pf], 0, 3);  // weights read out of order
+        }
+        const T* x = X + indices[j] * D + c;
+        T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        if (COLSCALE) wj *= cs[indices[j]];
+        if (FULL) {
+#pragma omp simd
+            for (int64_t k = 0; k < CH; ++k) acc[k] += wj * x[k];
+        } else {
+#pragma omp simd
+            for (int64_t k = 0; k < len; ++k) acc[k] += wj * x[k];
+        }
+    }
+}
+
+// Output rows of a large SpMM are written with streaming (non-temporal) stores: they are not
+// read again soon, and a normal store first reads the line it overwrites. Used when the
+// output exceeds kStreamBytes and every row starts on a 32-byte boundary (AVX builds only).
+constexpr int64_t kStreamBytes = int64_t(64) << 20;
+
+template <typename T>
+bool can_stream(const T* out, int64_t rows, int64_t D) {
+#if HPCGNN_KERNELS_AVX
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
+    return rows * row_bytes >= kStreamBytes && row_bytes % 32 == 0 && reinterpret_cast<uintptr_t>(out) % 32 == 0;
+#else
+    (void)out, (void)rows, (void)D;
+    return false;
+#endif
+}
+
+// o[0:len) = acc[0:len) * s; streaming stores when `stream` (then len % (32 / sizeof(T)) == 0
+// and o is 32-byte aligned, see can_stream). Same values either way.
+template <typename T>
+inline void store_scaled(T* o, const T* acc, int64_t len, T s, bool stream) {
+#if HPCGNN_KERNELS_AVX
+    if (stream) {
+        if constexpr (std::is_same_v<T, float>) {
+            const __m256 sv = _mm256_set1_ps(s);
+            for (int64_t k = 0; k < len; k += 8) _mm256_stream_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(acc + k), sv));
+        } else {
+            const __m256d sv = _mm256_set1_pd(s);
+            for (int64_t k = 0; k < len; k += 4) _mm256_stream_pd(o + k, _mm256_mul_pd(_mm256_loadu_pd(acc + k), sv));
+        }
+        return;
+    }
+#endif
+    (void)stream;
+#pragma omp simd
+    for (int64_t k = 0; k < len; ++k) o[k] = acc[k] * s;
+}
+
+inline void store_fence(bool stream) {
+#if HPCGNN_KERNELS_AVX
+    if (stream) _mm_sfence();  // make this thread's streaming stores visible before the join
+#endif
+    (void)stream;
+}
+
+// One pass over a row's edges per CH-column chunk; CH = 512 bytes (a 128-wide float32 row
+// in one pass: the accumulator lives in registers and L1, and each edge's index is read once).
+template <typename T, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+               const T* cs, T* out) {
+    constexpr int64_t CH = 512 / sizeof(T);
+    const int64_t* indptr = g.indptr;
+    const int64_t* indices = g.indices;
+    const int64_t nnz = g.nnz;
+    const bool stream = can_stream(out, g.rows, D);
+#pragma omp parallel if (worth_threads(g.rows, g.nnz, D))
+    {
+#pragma omp for schedule(dynamic, kRowsPerTask) nowait
+        for (int64_t v = 0; v < g.rows; ++v) {
+            const int64_t b = indptr[v], e = indptr[v + 1];
+            const T s = row_scale ? row_scale[v] : T(1);
+            T* o = out + v * D;
+            for (int64_t c = 0; c < D; c += CH) {
+                const int64_t len = std::min(CH, D - c);
+                alignas(64) T acc[CH];
+#pragma omp simd
+                for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
+                if (len == CH)
+                    gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
+                                                                           widx, cs);
+                else
+                    gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len,
+                                                                            w, widx, cs);
+                store_scaled(o + c, acc, len, s, stream);
+            }
+        }
+        store_fence(stream);
+    }
+}
+
+template <typename T, bool COLSCALE>
+void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+                   const T* cs, T* out) {
+    if (!w)
+        spmm_rows<T, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+    else if (!widx)
+        spmm_rows<T, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+    else
+        spmm_rows<T, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+}
+
+template <typename T>
+void spmm_run(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+              const T* col_scale, T* out) {
+    if (col_scale)
+        spmm_dispatch<T, true>(g, w, widx, X, D, row_scale, col_scale, out);
+    else
+        spmm_dispatch<T, false>(g, w, widx, X, D, row_scale, col_scale, out);
+}
+
+// ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------
+//                      (+ self_w[v, h] * Z[v, h, :] for v < n_self)
+
+// One output chunk of destination row v, accumulated in a local array (registers for the
+// compile-time modes). Chunk layouts of the flattened [H*D] row:
+//   kHeadFull  CH columns of one head (D >= CH)        kHeadPart  fewer than CH columns of one head
+//   kGroupFull CH/DD whole heads, D == DD (compile-time) kGroupPart gc whole heads, runtime D
+enum HeadsMode { kHeadFull, kHeadPart, kGroupFull, kGroupPart };
+
+template <typename T, int64_t CH, HeadsMode MODE, int64_t DD>
+inline void heads_accumulate(T* acc, const T* a, const T* z, int64_t gc, int64_t D, int64_t len) {
+    if constexpr (MODE == kHeadFull) {
+        const T a0 = a[0];
+#pragma omp simd
+        for (int64_t k = 0; k < CH; ++k) acc[k] += a0 * z[k];
+    } else if constexpr (MODE == kHeadPart) {
+        const T a0 = a[0];
+#pragma omp simd
+        for (int64_t k = 0; k < len; ++k) acc[k] += a0 * z[k];
+    } else if constexpr (MODE == kGroupFull) {
+        for (int64_t g = 0; g < CH / DD; ++g) {
+            const T ag = a[g];
+#pragma omp simd
+            for (int64_t k = 0; k < DD; ++k) acc[g * DD + k] += ag * z[g * DD + k];
+        }
+    } else {
+        for (int64_t g = 0; g < gc; ++g) {
+            const T ag = a[g];
+#pragma omp simd
+            for (int64_t k = 0; k < D; ++k) acc[g * D + k] += ag * z[g * D + k];
+        }
+    }
+}
+
+// o[0:len) = sum_j alpha[j, h0:h0+gc] * Z[u_j, off:off+len) (+ self term), see HeadsMode.
+template <typename T, int64_t CH, HeadsMode MODE, int64_t DD>
+inline void heads_chunk(T* o, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, bool first, int64_t pf,
+                        const T* alpha, const int64_t* aidx, int64_t H, int64_t h0, int64_t gc, const T* Z,
+                        int64_t HD, int64_t off, int64_t D, int64_t len, const T* self_a, const T* self_z) {
+    const int64_t row_bytes = HD * static_cast<int64_t>(sizeof(T));
+    T acc[CH];
+#pragma omp simd
+    for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
+    for (int64_t j = b; j < e; ++j) {
+        if (first && j + pf < nnz) {
+            prefetch_bytes(Z + indices[j + pf] * HD, row_bytes);
+            if (aidx) prefetch_bytes(alpha + aidx[j + pf] * H, H * static_cast<int64_t>(sizeof(T)));
+        }
+        heads_accumulate<T, CH, MODE, DD>(acc, alpha + (aidx ? aidx[j] : j) * H + h0, Z + indices[j] * HD + off,
+                                          gc, D, len);
+    }
+    if (self_a) heads_accumulate<T, CH, MODE, DD>(acc, self_a, self_z, gc, D, len);
+#pragma omp simd
+    for (int64_t k = 0; k < len; ++k) o[k] = acc[k];
+}
+
+// Heads narrower than a chunk (D < CH, CH % D == 0) are grouped CH / D per chunk, so a row
+// takes H*D/CH passes over its edges; wider heads take chunks of CH columns each.
+template <typename T, int64_t DD>
+void spmm_heads_rows(const Csr& g, const T* alpha, const int64_t* aidx, const T* Z, int64_t H, int64_t D,
+                     const T* self_w, int64_t n_self, T* out) {
+    constexpr int64_t CH = 256 / sizeof(T);
+    const int64_t* indptr = g.indptr;
+    const int64_t* indices = g.indices;
+    const int64_t nnz = g.nnz, HD = H * D;
+    const int64_t pf = prefetch_distance(HD * static_cast<int64_t>(sizeof(T)));
+    const bool grouped = D < CH && CH % D == 0;
+    const int64_t G = grouped ? CH / D : 1;
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, HD))
+    for (int64_t v = 0; v < g.rows; ++v) {
+        const int64_t b = indptr[v], e = indptr[v + 1];
+        const bool self = v < n_self;
+        T* orow = out + v * HD;
+        const T* zself = Z + v * HD;
+        if (grouped) {
+            for (int64_t h0 = 0; h0 < H; h0 += G) {
+                const int64_t gc = std::min(G, H - h0), off = h0 * D;
+                const T* sa = self ? self_w + v * H + h0 : nullptr;
+                if (DD > 0 && gc == G)
+                    heads_chunk<T, CH, kGroupFull, (DD > 0 ? DD : 1)>(orow + off, indices, b, e, nnz, h0 == 0, pf,
+                                                                      alpha, aidx, H, h0, gc, Z, HD, off, D,
+                                                                      gc * D, sa, zself + off);
+                else
+                    heads_chunk<T, CH, kGroupPart, 0>(orow + off, indices, b, e, nnz, h0 == 0, pf, alpha, aidx, H,
+                                                      h0, gc, Z, HD, off, D, gc * D, sa, zself + off);
+            }
+        } else {
+            for (int64_t h = 0; h < H; ++h) {
+                const T* sa = self ? self_w + v * H + h : nullptr;
+                for (int64_t c = 0; c < D; c += CH) {
+                    const int64_t off = h * D + c, len = std::min(CH, D - c);
+                    const bool first = h == 0 && c == 0;
+                    if (len == CH)
+                        heads_chunk<T, CH, kHeadFull, 0>(orow + off, indices, b, e, nnz, first, pf, alpha, aidx, H, h,
+                                                         1, Z, HD, off, D, len, sa, zself + off);
+                    else
+                        heads_chunk<T, CH, kHeadPart, 0>(orow + off, indices, b, e, nnz, first, pf, alpha, aidx, H, h,
+                                                         1, Z, HD, off, D, len, sa, zself + off);
+                }
+            }
+        }
+    }
+}
+
+template <typename T>
+void spmm_heads_run(const Csr& g, const T* a, const int64_t* aidx, const T* z, int64_t H, int64_t D,
+                    const T* self_w, int64_t n_self, T* o) {
+    constexpr bool F = sizeof(T) == 4;  // chunk = 64 floats or 32 doubles; DD must be < chunk
+    if (D == 4) spmm_heads_rows<T, 4>(g, a, aidx, z, H, D, self_w, n_self, o);
+    else if (D == 8) spmm_heads_rows<T, 8>(g, a, aidx, z, H, D, self_w, n_self, o);
+    else if (D == 16) spmm_heads_rows<T, 16>(g, a, aidx, z, H, D, self_w, n_self, o);
+    else if (F && D == 32) spmm_heads_rows<T, F ? 32 : 0>(g, a, aidx, z, H, D, self_w, n_self, o);
+    else spmm_heads_rows<T, 0>(g, a, aidx, z, H, D, self_w, n_self, o);
+}
+
+// ---- SDDMM: out[j, h] = <A[v, h, :], B[indices[j], h, :]> for edge j of row v -------------------
+//             (self_out[v, h] = <A[v, h, :], B[v, h, :]> for v < n_self)
+
+template <typename T, int64_t DD>
+inline void head_dots(const T* a, const T* b, int64_t H, int64_t D, T* out) {
+    for (int64_t h = 0; h < H; ++h) {
+        T s = T(0);
+        if constexpr (DD > 0) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < DD; ++k) s += a[h * DD + k] * b[h * DD + k];
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t k = 0; k < D; ++k) s += a[h * D + k] * b[h * D + k];
+        }
+        out[h] = s;
+    }
+}
+
+template <typename T, int64_t DD>
+void sddmm_rows(const Csr& g, const T* A, const T* B, int64_t H, int64_t D, T* out, T* self_out, int64_t n_self) {
+    const int64_t* indptr = g.indptr;
+    const int64_t* indices = g.indices;
+    const int64_t nnz = g.nnz, HD = H * D, row_bytes = HD * static_cast<int64_t>(sizeof(T));
+    const int64_t pf = prefetch_distance(row_bytes);
+#pragma omp parallel for schedule(dynamic, kRowsPerTask) if (worth_threads(g.rows, g.nnz, HD))
+    for (int64_t v = 0; v < g.rows; ++v) {
+        const T* a_row = A + v * HD;
+        for (int64_t j = indptr[v]; j < indptr[v + 1]; ++j) {
+            if (j + pf < nnz) prefetch_bytes(B + indices[j + pf] * HD, row_bytes);
+            head_dots<T, DD>(a_row, B + indices[j] * HD, H, D, out + j * H);
+        }
+        if (v < n_self) head_dots<T, DD>(a_row, B + v * HD, H, D, self_out + v * H);
+    }
+}
+
+template <typename T>
+void sddmm_run(const Csr& g, const T* a, const T* b, int64_t H, int64_t D, T* o, T* so, int64_t n_self) {
+    if (D == 8) sddmm_rows<T, 8>(g, a, b, H, D, o, so, n_self);
+    else if (D == 16) sddmm_rows<T, 16>(g, a, b, H, D, o, so, n_self);
+    else if (D == 32) sddmm_rows<T, 32>(g, a, b, H, D, o, so, n_self);
+    else if (D == 64) sddmm_rows<T, 64>(g, a, b, H, D, o, so, n_self);
+    else sddmm_rows<T, 0>(g, a, b, H, D, o, so, n_self);
+}
+
+}  // namespace HPCGNN_ISA_NS
