@@ -3,15 +3,21 @@
 #   make demo        create .venv, build native/, import Cora, partition it, train on 2 ranks
 #   make test        same set-up, then the test suite
 #
-# TORCH picks the torch requirement (default: the pinned CPU wheel). On a GPU
-# cluster point it at a CUDA build, e.g.
+# TORCH picks the torch requirement and its pip options (default: the pinned CPU
+# wheel from PyPI). On a GPU cluster point it at a CUDA build, e.g.
 #   make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# torch is installed in a pip step of its own (the index applies to torch alone; the
+# other packages come from PyPI), and again whenever TORCH changes, also on an existing
+# .venv. NATIVE_ARCH (or the HPCGNN_NATIVE_ARCH environment variable) picks the -march
+# of native/ (default: the portable x86-64-v2 baseline with AVX2 kernels chosen at run
+# time; "native" tunes for the build machine only, see setup.py); changing it rebuilds.
 # Every target re-uses what is already built: a second run does no set-up work.
 
 SHELL      := /bin/bash
 PYTHON3    ?= python3
 VENV       ?= .venv
 TORCH      ?= torch==2.13.0
+NATIVE_ARCH ?= $(HPCGNN_NATIVE_ARCH)
 PY         := $(VENV)/bin/python
 MPIEXEC    := $(VENV)/bin/mpiexec
 HPCGNN     := $(PY) -m hpcgnn
@@ -25,27 +31,54 @@ NP         ?= 2
 CONFIG     ?= inputs/cora-sage.toml
 PYTEST_ARGS ?=
 
-DEPS_STAMP   := $(VENV)/.deps-stamp
+# value_stamp(NAME,VALUE): a stamp file named after a checksum of VALUE (which it holds),
+# so that a rule making it runs again whenever VALUE changes; the rule removes the
+# stamps of other values. Nothing is written while make reads this file (dry runs too).
+value_stamp = $(VENV)/.$(1)-$(firstword $(shell printf '%s' '$(2)' | cksum))
+
+PIP_STAMP    := $(VENV)/.pip-stamp
+TORCH_STAMP  := $(call value_stamp,torch,$(TORCH))
+# cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
+# (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
+DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich pytest pybind11 setuptools wheel
+DEPS_STAMP   := $(call value_stamp,deps,$(DEPS))
+ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-scale clean distclean
 
 install: $(NATIVE_STAMP)
 
-$(DEPS_STAMP): setup.py
+$(PIP_STAMP):
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check $(TORCH) numpy h5py pymetis mpi4py mpich pytest pybind11 setuptools wheel
 	@touch $@
+
+# torch alone, with the options in TORCH (an --index-url there applies to torch and its
+# own dependencies only).
+$(TORCH_STAMP): $(PIP_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+	@rm -f $(VENV)/.torch-[0-9]*
+	@printf '%s\n' '$(TORCH)' > $@
+
+# Everything else, from PyPI.
+$(DEPS_STAMP): setup.py $(PIP_STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check $(DEPS)
+	@rm -f $(VENV)/.deps-[0-9]* $(VENV)/.deps-stamp
+	@touch $@
+
+$(ARCH_STAMP): $(PIP_STAMP)
+	@rm -f $(VENV)/.native-arch-[0-9]*
+	@printf '%s\n' '$(NATIVE_ARCH)' > $@
 
 # The extension modules are built in place, incrementally (only changed
 # families recompile); the package is then installed once, in editable mode,
 # without compiling again. A failed compile stops here.
 EDITABLE_STAMP := $(VENV)/.editable-stamp
 
-$(NATIVE_STAMP): $(DEPS_STAMP) $(NATIVE_SRC) setup.py
-	flock .native.lock $(PY) setup.py -q build_ext --inplace --parallel 2
+$(NATIVE_STAMP): $(TORCH_STAMP) $(DEPS_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
+	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(PY) setup.py -q build_ext --inplace --parallel 2
 	@$(PY) -c "import hpcgnn.native" || { echo "hpcgnn: native extension did not import"; exit 1; }
 	@test -f $(EDITABLE_STAMP) || { HPCGNN_PREBUILT=1 HPCGNN_TORCH="$(firstword $(TORCH))" \
 	    $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
@@ -91,6 +124,12 @@ bench-minibatch: $(NATIVE_STAMP)
 
 bench-fullgraph: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.fullgraph --out $(RUNS)/bench/fullgraph.h5
+
+# Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
+# make bench-scale [SCALE=0.25]
+SCALE ?= 1.0
+bench-scale: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5
 
 clean:
 	rm -rf build hpcgnn/_native*.so $(NATIVE_STAMP) .pytest_cache

@@ -161,7 +161,7 @@ setup(
         "mpi4py",
         "mpich",
     ],
-    extras_require={"test": ["pytest"], "bench": ["torch_geometric"]},
+    extras_require={"test": ["pytest"], "bench": ["torch_geometric"], "metis32": ["cmeel-metis"]},
     ext_modules=native_modules,
     cmdclass={"build_ext": BuildNative},
     entry_points={"console_scripts": ["hpcgnn = hpcgnn.cli:main"]},

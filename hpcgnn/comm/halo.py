@@ -159,3 +159,62 @@ def halo_exchange(h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | Non
     if (comm is None or comm.Get_size() == 1) and plan.num_halo == 0:
         return h_solid  # a single partition has no halo
     return HaloExchange.apply(h_solid, comm, plan, stats)
+
+
+class HaloRounds:
+    """The forward halo exchange split into ``rounds`` collectives of about ``1/rounds`` of the
+    rows each, so a receiver never holds more than one round of halo rows.
+
+    Round ``k`` carries, from every owner ``s`` to every receiver, rows
+    ``[n * k // rounds, n * (k + 1) // rounds)`` of the ``n`` rows ``s`` sends it (both sides
+    know ``n`` from the plan). On the receiver, :attr:`round_of` [num_halo] gives the round of
+    every halo position and :attr:`row_in_round` its row in that round's buffer; the rows of
+    round ``k`` arrive in increasing halo position. Every rank must call :meth:`round_rows` for
+    the same rounds in the same order (collective). ``comm`` None or of size 1: no halo.
+    """
+
+    def __init__(self, comm, plan: HaloPlan, rounds: int):
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        self.comm, self.plan, self.rounds = comm, plan, int(rounds)
+        self.num_solid, self.num_halo = plan.num_solid, plan.num_halo
+        r = self.rounds
+        recv = plan.recv_counts
+        offsets = np.concatenate([[0], np.cumsum(recv)]).astype(np.int64)
+        owner = np.repeat(np.arange(recv.shape[0]), recv)
+        j = np.arange(self.num_halo, dtype=np.int64) - offsets[owner]    # index within the owner's rows
+        n = recv[owner]
+        # round k holds j in [n*k//r, n*(k+1)//r): the largest k with n*k//r <= j, i.e.
+        # n*k < (j+1)*r, i.e. k = ceil((j+1)*r/n) - 1
+        k = ((j + 1) * r + n - 1) // np.maximum(n, 1) - 1
+        self.round_of = np.minimum(k, r - 1).astype(np.int64)
+        counts = np.bincount(self.round_of, minlength=r)
+        starts = np.concatenate([[0], np.cumsum(counts)])[:-1]
+        order = np.argsort(self.round_of, kind="stable")
+        self.row_in_round = np.empty(self.num_halo, dtype=np.int64)
+        self.row_in_round[order] = np.arange(self.num_halo) - np.repeat(starts, counts)
+        self.round_sizes = counts.astype(np.int64)
+        send_off = np.concatenate([[0], np.cumsum(plan.send_counts)]).astype(np.int64)
+        self._send_off = send_off
+
+    def _pieces(self, counts: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        lo = (counts * k) // self.rounds
+        hi = (counts * (k + 1)) // self.rounds
+        return lo, hi - lo
+
+    def round_rows(self, solid_rows: np.ndarray, k: int) -> np.ndarray:
+        """Collective: this rank's halo rows of round ``k`` [round_sizes[k], ...] from their
+        owners' ``solid_rows`` [num_solid, ...]."""
+        plan = self.plan
+        if self.comm is None or self.comm.Get_size() == 1 or plan.num_parts == 1:
+            return np.ascontiguousarray(solid_rows[:0])
+        lo, cnt = self._pieces(plan.send_counts, k)
+        starts = self._send_off[:-1] + lo
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(cnt)])[:-1], cnt) + np.arange(cnt.sum())
+        send = solid_rows[plan.send_index[idx]]
+        _, rcnt = self._pieces(plan.recv_counts, k)
+        return alltoallv(self.comm, send, cnt.astype(np.int64), rcnt.astype(np.int64))
+
+    def all_rows(self, solid_rows: np.ndarray) -> np.ndarray:
+        """Collective: every halo row at once (one exchange), [num_halo, ...]."""
+        return exchange_rows(self.comm, self.plan, solid_rows)

@@ -18,6 +18,11 @@ from hpcgnn.errors import InputError
 def add_arguments(parser) -> None:
     parser.add_argument("path", metavar="PATH", help="graph file (.h5) or partition directory")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="with a partition directory: estimate every rank's peak memory for "
+                             "this training configuration")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a configuration key of --config (repeatable)")
 
 
 def graph_summary(path: Path) -> dict:
@@ -142,11 +147,59 @@ def _text(s: dict) -> str:
     return "\n".join(lines)
 
 
+def memory_estimates(store: Path, config: str, overrides: list[str]) -> dict:
+    """Every rank's estimated peak memory (bytes per term) for ``config`` on ``store``; the
+    baseline is this process's RSS with torch and the kernels imported."""
+    import hpcgnn.engine.minibatch  # noqa: F401 - the baseline includes what a rank imports
+    import hpcgnn.native  # noqa: F401
+    from hpcgnn.engine.estimate import estimate_rank_memory
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+    from hpcgnn.run.memory import node_available_bytes, rss_bytes
+
+    cfg = load_config(config, [*overrides, f"data.partitions={store}"])
+    meta = read_meta(store)
+    base = rss_bytes()
+    ranks = []
+    for p in range(meta.num_parts):
+        est = estimate_rank_memory(cfg, meta, p, base)
+        name, size = est.largest()
+        ranks.append({"rank": p, "total_bytes": est.total, "terms": est.terms, "largest": name,
+                      "largest_bytes": size, "shrink": est.shrink.get(name, "")})
+    avail, source = node_available_bytes()
+    return {"config": str(config), "engine": cfg.train.engine, "ranks": ranks,
+            "sum_bytes": sum(r["total_bytes"] for r in ranks),
+            "this_machine_available_bytes": avail, "available_source": source}
+
+
+def _memory_text(m: dict) -> str:
+    names = []
+    for r in m["ranks"]:
+        names += [k for k in r["terms"] if k not in names]
+    head = ["rank"] + [f"{k}_GiB" for k in names] + ["total_GiB"]
+    rows = [head] + [[str(r["rank"])] + [f"{r['terms'].get(k, 0) / 2**30:.2f}" for k in names] +
+                     [f"{r['total_bytes'] / 2**30:.2f}"] for r in m["ranks"]]
+    w = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [f"estimated peak memory per rank ({m['engine']} engine, {m['config']}):"]
+    lines += ["  " + "  ".join(c.rjust(x) for c, x in zip(row, w)) for row in rows]
+    worst = max(m["ranks"], key=lambda r: r["total_bytes"])
+    lines.append(f"  all ranks together {m['sum_bytes'] / 2**30:.2f} GiB; this machine offers "
+                 f"{m['this_machine_available_bytes'] / 2**30:.2f} GiB ({m['available_source']}); "
+                 f"largest term {worst['largest']} on rank {worst['rank']}: shrink with {worst['shrink']}")
+    return "\n".join(lines)
+
+
 def run(args) -> int:
     summary = summarise(args.path)
+    if args.config:
+        if not Path(args.path).is_dir():
+            raise InputError(f"{args.path}: --config needs a partition directory, not a graph file")
+        summary["memory_estimate"] = memory_estimates(Path(args.path), args.config, args.set)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:
         print(_text(summary))
+        if "memory_estimate" in summary:
+            print(_memory_text(summary["memory_estimate"]))
     sys.stdout.flush()
     return 0

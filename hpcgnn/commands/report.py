@@ -1,8 +1,9 @@
 """`hpcgnn report RUN [--json]`: summarise a run directory (its ``run.h5``).
 
 The table has one row per logged epoch: loss, accuracies (%), epoch time (slowest rank), the
-mean over ranks of each timed phase, bytes sent (sum over ranks) and, for HEC runs, the hit
-rate of every layer's cache (hits / lookups over all ranks). ``--json`` prints the same as one
+mean over ranks of each timed phase, bytes sent (sum over ranks), for HEC runs the hit rate of
+every layer's cache (hits / lookups over all ranks), and the largest per-rank peak resident
+memory of the epoch with the rank and phase where it happened; below it, each rank's peak. ``--json`` prints the same as one
 JSON object (NaN as null).
 """
 from __future__ import annotations
@@ -65,6 +66,14 @@ def summarise(run: dict) -> dict:
             hits = np.nansum(pl["hec_hits"][i], axis=0)
             looks = np.nansum(pl["hec_lookups"][i], axis=0)
             row["hec_hit_rate"] = [_clean(float(h / l)) if l else None for h, l in zip(hits, looks)]
+        if "peak_rss_bytes" in c and np.isfinite(c["peak_rss_bytes"][i]).any():
+            per_rank = c["peak_rss_bytes"][i]
+            r = int(np.nanargmax(per_rank))
+            phase = run.get("labels", {}).get("peak_rss_phase")
+            row["peak_rss_bytes"] = _clean(float(per_rank[r]))
+            row["peak_rss_rank"] = r
+            row["peak_rss_phase"] = None if phase is None else str(phase[i, r])
+            row["peak_rss_sum_bytes"] = _clean(float(np.nansum(per_rank)))
         rows.append(row)
     val = [(r.get("val_acc"), r) for r in rows if r.get("val_acc") is not None]
     best = max(val, key=lambda x: x[0])[1] if val else None
@@ -82,7 +91,26 @@ def summarise(run: dict) -> dict:
                                              "val_acc": evaluated[-1].get("val_acc"),
                                              "test_acc": evaluated[-1].get("test_acc")},
         "mean_epoch_time_s": float(np.mean(times)) if times else None,
+        "memory_per_rank": _memory_per_rank(run),
     }
+
+
+def _memory_per_rank(run: dict) -> list[dict]:
+    """Per rank: the largest epoch peak RSS over the run, the epoch and phase where it happened."""
+    c = run["counters"].get("peak_rss_bytes")
+    if c is None or c.size == 0:
+        return []
+    phases = run.get("labels", {}).get("peak_rss_phase")
+    epochs = run["metrics"].get("epoch", np.arange(1, c.shape[0] + 1))
+    out = []
+    for r in range(c.shape[1]):
+        col = c[:, r]
+        if not np.isfinite(col).any():
+            continue
+        i = int(np.nanargmax(col))
+        out.append({"rank": r, "peak_rss_bytes": _clean(float(col[i])), "epoch": int(epochs[i]),
+                    "phase": None if phases is None else str(phases[i, r])})
+    return out
 
 
 def _pct(x) -> str:
@@ -106,7 +134,8 @@ def format_table(s: dict) -> str:
     phases = [p for p in PHASES if any(p in r["phases_mean_s"] for r in rows)]
     layers = max((len(r.get("hec_hit_rate") or []) for r in rows), default=0)
     head = ["epoch", "loss", "train%", "val%", "test%", "time_s"] + phases + \
-        (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)]
+        (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)] + \
+        (["peak_GiB", "peak_at"] if any("peak_rss_bytes" in r for r in rows) else [])
     table = [head]
     for r in rows:
         cells = [str(r["epoch"]), "-" if r.get("loss") is None else f"{r['loss']:.4f}",
@@ -117,6 +146,11 @@ def format_table(s: dict) -> str:
             cells.append("-" if r.get("bytes_sent") is None else f"{r['bytes_sent'] / 1e6:.2f}")
         hits = r.get("hec_hit_rate") or []
         cells += [_pct(hits[l]) if l < len(hits) else "-" for l in range(layers)]
+        if "peak_GiB" in head:
+            if r.get("peak_rss_bytes") is None:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{r['peak_rss_bytes'] / 2**30:.2f}", f"r{r['peak_rss_rank']}:{r['peak_rss_phase']}"]
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines.append("")
@@ -130,7 +164,14 @@ def format_table(s: dict) -> str:
         lines.append(f"final      epoch {f['epoch']}: val {_pct(f['val_acc'])}%, test {_pct(f['test_acc'])}%")
     if s["mean_epoch_time_s"] is not None:
         lines.append(f"epoch time {s['mean_epoch_time_s']:.3f} s (mean over epochs, slowest rank)")
+    if s["memory_per_rank"]:
+        mem = s["memory_per_rank"]
+        lines.append("peak RSS   " + ", ".join(
+            f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
+            for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
     lines.append("phases: mean over ranks in seconds; forward includes comm_wait, push and cache")
+    if any("peak_rss_bytes" in r for r in rows):
+        lines.append("peak_GiB: largest per-rank peak resident memory of the epoch; peak_at: rank:phase")
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ Every rank loads the configuration and its own partition (rank r reads partition
 ``data.partitions``); the job must have exactly as many ranks as the store has partitions.
 Checks whose outcome may differ between ranks go through ``Runtime.agree`` so that every rank
 stops with the same one-line error and exit code 2. Dispatches on ``train.engine`` to
-``hpcgnn.engine.<engine>.train(cfg, rt, out)``.
+``hpcgnn.engine.<engine>.train(cfg, rt, out)``. The rank runs in a child of a small watcher
+process that names the rank if a signal (the OOM killer's SIGKILL) ends it
+(:mod:`hpcgnn.supervisor`).
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ def _collective(rt, fn):
 
 
 def run(args) -> int:
+    from hpcgnn.supervisor import run_watched
+
+    return run_watched(lambda: _train(args))
+
+
+def _train(args) -> int:
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
     from hpcgnn.run.output import RunOutput
@@ -51,6 +59,9 @@ def run(args) -> int:
             rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
                      f"the job has {rt.size} ranks (start one rank per partition: "
                      f"mpiexec -n {meta.num_parts})")
+        from hpcgnn.engine.estimate import check_memory
+
+        check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
         engine = importlib.import_module(f"hpcgnn.engine.{cfg.train.engine}")
         engine.train(cfg, rt, out)

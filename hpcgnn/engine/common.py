@@ -201,11 +201,17 @@ def split_counts(pred: torch.Tensor, labels: torch.Tensor, masks: dict[str, torc
 
 # ---- timing ----------------------------------------------------------------
 class PhaseTimer:
-    """Accumulated wall-clock seconds per named phase (``with timer.phase('forward'): ...``)."""
+    """Accumulated wall-clock seconds per named phase (``with timer.phase('forward'): ...``),
+    and the epoch's peak memory with the phase in which it was reached (``timer.memory``, a
+    :class:`~hpcgnn.run.memory.PeakMonitor` read at the end of every phase; :meth:`reset` starts
+    a new epoch for both)."""
 
-    def __init__(self, sync_cuda: bool = False):
+    def __init__(self, sync_cuda: bool = False, cuda_device=None):
+        from hpcgnn.run.memory import PeakMonitor
+
         self.seconds: dict[str, float] = {}
         self.sync_cuda = sync_cuda and torch.cuda.is_available()
+        self.memory = PeakMonitor(cuda_device if self.sync_cuda else None)
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -218,12 +224,21 @@ class PhaseTimer:
             if self.sync_cuda:
                 torch.cuda.synchronize()
             self.add(name, time.perf_counter() - t0)
+            self.memory.after(name)
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
 
     def reset(self) -> None:
         self.seconds = {}
+        self.memory.start()
+
+    def memory_record(self) -> tuple[dict, dict]:
+        """(counters, labels) of the epoch's memory peaks for :meth:`RunOutput.log_epoch`."""
+        res = self.memory.result()
+        counters = {k: v for k, v in res.items() if k.endswith("_bytes")}
+        labels = {k: v for k, v in res.items() if k.endswith("_phase")}
+        return counters, labels
 
 
 # ---- checkpoint / resume ----------------------------------------------------

@@ -235,7 +235,7 @@ def train(cfg, rt, out) -> None:
     epochs = cfg.train.epochs
     masks = {k: graph.masks[k] for k in ("train", "val", "test")}
     for epoch in range(start, epochs + 1):
-        timer = PhaseTimer(sync_cuda=device.type == "cuda")
+        timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         runner.reset_stats()
         seed_torch(cfg.train.seed, epoch, rt.rank)
         model.train()
@@ -255,6 +255,7 @@ def train(cfg, rt, out) -> None:
                 metrics.update(accuracy_metrics(rt, correct, total))
         timings = dict(timer.seconds)
         timings.update(runner.timings())
-        out.log_epoch(epoch, metrics, timings, runner.counters())
+        mem_counters, mem_labels = timer.memory_record()
+        out.log_epoch(epoch, metrics, timings, {**runner.counters(), **mem_counters}, labels=mem_labels)
         if _due(epoch, cfg.train.checkpoint_every, epochs):
             save_training_state(out, epoch, model, optimizer)

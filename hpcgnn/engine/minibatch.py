@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn.comm.aep import AsyncEmbeddingPush
+from hpcgnn.comm.halo import exchange_rows
 from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metrics, allreduce_max,
                                   allreduce_sum, build_model_from_config, build_optimizer,
                                   numpy_rng, parameter_checksum, resolve_device,
@@ -197,14 +198,15 @@ class MinibatchTrainer:
         self.part = part
         self.num_solid = part.num_solid
         self.device = resolve_device(cfg, rt)
-        self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda")
+        self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda", cuda_device=self.device)
 
         indptr, local_indices = part.local_csr()
         self.local_indices = local_indices
         self.sampler = NeighborSampler(indptr, local_indices, part.num_solid, self.fanouts,
                                        seed=rng_key(self.seed, _SAMPLER, rt.rank), num_local=part.num_local)
-        feats = torch.from_numpy(part.features)
-        self.x_local = torch.cat([feats, feats.new_zeros(part.num_halo, feats.shape[1])]).to(self.device)
+        # Solid rows only: a halo row of a layer-0 input is always replaced from HEC_0, dropped, or
+        # (exact mode) fetched, so it needs no storage (on the CPU this is the store's own array).
+        self.x_solid = torch.from_numpy(part.features).to(self.device)
         self.labels = torch.from_numpy(part.labels).to(self.device)
         self.train_ids = np.flatnonzero(part.train_mask).astype(np.int64)
         self.in_dim = int(part.features.shape[1])
@@ -271,9 +273,12 @@ class MinibatchTrainer:
                 t0 = time.perf_counter()
                 metrics.update(self.evaluate())
                 timings["eval"] = time.perf_counter() - t0
+                self.timer.memory.after("eval")
             else:
                 metrics.update({f"{s}_acc": float("nan") for s in ("train", "val", "test")})
-            self.out.log_epoch(epoch, metrics, timings, counters, per_layer)
+            mem_counters, mem_labels = self.timer.memory_record()
+            counters.update(mem_counters)
+            self.out.log_epoch(epoch, metrics, timings, counters, per_layer, labels=mem_labels)
             if self.record is not None:
                 self.record.write(self.aep)
             ck = cfg.train.checkpoint_every
@@ -383,12 +388,22 @@ class MinibatchTrainer:
             batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
         frontiers = [f.numpy() for f in batch.frontiers]
         with timer.phase("forward"):
-            x = self.x_local[batch.frontiers[0].to(self.device)]
+            x = self._input_rows(batch.frontiers[0].to(self.device))
             blocks = [b.to(self.device) for b in batch.blocks]
             logits = self.model(blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
         y = self.labels[batch.seeds.to(self.device)]
         f0 = frontiers[0]
         return logits, y, (batch.num_sampled_edges, f0.size, int((f0 >= self.num_solid).sum()))
+
+    def _input_rows(self, frontier: torch.Tensor) -> torch.Tensor:
+        """Layer-0 input of a local frontier: features of its solid vertices, zeros for its halo
+        vertices (the hooks replace or drop those rows)."""
+        halo = frontier >= self.num_solid
+        x = self.x_solid[frontier.clamp(max=max(self.num_solid - 1, 0))] if self.num_solid else \
+            self.x_solid.new_zeros(frontier.shape[0], self.x_solid.shape[1])
+        if bool(halo.any()):
+            x[halo] = 0
+        return x
 
     def _forward_exact(self, seeds: np.ndarray, epoch: int, k: int):
         """Forward with DistDGL-style distributed sampling and feature pull."""
@@ -430,22 +445,26 @@ class MinibatchTrainer:
 
     def _predict_full(self) -> torch.Tensor:
         """Layer-wise full-neighbour inference: predictions for all solid vertices."""
-        from hpcgnn.comm.halo import exchange_rows
-        from hpcgnn.sampling.block import Block
+        return self.infer_full().argmax(dim=1)
+
+    @torch.no_grad()
+    def infer_full(self, num_layers: int | None = None) -> torch.Tensor:
+        """Collective: exact layer-wise full-neighbour output [num_solid, width] of the first
+        ``num_layers`` layers (default all: the logits), in bounded memory
+        (:func:`hpcgnn.engine.inference.layerwise_inference`: ``minibatch.eval_rows`` destination
+        rows per chunk, halo rows in ``minibatch.eval_halo_rounds`` rounds)."""
+        from hpcgnn.comm.halo import HaloRounds
+        from hpcgnn.engine.inference import auto_rounds, layerwise_inference, max_width
 
         part = self.part
-        indptr = torch.from_numpy(part.indptr)
-        block = Block(part.num_local, part.num_solid, indptr, torch.from_numpy(self.local_indices)).to(self.device)
-        kwargs = {}
+        mb = self.cfg.minibatch
+        gcn_scale = None
         if self.cfg.model.arch == "gcn":   # exact full-graph GCN normalisation (D+I)^-1/2
-            scale = torch.from_numpy(part.local_degree()).to(self.device, torch.float32).add(1).rsqrt()
-            kwargs = {"src_scale": scale, "dst_scale": scale[:part.num_solid]}
-        h = self.x_local[:part.num_solid]
-        for l in range(self.cfg.model.layers):
-            halo = exchange_rows(self.rt.comm, self.halo_plan, h.detach().cpu().contiguous().numpy())
-            h_in = torch.cat([h, torch.from_numpy(halo).to(h.device, h.dtype).reshape(-1, h.shape[1])])
-            h = self.model.layer_forward(l, block, h_in, **kwargs)
-        return h.argmax(dim=1)
+            gcn_scale = torch.from_numpy(part.local_degree()[:part.num_solid]).to(torch.float32).add(1).rsqrt()
+        rounds = mb.eval_halo_rounds or auto_rounds(self.rt.comm, part.num_halo, max_width(self.model))
+        halo = HaloRounds(self.rt.comm, self.halo_plan, rounds)
+        return layerwise_inference(self.model, part.indptr, self.local_indices, self.x_solid, halo,
+                                   rows=mb.eval_rows, gcn_scale=gcn_scale, num_layers=num_layers)
 
     def _predict_sampled(self) -> torch.Tensor:
         """Sampled inference over the whole graph for the labelled solid vertices."""

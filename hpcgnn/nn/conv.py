@@ -29,12 +29,26 @@ class SAGEConv(nn.Module):
         self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
         self.lin_self = nn.Linear(in_dim, out_dim, bias=bias)
 
+    @property
+    def project_first(self) -> bool:
+        """Whether ``lin_neigh`` runs before the aggregation (it shrinks the width)."""
+        return self.out_dim < self.in_dim
+
+    def source_rows(self, h: torch.Tensor) -> torch.Tensor:
+        """What the aggregation reads from source rows ``h``: ``lin_neigh(h)`` when
+        :attr:`project_first`, else ``h`` itself. Row-wise, so it may be computed in row chunks."""
+        return self.lin_neigh(h) if self.project_first else h
+
+    def combine(self, block, src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        """Output rows of ``block``'s destinations from ``src = source_rows(h)`` [num_src, ...]
+        and the destinations' own input rows ``h_dst`` [num_dst, in_dim]."""
+        neigh = aggregate_mean(block, src, backend=self.backend)
+        if not self.project_first:
+            neigh = self.lin_neigh(neigh)
+        return neigh + self.lin_self(h_dst)
+
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
-        if self.out_dim < self.in_dim:
-            neigh = aggregate_mean(block, self.lin_neigh(h), backend=self.backend)
-        else:
-            neigh = self.lin_neigh(aggregate_mean(block, h, backend=self.backend))
-        return neigh + self.lin_self(h[:block.num_dst])
+        return self.combine(block, self.source_rows(h), h[:block.num_dst])
 
 
 def gcn_default_scales(block, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,15 +87,27 @@ class GCNConv(nn.Module):
         if tuple(src_scale.shape) != (block.num_src,) or tuple(dst_scale.shape) != (block.num_dst,):
             raise ValueError(f"GCNConv: src_scale/dst_scale must have shapes ({block.num_src},)/"
                              f"({block.num_dst},), got {tuple(src_scale.shape)}/{tuple(dst_scale.shape)}")
-        src_scale = src_scale.detach().to(device=h.device, dtype=h.dtype)
-        dst_scale = dst_scale.detach().to(device=h.device, dtype=h.dtype)
-        project_first = self.out_dim < self.in_dim
-        if project_first:
+        y = self.source_rows(h, src_scale)
+        return self.combine(block, y, y[:block.num_dst], dst_scale)
+
+    @property
+    def project_first(self) -> bool:
+        """Whether ``lin`` runs before the aggregation (it shrinks the width)."""
+        return self.out_dim < self.in_dim
+
+    def source_rows(self, h: torch.Tensor, src_scale: torch.Tensor) -> torch.Tensor:
+        """``y = (lin(h) if project_first else h) * src_scale`` [num_src, width]: what the
+        aggregation (and the self loop) reads. Row-wise, so it may be computed in row chunks."""
+        if self.project_first:
             h = self.lin(h)
-        y = h * src_scale.unsqueeze(1)
-        nd = block.num_dst
-        out = aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend) + y[:nd] * dst_scale.unsqueeze(1)
-        if not project_first:
+        return h * src_scale.detach().to(device=h.device, dtype=h.dtype).unsqueeze(1)
+
+    def combine(self, block, y: torch.Tensor, y_dst: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
+        """Output rows of ``block``'s destinations from ``y = source_rows(h, src_scale)``, the
+        destinations' own rows of ``y`` (``y_dst``, the self loop) and ``dst_scale`` [num_dst]."""
+        dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
+        out = aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend) + y_dst * dst_scale.unsqueeze(1)
+        if not self.project_first:
             out = self.lin(out)
         return out if self.bias is None else out + self.bias
 
@@ -121,14 +147,27 @@ class GATConv(nn.Module):
         if self.fc.bias is not None:
             nn.init.uniform_(self.fc.bias, -1 / math.sqrt(in_dim), 1 / math.sqrt(in_dim))
 
-    def forward(self, block, h: torch.Tensor) -> torch.Tensor:
+    def source_rows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z [num_src, heads, out_dim], el [num_src, heads])``: the projected rows and their
+        source attention logits. Row-wise, so they may be computed in row chunks."""
         z = self.fc(h).view(-1, self.heads, self.out_dim)
         if self.project_activation:
             z = torch.relu(z)
-        el = (z * self.attn_src).sum(-1)
-        er = (z[:block.num_dst] * self.attn_dst).sum(-1)
-        out = gat_aggregate(block, z, el, er, self.negative_slope, self_loop=self.self_loop,
+        return z, (z * self.attn_src).sum(-1)
+
+    def combine(self, block, z: torch.Tensor, el: torch.Tensor, z_dst: torch.Tensor,
+                self_loop: bool | None = None) -> torch.Tensor:
+        """[num_dst, heads, out_dim] from ``(z, el) = source_rows(h)`` and the destinations' own
+        rows of ``z``. ``self_loop=False`` overrides the layer's setting for a block that already
+        holds each destination's self edge explicitly (destinations that are not a prefix)."""
+        er = (z_dst * self.attn_dst).sum(-1)
+        out = gat_aggregate(block, z, el, er, self.negative_slope,
+                            self_loop=self.self_loop if self_loop is None else self_loop,
                             attn_dropout=self.attn_dropout, training=self.training, backend=self.backend)
         if self.bias is not None:
             out = out + self.bias.view(1, self.heads, self.out_dim)
         return out
+
+    def forward(self, block, h: torch.Tensor) -> torch.Tensor:
+        z, el = self.source_rows(h)
+        return self.combine(block, z, el, z[:block.num_dst])

@@ -81,6 +81,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                        _fanouts, "a list of positive integers or -1"),
         "eval": Key(str, "full", "evaluation: 'full' (layer-wise, all neighbours) or 'sampled'",
                     choices=("full", "sampled")),
+        "eval_rows": Key(int, 0, "full evaluation: destination rows per chunk (0 = as many as keep "
+                         "one chunk's temporaries within 256 MiB)", _nonneg, ">= 0"),
+        "eval_halo_rounds": Key(int, 0, "full evaluation: halo exchanges per layer, each with a part of "
+                                "the halo rows (0 = as many as keep one round within 256 MiB)",
+                                _nonneg, ">= 0"),
         "halo": Key(str, "hec", "halo neighbours: 'hec' (historical embeddings + AEP), 'off' "
                     "(dropped), 'exact' (fetched synchronously each minibatch)",
                     choices=("hec", "off", "exact")),
@@ -111,6 +116,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                        _nonneg, ">= 0"),
         "backend": Key(str, "mpi4py", "collectives: mpi4py, or a torch.distributed backend",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
+        "memory_check": Key(bool, True, "refuse to start when the ranks of a node are estimated to "
+                            "need more memory than it offers"),
+        "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
+                            "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
     },
 }
 

@@ -9,7 +9,9 @@
   epoch was not evaluated);
 * ``timings/<name>`` float64 [E, P] seconds per rank, ``counters/<name>`` float64 [E, P]
   (bytes, rows, hits ... per rank);
-* ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate).
+* ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate);
+* ``labels/<name>`` bytes [E, P] (per-rank words, e.g. ``peak_rss_phase``: the phase in which
+  the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached).
 
 The file is small and rewritten atomically after every epoch, so it is always readable, also
 while the job runs or after it was killed. Rank 0 prints one line per epoch.
@@ -45,13 +47,16 @@ def _decode(v):
 
 
 def read_run(run_dir: str | Path) -> dict:
-    """Read ``RUN/run.h5`` into plain Python/numpy: attrs, metrics, timings, counters, per_layer."""
+    """Read ``RUN/run.h5`` into plain Python/numpy: attrs, metrics, timings, counters, per_layer,
+    labels (str arrays)."""
     path = Path(run_dir)
     path = path / RUN_FILE if path.is_dir() else path
     with open_h5(path, RUN_FORMAT) as f:
         out = {"path": str(path), "attrs": {k: _decode(v) for k, v in f.attrs.items()}}
         for group in ("metrics", "timings", "counters", "per_layer"):
             out[group] = {k: np.asarray(f[group][k][()]) for k in f[group]} if group in f else {}
+        out["labels"] = ({k: np.char.decode(np.asarray(f["labels"][k][()]), "utf-8") for k in f["labels"]}
+                         if "labels" in f else {})
     return out
 
 
@@ -160,7 +165,7 @@ class RunOutput:
         for i, e in enumerate(epochs):
             row = {"epoch": int(e),
                    "metrics": {k: float(v[i]) for k, v in old["metrics"].items() if k != "epoch"},
-                   "timings": [], "counters": [], "per_layer": []}
+                   "timings": [], "counters": [], "per_layer": [], "labels": []}
             for group in ("timings", "counters"):
                 arrs = old[group]
                 for r in range(self.rt.size):
@@ -169,6 +174,7 @@ class RunOutput:
                     row[group][r].update({k: float(v[i, r]) for k, v in arrs.items()})
             for r in range(self.rt.size):
                 row["per_layer"].append({k: np.asarray(v[i, r]) for k, v in old["per_layer"].items()})
+                row["labels"].append({k: str(v[i, r]) for k, v in old["labels"].items()})
             self._history.append(row)
         keep = {k: v for k, v in a.items() if k not in ("format", "version", "created", "status")}
         self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
@@ -206,20 +212,22 @@ class RunOutput:
             self._write()
 
     def log_epoch(self, epoch: int, metrics: dict[str, float], timings: dict[str, float],
-                  counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None) -> None:
-        """Collective: gather every rank's timings/counters/per_layer; rank 0 appends and prints.
+                  counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None,
+                  labels: dict[str, str] | None = None) -> None:
+        """Collective: gather every rank's timings/counters/per_layer/labels; rank 0 appends and prints.
 
         ``metrics`` are global values (identical on every rank; rank 0's are stored).
         """
         local = ({k: float(v) for k, v in timings.items()},
                  {k: float(v) for k, v in counters.items()},
-                 {k: np.asarray(v, dtype=np.float64) for k, v in (per_layer or {}).items()})
+                 {k: np.asarray(v, dtype=np.float64) for k, v in (per_layer or {}).items()},
+                 {k: str(v) for k, v in (labels or {}).items()})
         gathered = self.rt.comm.gather(local, root=0)
         if not self.rt.is_root:
             return
         row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
                "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
-               "per_layer": [g[2] for g in gathered]}
+               "per_layer": [g[2] for g in gathered], "labels": [g[3] for g in gathered]}
         self._history = [h for h in self._history if h["epoch"] < epoch] + [row]
         self._write()
         names = _union(row["timings"])
@@ -276,6 +284,12 @@ class RunOutput:
                                 v = np.ravel(d[n])
                                 arr[i, r, :v.size] = v
                     g.create_dataset(n, data=arr)
+                g = f.create_group("labels")
+                names = _union(r for h in hist for r in h.get("labels", []))
+                for n in names:
+                    arr = np.array([[(h["labels"][r].get(n, "") if r < len(h.get("labels", [])) else "")
+                                     .encode() for r in range(p)] for h in hist], dtype=bytes)
+                    g.create_dataset(n, data=arr.reshape(len(hist), p))
 
 
 def warn(message: str) -> None:

@@ -88,6 +88,8 @@ def test_killed_rank_ends_job_and_resume_is_exact(stores):
     proc = mb.train(2, cfg, a, cut, "--set", "train.debug_kill=[1, 2, 1]", timeout=90)
     ended = time.time()
     assert proc.returncode != 0
+    assert "hpcgnn: error: rank 1 was killed by SIGKILL (out of memory? its peak resident memory was" \
+        in proc.stderr, proc.stderr[-2000:]
     ckpts = sorted(p.name for p in (cut / "checkpoints").iterdir())
     assert ckpts == ["ckpt-000001.pt"]
     assert ended - (cut / "checkpoints" / "ckpt-000001.pt").stat().st_mtime < 30, "job outlived the kill"

@@ -1,0 +1,141 @@
+"""`make bench-scale`: an ogbn-products-sized graph end to end, with memory measured per step.
+
+Steps (each a child process, timed, with the child's peak RSS from ``wait4``):
+prepare products-like at ``--scale`` (default 1.0) -> partition into ``--ranks`` METIS parts
+(the store records its own per-step peaks) -> ``--epochs`` minibatch epochs on ``--ranks`` ranks
+with ``inputs/products-sage.toml`` and a full evaluation at the end -> one full-graph epoch on
+``--ranks`` ranks (``inputs/products-fullgraph.toml``: offloaded, chunked). A step that the
+pre-run memory check refuses is recorded with its one-line reason instead of being run into the
+OOM killer. Prints a table; writes ``--out`` (HDF5: one group per step with wall seconds, peak
+RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
+
+    python -m hpcgnn.bench.scale [--scale 1.0] [--ranks 4] [--epochs 3] [--out runs/bench/scale.h5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.bench.workdir import ROOT
+
+WHO = "bench-scale"
+
+
+def run_step(cmd: list[str], log: Path, timeout: float) -> dict:
+    """Run ``cmd``; {wall_s, peak_rss_bytes (largest process of the step), rc, tail}."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "HPCGNN_PROGRESS": "0"}, start_new_session=True)
+        deadline = t0 + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                os.killpg(proc.pid, 9)
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.2)
+    rc = os.waitstatus_to_exitcode(status)
+    tail = log.read_text()[-2000:]
+    return {"wall_s": time.perf_counter() - t0, "peak_rss_bytes": float(usage.ru_maxrss * 1024),
+            "rc": rc, "tail": tail}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.scale", description=__doc__.split("\n")[0])
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench/scale.h5")
+    p.add_argument("--work", default=None, help="work directory (default: beside --out)")
+    p.add_argument("--timeout", type=float, default=5400, help="seconds per step")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.with_name(out.stem + f"-work-s{args.scale:g}")
+    work.mkdir(parents=True, exist_ok=True)
+    py = [sys.executable, "-m", "hpcgnn"]
+    mpi = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.ranks), sys.executable, "-m", "hpcgnn"]
+    graph = work / "products-like.h5"
+    store = work / f"products-like-metis-{args.ranks}"
+    steps: dict[str, dict] = {}
+
+    def step(name, cmd):
+        print(f"{WHO}: {name} ...", flush=True)
+        res = run_step(cmd, work / f"{name}.log", args.timeout)
+        steps[name] = res
+        if res["rc"] != 0:
+            print(f"{WHO}: {name} failed (exit {res['rc']}):\n{res['tail']}", flush=True)
+        return res["rc"] == 0
+
+    ok = step("prepare", py + ["prepare", "--dataset", "products-like", "--scale", f"{args.scale:g}",
+                               "--seed", str(args.seed), "--out", str(graph), "--force"])
+    ok = ok and step("partition", py + ["partition", str(graph), "--parts", str(args.ranks), "--seed",
+                                         str(args.seed), "--out", str(store), "--force"])
+    runs = {}
+    if ok:
+        runs["minibatch"] = work / "run-minibatch"
+        step("minibatch", mpi + ["train", "--config", str(ROOT / "inputs" / "products-sage.toml"),
+                                 "--set", f"data.partitions={store}", "--set", f"output.dir={runs['minibatch']}",
+                                 "--set", f"train.epochs={args.epochs}", "--set", f"train.eval_every={args.epochs}",
+                                 "--force"])
+        runs["fullgraph"] = work / "run-fullgraph"
+        step("fullgraph", mpi + ["train", "--config", str(ROOT / "inputs" / "products-fullgraph.toml"),
+                                 "--set", f"data.partitions={store}", "--set", f"output.dir={runs['fullgraph']}",
+                                 "--set", "train.epochs=1", "--force"])
+    write_and_print(out, args, steps, runs)
+    return 0 if all(s["rc"] == 0 for s in steps.values()) else 1
+
+
+def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
+    import h5py
+
+    from hpcgnn.fileio import atomic_file
+    from hpcgnn.run.output import read_run
+
+    rows = []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs.update(scale=args.scale, ranks=args.ranks, epochs=args.epochs, seed=args.seed,
+                       created=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        for name, s in steps.items():
+            g = f.create_group(name)
+            g.attrs.update(wall_s=s["wall_s"], peak_rss_bytes=s["peak_rss_bytes"], rc=s["rc"])
+            refused = next((ln for ln in s["tail"].splitlines() if ln.startswith("hpcgnn: error:")), "")
+            g.attrs["refused"] = refused if s["rc"] == 2 else ""
+            row = {"step": name, "wall": s["wall_s"], "peak": s["peak_rss_bytes"], "rc": s["rc"],
+                   "note": refused[:90] if s["rc"] == 2 else ""}
+            if name in runs and (runs[name] / "run.h5").exists():
+                r = read_run(runs[name])
+                peaks = r["counters"].get("peak_rss_bytes")
+                g.create_dataset("epoch_time_s", data=np.nanmax(r["timings"]["epoch"], axis=1))
+                if peaks is not None:
+                    g.create_dataset("peak_rss_bytes_per_rank", data=peaks)
+                    row["rank_peaks"] = np.nanmax(peaks, axis=0)
+                row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))
+                acc = r["metrics"].get("test_acc")
+                if acc is not None and np.isfinite(acc).any():
+                    row["test_acc"] = float(acc[np.isfinite(acc)][-1])
+                    g.attrs["test_acc"] = row["test_acc"]
+            rows.append(row)
+    print(f"\nbench-scale: products-like scale {args.scale:g}, {args.ranks} ranks ({out})")
+    print(f"{'step':<10} {'wall s':>8} {'peak GiB':>9} {'epoch s':>8} {'test %':>7}  per-rank peak GiB (sum)")
+    for r in rows:
+        rp = r.get("rank_peaks")
+        ranks = "" if rp is None else " ".join(f"{x / 2**30:.2f}" for x in rp) + f" ({np.nansum(rp) / 2**30:.2f})"
+        print(f"{r['step']:<10} {r['wall']:>8.1f} {r['peak'] / 2**30:>9.2f} "
+              f"{r.get('epoch_s', float('nan')):>8.2f} {100 * r.get('test_acc', float('nan')):>7.2f}  {ranks}"
+              + (f"  exit {r['rc']} {r['note']}" if r["rc"] else ""))
+    print("peak GiB: the step's largest process (for training: the largest rank); epoch s: fastest epoch")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

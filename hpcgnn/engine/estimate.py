@@ -1,0 +1,210 @@
+"""A rank's resident memory, estimated before a run from the store's metadata and the config.
+
+:func:`estimate_rank_memory` adds up named terms (bytes), each with the setting that shrinks it:
+
+* ``baseline``: the process before any graph data (Python, torch, MPI, native kernels) -
+  measured in the calling process (:func:`hpcgnn.run.memory.rss_bytes` once those are imported);
+* ``partition``: the partition file's arrays as loaded, plus the local CSR copy and the halo plan;
+* minibatch engine: ``hec`` (per layer: lines x width, lines = min(cs, halo vertices, rows the
+  AEP can deliver in an epoch), plus the tag directory, which is O(cs)), ``activations`` (the sampled frontiers: expected distinct
+  vertices of each hop, times the widths, times the tensors kept for backward) and ``eval`` (the
+  bounded layer-wise inference: three solid-row buffers at the widest layer, one halo round and
+  one chunk, see :mod:`hpcgnn.engine.inference`);
+* full-graph engine: ``activations`` (every layer's input over solid + halo rows and the tensors
+  kept for backward; with ``fullgraph.offload`` the host-resident layer data plus one batch of
+  chunks).
+
+The peak is ``baseline + partition + max(training, evaluation)`` terms. The figures are checked
+against measured peaks in tests/engine/test_estimate.py and docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn.errors import InputError
+
+F32 = 4
+I64 = 8
+# Tensors kept per layer for backward, in units of the layer's (rows x width): input, aggregate,
+# two linear outputs, their sum, the activation (native dropout keeps no mask) and the gradients.
+SAVED_PER_LAYER = 6
+
+
+@dataclass
+class MemoryEstimate:
+    """Named byte terms of one rank's peak; ``total`` = their sum; ``shrink[name]`` says which
+    setting makes a term smaller."""
+
+    part_id: int
+    terms: dict = field(default_factory=dict)
+    shrink: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.terms.values()))
+
+    def largest(self) -> tuple[str, int]:
+        name = max((k for k in self.terms if k != "baseline"), key=lambda k: self.terms[k],
+                   default="baseline")
+        return name, int(self.terms[name])
+
+
+def part_shapes(store: str | Path, part_id: int) -> dict:
+    """Sizes of one partition from its file's dataset shapes (reads no array data):
+    num_solid, num_halo, num_edges, num_train, file_bytes (all datasets as loaded)."""
+    import h5py
+
+    from hpcgnn.partition.store import part_file_name
+
+    path = Path(store) / part_file_name(part_id)
+    try:
+        with h5py.File(path, "r") as f:
+            file_bytes = sum(int(np.prod(f[k].shape)) * f[k].dtype.itemsize for k in f.keys()
+                             if isinstance(f[k], h5py.Dataset))
+            a = f.attrs
+            shapes = {"num_solid": int(a["num_solid"]), "num_halo": int(a["num_halo"]),
+                      "num_edges": int(f["indices"].shape[0]), "file_bytes": int(file_bytes)}
+            tm = f["train_mask"]
+            shapes["num_train"] = int(np.count_nonzero(tm[()])) if tm.shape[0] else 0
+    except (OSError, KeyError) as exc:
+        raise InputError(f"{path}: cannot read the partition's sizes ({exc})") from None
+    return shapes
+
+
+def _distinct(pool: int, draws: float) -> float:
+    """Expected distinct vertices among ``draws`` uniform picks from ``pool``."""
+    if pool <= 0:
+        return 0.0
+    return pool * -math.expm1(-draws / pool)
+
+
+def _widths(cfg, in_dim: int, num_classes: int) -> list[int]:
+    """Input width of every layer, then the output width."""
+    m = cfg.model
+    hid = m.hidden * (m.heads if m.arch == "gat" else 1)
+    return [in_dim] + [hid] * (m.layers - 1) + [num_classes]
+
+
+def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
+                         shapes: dict | None = None) -> MemoryEstimate:
+    """Peak resident bytes of rank ``part_id`` for ``cfg`` on the store ``meta``."""
+    s = shapes or part_shapes(meta.path, part_id)
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl = ns + nh
+    est = MemoryEstimate(part_id)
+    est.terms["baseline"] = int(baseline_bytes)
+    # the file's arrays + the local-id copy of the edges + local degree + the halo plan
+    est.terms["partition"] = int(s["file_bytes"] + ne * I64 + nl * I64 + nh * I64)
+    est.shrink["partition"] = "more partitions (hpcgnn partition --parts)"
+    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    layers = cfg.model.layers
+    wmax = max(widths)
+    if cfg.train.engine == "minibatch":
+        mb = cfg.minibatch
+        parts = meta.num_parts
+        if mb.halo == "hec":
+            iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
+            lines = min(mb.cs, nh, iters * max(parts - 1, 0) * mb.nc)
+            # rows are written into a ring, so only the lines written are resident; the tag
+            # directory (native/cache.cpp) is allocated and filled at construction: a hash table
+            # of the next power of two >= 2 cs entries (16 bytes each) and two int64 per line.
+            table = 16
+            while table < 2 * mb.cs:
+                table *= 2
+            directory = (table * 2 * I64 + mb.cs * 2 * I64) * layers
+            est.terms["hec"] = int(lines * sum(widths[:layers]) * F32 + directory)
+            est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
+        # expected frontier sizes, output side first
+        avg = ne / max(ns, 1)
+        rows = [float(min(mb.batch_size, max(ns, 1)))]
+        for fan in reversed(list(mb.fanouts)):
+            f = avg if fan < 0 else min(fan, avg)
+            rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
+        rows = rows[::-1]                      # rows[l] = input rows of layer l
+        act = rows[0] * widths[0] * F32 * 2     # gathered input and its gradient
+        for l in range(layers):
+            act += (rows[l] * widths[l] + SAVED_PER_LAYER * rows[l + 1] * max(widths[l], widths[l + 1])) * F32
+            act += rows[l + 1] * (mb.fanouts[l] if mb.fanouts[l] > 0 else avg) * I64 * 3   # block CSR + transpose
+        est.terms["activations"] = int(act)
+        est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
+        if mb.eval == "full":
+            from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
+
+            row_bytes = 6 * wmax * F32          # one destination row's temporaries
+            chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes,
+                        ns * row_bytes)
+            rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
+                nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
+            ev = 3 * ns * wmax * F32 + rnd + chunk + ne * 2 + nl * I64
+            if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
+                ev += nl * wmax * F32 * 2
+            est.terms["eval"] = int(ev)
+            est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
+            # training and evaluation do not overlap: count the larger of the two
+            if est.terms["eval"] > est.terms["activations"]:
+                est.terms["activations"] = 0
+            else:
+                est.terms["eval"] = 0
+    else:
+        fg = cfg.fullgraph
+        x0 = nl * widths[0] * F32
+        per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
+                     for l in range(layers)]
+        if fg.offload:
+            # host-resident layer inputs/outputs and one batch of chunks of temporaries
+            host = sum(nl * widths[l] * F32 for l in range(layers + 1))
+            batch = max(per_layer) * fg.batch_chunks / max(fg.chunks, 1)
+            est.terms["activations"] = int(x0 + host + batch)
+            est.shrink["activations"] = "fullgraph.chunks (more, smaller chunks)"
+        else:
+            est.terms["activations"] = int(x0 + sum(per_layer))
+            est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"
+    return est
+
+
+def describe(est: MemoryEstimate) -> str:
+    """One line: total and terms (GiB)."""
+    terms = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est.terms.items() if v)
+    return f"rank {est.part_id}: {est.total / 2**30:.2f} GiB ({terms})"
+
+
+def check_memory(cfg, meta, rt) -> MemoryEstimate:
+    """Collective: refuse (InputError on every rank) when the ranks of a node are estimated to
+    need more memory than the node offers them (``runtime.memory_limit``, else what
+    :func:`hpcgnn.run.memory.node_available_bytes` finds); ``runtime.memory_check = false``
+    skips the refusal. Returns this rank's estimate."""
+    import socket
+
+    from hpcgnn.run.memory import fmt_bytes, node_available_bytes, parse_size, rss_bytes
+
+    error, est = None, None
+    try:
+        est = estimate_rank_memory(cfg, meta, rt.rank, rss_bytes())
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    host = socket.gethostname()
+    rows = rt.comm.allgather((host, rt.rank, est.total, rss_bytes(), est.largest(),
+                              est.shrink.get(est.largest()[0], "")))
+    mine = [r for r in rows if r[0] == host]
+    need = sum(r[2] for r in mine)
+    held = sum(r[3] for r in mine)
+    if cfg.runtime.memory_limit:
+        avail, source = parse_size(cfg.runtime.memory_limit, "runtime.memory_limit"), "runtime.memory_limit"
+    else:
+        avail, source = node_available_bytes(held)
+    error = None
+    if cfg.runtime.memory_check and need > avail:
+        worst = max(mine, key=lambda r: r[4][1])
+        name, size = worst[4]
+        error = (f"estimated peak memory of the {len(mine)} ranks on {host} is {fmt_bytes(need)}, "
+                 f"more than the {fmt_bytes(avail)} available ({source}); largest term: {name} "
+                 f"{fmt_bytes(size)} on rank {worst[1]}, shrink it with {worst[5] or 'more nodes'} "
+                 "(`hpcgnn inspect STORE --config FILE` shows the estimate; "
+                 "runtime.memory_check = false skips this check)")
+    rt.agree(error)
+    return est

@@ -1,0 +1,298 @@
+"""Bounded-memory layer-wise full-neighbour inference over one rank's partition.
+
+Every layer runs over all in-neighbours of all solid vertices (exact full-graph inference), in
+memory that does not grow with the halo:
+
+* **SAGE and GCN** (aggregation is a sum): the owners apply the layer's row-wise
+  ``source_rows`` (the projection when it shrinks the width, GCN's source scale) to their solid
+  rows; the halo rows of that result arrive in ``halo.rounds`` collectives
+  (:class:`~hpcgnn.comm.halo.HaloRounds`), and each round's contribution is summed into a
+  [num_solid, width] accumulator and freed. A layer holds its input and output (solid rows
+  only), the accumulator, one round of halo rows and one destination chunk's temporaries.
+* **GAT** (softmax over all in-edges): the layer's halo rows are exchanged at once and its
+  input is materialised over solid + halo rows; destinations still run in chunks.
+
+Destinations are processed in chunks of at most ``rows`` rows. A chunk ``[a, b)`` is a slice of
+the partition's CSR (no copy) whose destinations are source rows ``a .. b-1`` rather than a
+prefix, so the destinations' own rows go to the conv's ``combine`` explicitly and a GAT self
+loop becomes an explicit edge of the chunk. Results equal the unchunked whole-block path up to
+the order of floating-point sums.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from hpcgnn.sampling.block import Block
+
+DEFAULT_CHUNK_BYTES = 256 << 20   # one chunk's temporaries with the automatic row budget
+MIN_AUTO_ROWS = 1024
+
+
+def chunk_row_bytes(model, avg_degree: float) -> int:
+    """Bytes of temporaries per destination row of a chunk at the model's most expensive layer.
+
+    Per layer: the aggregate at the width it runs, the two linear outputs, their sum and the
+    activation (SAGE/GCN); for GAT, the per-edge logits and attention (three [edges, heads]
+    arrays per row's ``avg_degree + 1`` edges) and the per-head output twice.
+    """
+    from hpcgnn.nn.conv import GATConv
+
+    worst = 1
+    for conv in model.layers:
+        d_in, d_out = int(conv.in_dim), int(conv.out_dim)
+        if isinstance(conv, GATConv):
+            per_row = 3 * conv.heads * (avg_degree + 1) + 2 * conv.heads * d_out + 8
+        else:
+            per_row = min(d_in, d_out) + max(d_in, d_out) + 4 * d_out
+        worst = max(worst, int(per_row * 4))
+    return worst
+
+
+def auto_rows(model, num_solid: int, num_edges: int, budget_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """The default row budget: as many rows as keep one chunk's temporaries within
+    ``budget_bytes`` (at least MIN_AUTO_ROWS, at most ``num_solid``)."""
+    avg = num_edges / max(num_solid, 1)
+    rows = budget_bytes // chunk_row_bytes(model, avg)
+    return int(max(1, min(max(num_solid, 1), max(MIN_AUTO_ROWS, rows))))
+
+
+def chunk_block(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, begin: int, end: int,
+                self_loops: bool = False) -> Block:
+    """Block of destinations ``begin .. end-1`` (local rows) over all ``num_src`` local rows.
+
+    The CSR is a view of the partition's (``indptr`` [num_solid + 1], ``indices`` [nnz]); with
+    ``self_loops`` every destination also gets the edge from its own row (appended last).
+    """
+    lo, hi = int(indptr[begin]), int(indptr[end])
+    ptr = indptr[begin:end + 1] - lo
+    idx = indices[lo:hi]
+    if self_loops:
+        n = end - begin
+        steps = torch.arange(n + 1, dtype=ptr.dtype, device=ptr.device)
+        new_ptr = ptr + steps
+        new_idx = torch.empty(idx.shape[0] + n, dtype=idx.dtype, device=idx.device)
+        is_self = torch.zeros(new_idx.shape[0], dtype=torch.bool, device=idx.device)
+        is_self[new_ptr[1:] - 1] = True
+        new_idx[is_self] = torch.arange(begin, end, dtype=idx.dtype, device=idx.device)
+        new_idx[~is_self] = idx
+        ptr, idx = new_ptr, new_idx
+    return Block(num_src, end - begin, ptr, idx)
+
+
+def _rowwise(fn: Callable, h: torch.Tensor, rows: int):
+    """``fn(h)`` computed in row chunks of ``rows`` into preallocated outputs (a tensor or a
+    tuple of tensors), so no temporary of ``fn`` is larger than one chunk's."""
+    n = h.shape[0]
+    outs = None
+    for a in range(0, n, rows):
+        b = min(n, a + rows)
+        res = fn(h[a:b])
+        single = isinstance(res, torch.Tensor)
+        res = (res,) if single else tuple(res)
+        if outs is None:
+            outs = tuple(r.new_empty((n,) + tuple(r.shape[1:])) for r in res)
+        for o, r in zip(outs, res):
+            o[a:b] = r
+    if outs is None:  # no rows
+        res = fn(h[:0])
+        single = isinstance(res, torch.Tensor)
+        outs = (res,) if single else tuple(res)
+    return outs[0] if single else outs
+
+
+@dataclass(eq=False)
+class _Csr:
+    """A forward-only bipartite CSR for the aggregation kernels (no prefix convention, so a
+    destination chunk may have more rows than the round of sources it reads)."""
+
+    num_src: int
+    num_dst: int
+    indptr: torch.Tensor
+    indices: torch.Tensor
+
+
+def auto_rounds(comm, num_halo: int, width: int, budget_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Collective: halo rounds such that one round of ``width``-wide float32 rows fits in
+    ``budget_bytes`` on every rank (the largest halo decides; same value on all ranks)."""
+    need = max(1, -(-int(num_halo) * int(width) * 4 // int(budget_bytes)))
+    if comm is not None and comm.Get_size() > 1:
+        from mpi4py import MPI
+
+        need = int(comm.allreduce(need, op=MPI.MAX))
+    return need
+
+
+def max_width(model) -> int:
+    """The widest row any layer reads or writes (GAT hidden layers: heads x out_dim)."""
+    from hpcgnn.nn.conv import GATConv
+
+    w = 1
+    for l, conv in enumerate(model.layers):
+        w = max(w, int(conv.in_dim), _layer_width(model, l))
+        if isinstance(conv, GATConv):
+            w = max(w, conv.heads * conv.out_dim)
+    return w
+
+
+@torch.no_grad()
+def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid: torch.Tensor,
+                        halo, *, rows: int = 0, gcn_scale: torch.Tensor | None = None,
+                        num_layers: int | None = None) -> torch.Tensor:
+    """Output of the model's first ``num_layers`` layers (default all) for the solid rows.
+
+    ``x_solid`` [num_solid, in_dim]: layer-0 input of the solid rows; ``indptr``
+    [num_solid + 1] / ``indices`` (local ids, halo rows after the solid ones): the partition's
+    CSR over solid destinations; ``halo``: a :class:`~hpcgnn.comm.halo.HaloRounds` of the
+    partition (collective calls: every rank runs the same layers); ``rows``: destination rows
+    per chunk (0 = :func:`auto_rows`); ``gcn_scale`` [num_solid]: ``(degree + 1)^-1/2`` of the
+    full graph (GCN layers). Returns [num_solid, width of the last layer run] on ``x_solid``'s
+    device; the model runs in eval mode and its mode is restored afterwards.
+    """
+    from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
+
+    device = x_solid.device
+    num_solid = int(x_solid.shape[0])
+    num_local = num_solid + int(halo.num_halo)
+    ip = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device)
+    ix = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device)
+    if rows <= 0:
+        rows = auto_rows(model, num_solid, int(ix.shape[0]))
+    layers = model.num_layers if num_layers is None else int(num_layers)
+    if not 1 <= layers <= model.num_layers:
+        raise ValueError(f"num_layers must be in 1..{model.num_layers}, got {layers}")
+    if gcn_scale is not None:
+        gcn_scale = gcn_scale.to(device=device, dtype=x_solid.dtype)
+    # Source group of every local row (0 = solid, k + 1 = halo round k) and its row in the
+    # group's buffer; the group of every edge is computed once.
+    group = torch.zeros(num_local, dtype=torch.int16)
+    group[num_solid:] = torch.from_numpy(halo.round_of).to(torch.int16) + 1
+    remap = torch.arange(num_local, dtype=torch.int64)
+    remap[num_solid:] = torch.from_numpy(halo.row_in_round)
+    edge_group = group.to(device)[ix]
+    remap = remap.to(device)
+    del group
+    deg = (ip[1:] - ip[:-1]).to(x_solid.dtype)
+    inv_deg = torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros_like(deg))
+
+    was_training = model.training
+    model.eval()
+    try:
+        h = x_solid
+        for l in range(layers):
+            conv = model.layers[l]
+            final = l == model.num_layers - 1
+            if isinstance(conv, GATConv):
+                out = _gat_layer(model, l, conv, h, halo, ip, ix, rows, final)
+            elif isinstance(conv, (SAGEConv, GCNConv)):
+                if isinstance(conv, GCNConv):
+                    if gcn_scale is None:
+                        raise ValueError("layerwise_inference: GCN layers need gcn_scale")
+                    src = torch.empty(num_solid, conv.out_dim if conv.project_first else conv.in_dim,
+                                      dtype=h.dtype, device=device)
+                    for a in range(0, num_solid, rows):
+                        b = min(num_solid, a + rows)
+                        src[a:b] = conv.source_rows(h[a:b], gcn_scale[a:b])
+                else:
+                    src = _rowwise(conv.source_rows, h, rows) if conv.project_first else h
+                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows)
+                out = None
+                for a in range(0, num_solid, rows):
+                    b = min(num_solid, a + rows)
+                    if isinstance(conv, SAGEConv):
+                        neigh = acc[a:b] * inv_deg[a:b].unsqueeze(1)
+                        if not conv.project_first:
+                            neigh = conv.lin_neigh(neigh)
+                        res = neigh + conv.lin_self(h[a:b])
+                    else:
+                        ds = gcn_scale[a:b].unsqueeze(1)
+                        res = acc[a:b] * ds + src[a:b] * ds
+                        if not conv.project_first:
+                            res = conv.lin(res)
+                        if conv.bias is not None:
+                            res = res + conv.bias
+                    if not final:
+                        res = model.dropout(torch.relu(res))
+                    if out is None:
+                        out = res.new_empty((num_solid, res.shape[1]))
+                    out[a:b] = res
+                if out is None:
+                    out = h.new_empty((0, _layer_width(model, l)))
+                del acc, src
+            else:
+                raise ValueError(f"layerwise_inference: unsupported layer {type(conv).__name__}")
+            h = out
+        return h
+    finally:
+        model.train(was_training)
+
+
+def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Tensor,
+                        edge_group: torch.Tensor, remap: torch.Tensor, rows: int) -> torch.Tensor:
+    """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
+    in-edges, the halo sources' rows arriving round by round from their owners."""
+    from hpcgnn.nn.aggregate import aggregate_sum
+
+    num_solid = ip.shape[0] - 1
+    acc = torch.zeros(num_solid, src.shape[1], dtype=src.dtype, device=src.device)
+    src_np = None
+    for g in range(halo.rounds + 1):
+        if g == 0:
+            x = src
+        else:
+            if src_np is None:
+                src_np = src.detach().cpu().contiguous().numpy()
+            x = torch.from_numpy(halo.round_rows(src_np, g - 1)).reshape(-1, src.shape[1]).to(src.device)
+        if x.shape[0] == 0:
+            continue
+        for a in range(0, num_solid, rows):
+            b = min(num_solid, a + rows)
+            lo, hi = int(ip[a]), int(ip[b])
+            keep = edge_group[lo:hi] == g
+            if not bool(keep.any()):
+                continue
+            kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
+            torch.cumsum(keep, 0, out=kept[1:])
+            blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], remap[ix[lo:hi][keep]])
+            acc[a:b] += aggregate_sum(blk, x)
+        del x
+    return acc
+
+
+def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, final: bool) -> torch.Tensor:
+    """One GAT layer over solid destinations with the halo input rows materialised."""
+    num_solid = int(h.shape[0])
+    halo_rows = torch.from_numpy(halo.all_rows(h.detach().cpu().contiguous().numpy()))
+    h_local = torch.cat([h, halo_rows.reshape(-1, h.shape[1]).to(h.device, h.dtype)])
+    del halo_rows
+    num_local = int(h_local.shape[0])
+    z, el = _rowwise(conv.source_rows, h_local, rows)
+    del h_local
+    out = None
+    for a in range(0, num_solid, rows):
+        b = min(num_solid, a + rows)
+        blk = chunk_block(ip, ix, num_local, a, b, self_loops=conv.self_loop)
+        res = conv.combine(blk, z, el, z[a:b], self_loop=False)
+        res = res.mean(1) if final else res.flatten(1)
+        if not final:
+            res = model.dropout(torch.relu(res))
+        if out is None:
+            out = res.new_empty((num_solid, res.shape[1]))
+        out[a:b] = res
+    if out is None:
+        out = h.new_empty((0, _layer_width(model, l)))
+    return out
+
+
+
+def _layer_width(model, l: int) -> int:
+    """Output width of layer ``l`` as the next layer (or the caller) sees it."""
+    from hpcgnn.nn.conv import GATConv
+
+    conv = model.layers[l]
+    if isinstance(conv, GATConv):
+        return conv.out_dim if l == model.num_layers - 1 else conv.out_dim * conv.heads
+    return conv.out_dim

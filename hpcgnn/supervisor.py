@@ -1,0 +1,107 @@
+"""A rank's watcher: say which rank a signal killed, and why it probably died.
+
+A rank killed by SIGKILL (the kernel's OOM killer, a batch system's memory limit) cannot
+report anything itself, and MPICH's launcher then prints only "BAD TERMINATION". So
+``hpcgnn train`` forks before it imports torch or MPI: the child is the rank and does all the
+work; the parent is a small process that waits for it, forwards the signals a batch system
+sends (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT) and, when the child dies of a
+signal, prints one line to stderr::
+
+    hpcgnn: error: rank 2 was killed by SIGKILL (out of memory? its peak resident memory was 6.52 GiB)
+
+and exits with 128 + the signal number, as a shell reports such a death. The launcher sees
+the exit and ends the other ranks as before. The child gets SIGKILL if the parent dies
+(``PR_SET_PDEATHSIG``), so no rank outlives its watcher. ``HPCGNN_SUPERVISE=0`` turns the
+watcher off (the command then runs in the launched process itself).
+
+The parent touches no MPI state: the child inherits the launcher's environment and file
+descriptors (PMI) and initialises MPI itself.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Callable
+
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCONT")
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+PR_SET_PDEATHSIG = 1
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher announced it (None outside a launcher)."""
+    for var in RANK_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def enabled() -> bool:
+    """Whether :func:`run_watched` forks (Linux, and HPCGNN_SUPERVISE is not 0)."""
+    return (hasattr(os, "fork") and sys.platform.startswith("linux")
+            and os.environ.get("HPCGNN_SUPERVISE", "1").strip() not in ("0", "false", "no"))
+
+
+def death_message(rank: int | None, signum: int, peak_rss_bytes: int) -> str:
+    """The line printed for a child killed by ``signum``."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    who = f"rank {rank}" if rank is not None else "hpcgnn"
+    peak = f"its peak resident memory was {peak_rss_bytes / 2**30:.2f} GiB"
+    if signum == signal.SIGKILL:
+        return f"{who} was killed by {name} (out of memory? {peak})"
+    return f"{who} was killed by {name} ({peak})"
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - prctl is Linux-only, checked by enabled()
+        return
+    if os.getppid() != parent:          # the parent died before prctl took effect
+        os._exit(1)
+
+
+def run_watched(work: Callable[[], int]) -> int:
+    """Run ``work()`` in a forked child and return its exit code (in the child: ``work()``'s own
+    return value, so the child leaves through the normal interpreter exit, atexit handlers and
+    MPI finalisation included). The parent never returns: it exits with the child's code."""
+    if not enabled():
+        return work()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        _die_with_parent(parent)
+        return work()
+    for name in FORWARDED:
+        sig = getattr(signal, name)
+        signal.signal(sig, lambda signum, _frame: _forward(child, signum))
+    while True:
+        try:
+            _, status, usage = os.wait4(child, 0)
+            break
+        except ChildProcessError:       # pragma: no cover - reaped elsewhere
+            os._exit(1)
+        except InterruptedError:        # pragma: no cover - PEP 475 retries wait4 itself
+            continue
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        print(f"hpcgnn: error: {death_message(launcher_rank(), signum, usage.ru_maxrss * 1024)}",
+              file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _forward(child: int, signum: int) -> None:
+    try:
+        os.kill(child, signum)
+    except ProcessLookupError:
+        pass
