@@ -1,9 +1,11 @@
 // partition kernels: cut one partition out of a renumbered graph (see docs/formats.md).
 //
-// The graph is the symmetric in-edge CSR of the graph file (original IDs).
-// Partition p owns the new (global) IDs [part_offsets[p], part_offsets[p+1]);
-// `rows` lists the original IDs of those vertices in new-ID order and
-// `orig_to_new` maps every original ID to its new ID.
+// The graph is the symmetric in-edge CSR of the graph file (original IDs); its
+// `indices` may be int64 or int32 (the partition command reads them as int32 when the
+// graph fits, to halve their memory). Partition p owns the new (global) IDs
+// [part_offsets[p], part_offsets[p+1]); `rows` lists the original IDs of those vertices
+// in new-ID order and `orig_to_new` maps every original ID to its new ID. Outputs are
+// int64 whatever the input's index type.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -26,7 +28,8 @@ inline int64_t owner_of(const int64_t* offsets, int64_t k, int64_t id) {
 //   send_indptr [K+1], send_ids   per partition q: sorted solid vertices with an in-neighbour on q
 //                                 (by symmetry exactly the halo vertices of q that p owns)
 //   cut_entries                   number of in-edges whose source is owned elsewhere
-py::tuple extract_part(const carray<int64_t>& indptr, const carray<int64_t>& indices,
+template <typename Idx>
+py::tuple extract_part(const carray<int64_t>& indptr, const carray<Idx>& indices,
                        const carray<int64_t>& rows, const carray<int64_t>& orig_to_new,
                        const carray<int64_t>& part_offsets, int64_t part_id) {
     const int64_t num_nodes = indptr.size() - 1;
@@ -35,7 +38,7 @@ py::tuple extract_part(const carray<int64_t>& indptr, const carray<int64_t>& ind
             "extract_part: orig_to_new must have one entry per vertex");
     require(k >= 1 && part_id >= 0 && part_id < k, "extract_part: part_id out of range");
     const int64_t* ip = indptr.data();
-    const int64_t* ix = indices.data();
+    const Idx* ix = indices.data();
     const int64_t* rw = rows.data();
     const int64_t* o2n = orig_to_new.data();
     const int64_t* off = part_offsets.data();
@@ -149,9 +152,12 @@ py::tuple extract_part(const carray<int64_t>& indptr, const carray<int64_t>& ind
 
 PYBIND11_MODULE(_native_partition, m) {
     hpcgnn::add_thread_control(m);
-    m.def("extract_part", &extract_part, py::arg("indptr"), py::arg("indices"), py::arg("rows"),
-          py::arg("orig_to_new"), py::arg("part_offsets"), py::arg("part_id"),
-          "Cut partition part_id out of a renumbered symmetric in-edge CSR.\n\n"
-          "Returns (indptr, indices, halo_ids, send_indptr, send_ids, cut_entries); every ID is a\n"
-          "new (global) ID, see native/partition.cpp.");
+    const char* doc =
+        "Cut partition part_id out of a renumbered symmetric in-edge CSR (indices int64 or int32).\n\n"
+        "Returns (indptr, indices, halo_ids, send_indptr, send_ids, cut_entries), all int64; every ID\n"
+        "is a new (global) ID, see native/partition.cpp.";
+    m.def("extract_part", &extract_part<int64_t>, py::arg("indptr"), py::arg("indices"), py::arg("rows"),
+          py::arg("orig_to_new"), py::arg("part_offsets"), py::arg("part_id"), doc);
+    m.def("extract_part", &extract_part<int32_t>, py::arg("indptr"), py::arg("indices"), py::arg("rows"),
+          py::arg("orig_to_new"), py::arg("part_offsets"), py::arg("part_id"), doc);
 }

@@ -64,9 +64,12 @@ def _child_prepare(args) -> dict:
 def _child_partition(args) -> dict:
     from hpcgnn.commands.partition import partition_file
 
+    from hpcgnn.partition.metis import metis_version
+
     summary, timings = partition_file(args.graph, args.store, args.parts, "metis", args.seed, force=True,
                                       progress=False, niter=args.niter[0])
-    return {**timings, "edge_cut": summary.edge_cut, "balance": summary.balance,
+    return {**timings, "metis": metis_version(), "peaks": {r.name: r.peak_rss for r in summary.steps},
+            "edge_cut": summary.edge_cut, "balance": summary.balance,
             "halo_total": int(summary.halo_counts.sum())}
 
 
@@ -161,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  work / f"partition-{k}.json")
                 rows.append({"step": step, "parts": k, "niter": niter, "judged": niter == args.niter[0],
                              "wall": wall, "cpu": cpu, "rss": rss, "report": rep})
-                print(f"partition {k} (niter {niter}): {wall:.1f} s, peak {rss / 2**30:.2f} GiB; CPU s: read "
-                      f"{rep['read_cpu']:.1f}, metis {rep['assign_cpu']:.1f}, write {rep['write_cpu']:.1f}",
-                      flush=True)
+                steps = ", ".join(f"{name} {rep[name]:.1f} s {rep['peaks'][name] / 2**30:.2f} GiB"
+                                  for name in rep["peaks"] if name != "total")
+                print(f"partition {k} (niter {niter}): {wall:.1f} s, peak {rss / 2**30:.2f} GiB; {steps}", flush=True)
                 shutil.rmtree(work / f"store-{k}", ignore_errors=True)
         load_after = os.getloadavg()
     finally:
@@ -187,12 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             b = rep["balance"]
             cut = 100 * rep["edge_cut"] / (params["num_edges_actual"] // 2)
             print(f"{r['step']:<20} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {rep['read']:>7.1f} "
-                  f"{rep['assign']:>8.1f} {rep['write']:>8.1f} {cut:>10.1f} "
+                  f"{rep.get('prepare', 0) + rep['assign']:>8.1f} {rep.get('read_data', 0) + rep['write']:>8.1f} {cut:>10.1f} "
                   f"{b['vertices']:>5.3f}/{b['train']:.3f}/{b['edges']:.3f} {verdict:>7}")
         else:
             print(f"{r['step']:<20} {r['wall']:>8.1f} {r['cpu']:>7.1f} {r['rss'] / 2**30:>9.2f} {'':>7} {'':>8} "
                   f"{rep['write']:>8.1f}")
-    print("(read s overlaps metis s: the assignment starts once the topology is read; target judged at "
+    print("(read s: the topology; metis s: the assignment; write s: reading the vertex data and writing; target judged at "
           f"--niter {args.niter[0]}, 'ref' rows for comparison)")
     _write_results(args.out, rows, params)
     print(f"\nwrote {args.out}")

@@ -2,10 +2,20 @@
 
 METIS k-way min-edge-cut with multi-constraint balance of vertices, training vertices and
 edges (vertex weights [1, is_train, degree], as DistDGL/DistGNN-MB), or a seeded random or
-contiguous assignment. Prints a one-paragraph summary; the store layout is docs/formats.md.
+contiguous assignment. Prints a one-paragraph summary and the wall time and peak memory of
+each step; the store layout is docs/formats.md.
+
+Memory: the steps run one after another so that each holds only what it needs. ``read``
+loads the topology with 32-bit vertex IDs when the graph allows; ``prepare`` builds METIS'
+vertex weights in its own index type; ``assign`` runs METIS (cmeel-metis' 32-bit build when
+installed, see hpcgnn.partition.metis) on those arrays without copies; only then does
+``read_data`` load features, labels and masks, and ``write`` cut out and write one partition
+at a time. On the ogbn-products-sized graph (123M directed edges) METIS dominates; the peaks
+per step are in docs/benchmarks.md.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
@@ -17,9 +27,10 @@ import numpy as np
 from hpcgnn.errors import InputError
 from hpcgnn.partition.balance import CONSTRAINTS
 from hpcgnn.partition.methods import METHODS
-from hpcgnn.partition.metis import DEFAULT_NITER
+from hpcgnn.partition.metis import DEFAULT_NITER, LIBRARIES
 
 SEED_MAX = 2**31 - 1
+STEPS = ("read", "prepare", "assign", "read_data", "write")
 
 
 def add_arguments(parser) -> None:
@@ -38,19 +49,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--niter", type=int, default=DEFAULT_NITER,
                         help=f"METIS refinement passes per level (default {DEFAULT_NITER}; METIS' own "
                              "default 10 can lower the cut of unstructured graphs by 2-3%% for twice the time)")
+    parser.add_argument("--metis-library", choices=("auto", *LIBRARIES), default="auto",
+                        help="METIS build: cmeel-metis (METIS 5.2.1, 32-bit indices: half the memory) or "
+                             "pymetis (METIS 5.1.0, 64-bit); auto (default) takes cmeel-metis when it is "
+                             "installed and the graph fits 32-bit indices. The choice is recorded in the store")
+    parser.add_argument("--metis-ondisk", action=argparse.BooleanOptionalAction, default=None,
+                        help="METIS keeps the coarsened graphs of 128 MiB or more that it is not working on "
+                             "in files in a private directory beside --out (METIS 5.2, cmeel-metis): the "
+                             "same partition in a fraction of the memory (products-like, 123M edges: 2.5 "
+                             "instead of 8.3 GiB). Default: on with cmeel-metis, off with pymetis")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int = 0,
                    constraints: str = ",".join(CONSTRAINTS), ufactor: int = 30, force: bool = False,
-                   progress: bool = True, niter: int = DEFAULT_NITER):
+                   progress: bool = True, niter: int = DEFAULT_NITER, metis_library: str = "auto",
+                   metis_ondisk: bool | None = None):
     """Partition the graph file ``graph_path`` into the store ``out``.
 
-    Returns (StoreSummary, timings): wall seconds of ``read`` (the whole graph file),
-    ``assign`` (METIS/random/contiguous, which overlaps the read after the topology is in),
-    ``wait_assign`` (the part of it after the read) and ``write``; CPU seconds
-    ``read_cpu`` and ``assign_cpu`` (of their threads) and ``write_cpu`` (process, all threads).
+    Returns (StoreSummary, timings): wall seconds of each step in STEPS that ran and of
+    ``total``; ``summary.steps`` holds their peak memory too (also recorded in meta.h5).
     Raises InputError on bad arguments or inputs, before any heavy work.
     """
     from hpcgnn.data.graph import read_graph_attrs
@@ -58,7 +77,8 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
     from hpcgnn.partition.methods import parse_constraints
     from hpcgnn.partition.writer import file_sha256
 
-    graph_path = Path(graph_path)
+    graph_path = Path(graph_path).resolve()  # --metis-ondisk changes the working directory
+    out = Path(out)
     names = parse_constraints(constraints)
     if method not in METHODS:
         raise InputError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
@@ -68,79 +88,105 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
         raise InputError(f"--ufactor {ufactor}: expected an integer in [1, 1000] (thousandths)")
     if not 1 <= niter <= 1000:
         raise InputError(f"--niter {niter}: expected an integer in [1, 1000]")
+    if metis_library not in ("auto", *LIBRARIES):
+        raise InputError(f"--metis-library {metis_library!r}: expected auto or one of {', '.join(LIBRARIES)}")
     check_output(out, force)
     attrs = read_graph_attrs(graph_path)
     n = int(attrs.get("num_nodes", 0))
     if not 1 <= parts <= n:
         raise InputError(f"--parts {parts}: expected an integer in [1, {n}] ({graph_path} has {n} vertices)")
+    library = None
+    if method == "metis":
+        library = _metis_library(metis_library, bool(metis_ondisk), n, int(attrs.get("num_edges", 0)), len(names))
+        if metis_ondisk is None:     # default: wherever the library can
+            metis_ondisk = library.supports_ondisk
     # Hash the source file in a thread (hashlib releases the GIL) while the graph is read and partitioned.
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1) as pool:
         source_hash = pool.submit(file_sha256, graph_path, stop=stop)
         try:
             return _partition_graph(graph_path, source_hash, out, parts, method, seed, names, ufactor,
-                                    niter, force, progress)
+                                    niter, force, progress, library, bool(metis_ondisk) and method == "metis")
         finally:
             stop.set()  # after a failure, do not wait for the hash of a large file
 
 
-def _partition_graph(graph_path: Path, source_hash, out, parts, method, seed, names, ufactor, niter,
-                     force, progress):
-    """Read, assign, write; ``source_hash`` is a future of the graph file's sha256.
+def _metis_library(name: str, ondisk: bool, num_nodes: int, num_edges: int, ncon: int):
+    """The METIS build for this graph (InputError when the requested one is unusable)."""
+    from hpcgnn.partition.metis import choose_library
 
-    The assignment needs only the topology and the training mask: it starts in a thread
-    (METIS runs in C without the GIL) as soon as those are read and checked, while this
-    thread reads and validates the features, labels and other masks.
+    try:
+        library = choose_library(name, num_nodes, num_edges, ncon)
+    except RuntimeError as exc:
+        raise InputError(f"--metis-library {name}: {exc}") from None
+    if ondisk and not library.supports_ondisk:
+        raise InputError(f"--metis-ondisk needs METIS 5.2 (cmeel-metis); this graph would use "
+                         f"{library.describe()}")
+    return library
+
+
+def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, seed, names, ufactor, niter,
+                     force, progress, library, ondisk: bool):
+    """Read the topology, assign, read the vertex data, write: one step at a time, each measured.
+
+    ``source_hash`` is a future of the graph file's sha256.
     """
-    from hpcgnn.data.graph import read_graph, read_topology
-    from hpcgnn.partition.methods import assign_parts
+    from hpcgnn.data.graph import read_graph, read_graph_attrs, read_topology
+    from hpcgnn.partition.memory import StepMeter
+    from hpcgnn.partition.methods import assign_parts, metis_weights
+    from hpcgnn.partition.metis import part_graph_kway
     from hpcgnn.partition.writer import write_store
     from hpcgnn.progress import Progress
 
-    t0, c0 = time.perf_counter(), time.thread_time()
-    topology = indptr, indices, train_mask = read_topology(graph_path)
-    assigned: dict = {}
-
-    def assign() -> None:
-        ta, ca = time.perf_counter(), time.thread_time()
-        try:
-            assigned["value"] = assign_parts(method, indptr, indices, train_mask, parts, seed, names, ufactor, niter)
-        except BaseException as exc:  # re-raised in the calling thread
-            assigned["error"] = exc
-        assigned["wall"], assigned["cpu"] = time.perf_counter() - ta, time.thread_time() - ca
-
-    # A daemon thread: if the rest of the file turns out to be bad, the error is reported at once.
-    worker = threading.Thread(target=assign, name="hpcgnn-partition-assign", daemon=True)
-    worker.start()
-    with Progress("partition: reading graph", enabled=progress) as bar:
-        graph = read_graph(graph_path, topology=topology)
-        bar.update(graph.num_nodes)
-    t1, c1 = time.perf_counter(), time.thread_time()
-    with Progress(f"partition: {method} into {parts} parts", enabled=progress) as bar:
-        worker.join()
-        bar.update(graph.num_nodes)
-    if "error" in assigned:
-        raise assigned["error"]
-    part, used = assigned["value"]
-    t2, c2 = time.perf_counter(), time.process_time()
-    summary = write_store(out, graph, part, parts, method=method, seed=seed, constraints=used,
-                          source_graph=str(graph_path.resolve()), source_hash=source_hash.result(),
-                          metis_options={"ufactor": ufactor, "niter": niter} if method == "metis" else None,
-                          force=force, progress=progress)
-    t3, c3 = time.perf_counter(), time.process_time()
-    return summary, {"read": t1 - t0, "assign": assigned["wall"], "wait_assign": t2 - t1, "write": t3 - t2,
-                     "read_cpu": c1 - c0, "assign_cpu": assigned["cpu"], "write_cpu": c3 - c2}
+    with StepMeter() as meter:
+        n = int(read_graph_attrs(graph_path)["num_nodes"])
+        with meter.step("read"), Progress("partition: reading topology", enabled=progress) as bar:
+            if library is not None and parts > 1:
+                index_dtype = library.idx_dtype  # what METIS takes without a copy
+            else:
+                index_dtype = np.int32 if n <= np.iinfo(np.int32).max else np.int64
+            indptr, indices, train_mask = read_topology(graph_path, index_dtype)
+            bar.update(n)
+        if method == "metis" and parts > 1:
+            with meter.step("prepare"):
+                metis_indptr = indptr.astype(library.idx_dtype)
+                vwgt, used = metis_weights(indptr, train_mask, names, library.idx_dtype)
+            with meter.step("assign"), Progress(f"partition: metis into {parts} parts", enabled=progress) as bar:
+                part, _ = part_graph_kway(metis_indptr, indices, parts, vwgt, seed=seed, ufactor=ufactor,
+                                          niter=niter, library=library,
+                                          ondisk=out.resolve().parent if ondisk else None)
+                del metis_indptr, vwgt
+                bar.update(n)
+        else:
+            with meter.step("assign"):
+                part, used = assign_parts(method, indptr, indices, train_mask, parts, seed, names)
+        with meter.step("read_data"), Progress("partition: reading vertex data", enabled=progress) as bar:
+            graph = read_graph(graph_path, topology=(indptr, indices, train_mask))
+            bar.update(n)
+        del indptr, indices, train_mask  # the graph holds them
+        metis_options = None
+        if method == "metis":
+            metis_options = {"ufactor": ufactor, "niter": niter, "metis_ondisk": int(ondisk)}
+        summary = write_store(out, graph, part, parts, method=method, seed=seed, constraints=used,
+                              source_graph=str(graph_path), source_hash=source_hash.result(),
+                              metis_options=metis_options,
+                              metis_library=library.describe() if library is not None else None,
+                              force=force, progress=progress, meter=meter)
+    return summary, {r.name: r.seconds for r in summary.steps}
 
 
 def run(args) -> int:
+    from hpcgnn.partition.memory import format_table
+
     summary, t = partition_file(args.graph, args.out, args.parts, args.method, args.seed, args.constraints,
-                                args.ufactor, args.force, progress=not args.quiet, niter=args.niter)
+                                args.ufactor, args.force, progress=not args.quiet, niter=args.niter,
+                                metis_library=args.metis_library, metis_ondisk=args.metis_ondisk)
     bal = ", ".join(f"{k} {v:.3f}" for k, v in summary.balance.items())
     cut_pct = 100 * summary.edge_cut / max(summary.num_edges // 2, 1)
     print(f"wrote {summary.path}: {summary.num_parts} partitions ({args.method}, seed {args.seed}), "
           f"edge cut {summary.edge_cut} ({cut_pct:.1f}%), balance max/mean: {bal}; "
-          f"halo {int(summary.halo_counts.sum())} vertices; "
-          f"read {t['read']:.1f}s, {args.method} {t['assign']:.1f}s, write {t['write']:.1f}s", file=sys.stdout)
+          f"halo {int(summary.halo_counts.sum())} vertices; {t['total']:.1f}s", file=sys.stdout)
+    print(format_table(summary.steps), file=sys.stdout)
     for what, name in (("vertices", "vertices"), ("train", "training vertices")):
         empty = np.flatnonzero(summary.part_weights[what] == 0)
         if empty.size and (what == "vertices" or summary.part_weights[what].any()):

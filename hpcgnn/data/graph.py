@@ -69,8 +69,8 @@ class Graph:
         _check_csr(where, self.indptr, self.indices, n)
         if self.features.ndim != 2 or self.features.shape[0] != n:
             raise InputError(f"{where}: 'features' has shape {self.features.shape}, expected ({n}, F)")
-        if not np.all(np.isfinite(self.features)):
-            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
+        row = _first_nonfinite_row(self.features)
+        if row >= 0:
             raise InputError(f"{where}: 'features' holds NaN or inf (first at row {row})")
         if self.labels.shape != (n,):
             raise InputError(f"{where}: 'labels' has shape {self.labels.shape}, expected ({n},)")
@@ -125,15 +125,25 @@ def read_graph_attrs(path: str | os.PathLike) -> dict:
         return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
 
 
-def read_topology(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(indptr, indices, train_mask) of a graph file with the CSR checked: what a partitioner
-    needs before the rest of the file (read and checked by :func:`read_graph`) arrives."""
+def read_topology(path: str | os.PathLike, index_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(indptr int64, indices, train_mask) of a graph file with the CSR checked: what a partitioner
+    needs before the rest of the file (read and checked by :func:`read_graph`) arrives.
+
+    ``index_dtype`` (int64 or int32) is the dtype of the returned ``indices``: int32 halves
+    their memory. They are read in blocks and converted block by block, so the file's int64
+    array is never held whole. int32 needs fewer than 2**31 vertices (InputError otherwise).
+    """
+    index_dtype = np.dtype(index_dtype)
+    if index_dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise ValueError(f"index_dtype {index_dtype}: expected int64 or int32")
     with open_h5(path, GRAPH_FORMAT) as f:
         if "num_nodes" not in f.attrs:
             raise InputError(f"{path}: attribute 'num_nodes' is missing")
         n = int(f.attrs["num_nodes"])
+        if n > np.iinfo(index_dtype).max:
+            raise InputError(f"{path}: {n} vertices do not fit {index_dtype} vertex IDs")
         indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
-        indices = read_dataset(f, "indices", np.int64, (None,))
+        indices = _read_indices(f, n, index_dtype)
         train = read_dataset(f, "train_mask", bool, (n,))
     if n < 1:
         raise InputError(f"{path}: graph has no vertices")
@@ -147,6 +157,47 @@ def _check_csr(where: str, ip: np.ndarray, ix: np.ndarray, n: int) -> None:
     if ix.size and (ix.min() < 0 or ix.max() >= n):
         bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
         raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
+
+
+def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -> np.ndarray:
+    """Dataset 'indices' (checked like read_dataset) as ``dtype``, read ``block`` entries at a time.
+
+    IDs outside [0, n) are reported here (as :func:`_check_csr` words it), before a narrowing
+    conversion could hide them.
+    """
+    if dtype == np.dtype(np.int64):
+        return read_dataset(f, "indices", np.int64, (None,))
+    where = f"{f.filename}: dataset 'indices'"
+    if "indices" not in f:
+        raise InputError(f"{where} is missing")
+    ds = f["indices"]
+    if not isinstance(ds, h5py.Dataset):
+        raise InputError(f"{where} is not a dataset")
+    if ds.dtype.kind not in "iu":
+        raise InputError(f"{where} has dtype {ds.dtype}, expected int64")
+    if len(ds.shape) != 1:
+        raise InputError(f"{where} has shape {ds.shape}, expected (*)")
+    m = ds.shape[0]
+    out = np.empty(m, dtype=dtype)
+    lo, hi = 0, 0
+    for a in range(0, m, block):
+        chunk = ds[a:a + block]
+        lo, hi = min(lo, int(chunk.min())), max(hi, int(chunk.max()))
+        if lo < 0 or hi >= n:
+            raise InputError(f"{f.filename}: 'indices' holds vertex ID {lo if lo < 0 else hi}, "
+                             f"expected IDs in [0, {n})")
+        out[a:a + block] = chunk
+    return out
+
+
+def _first_nonfinite_row(a: np.ndarray, block: int = 1 << 22) -> int:
+    """Index of the first row of 2-D ``a`` holding NaN or inf, or -1; a few MB of temporaries."""
+    rows = max(1, block // max(1, a.shape[1])) if a.ndim == 2 else block
+    for start in range(0, a.shape[0], rows):
+        bad = ~np.isfinite(a[start:start + rows])
+        if bad.any():
+            return start + int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0])
+    return -1
 
 
 def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) -> Graph:

@@ -42,46 +42,69 @@ def contiguous_parts(num_nodes: int, num_parts: int) -> np.ndarray:
 
 def metis_parts(indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray, num_parts: int,
                 seed: int, constraints=DEFAULT_CONSTRAINTS, ufactor: int = 30,
-                niter: int = DEFAULT_NITER, log=None) -> tuple[np.ndarray, tuple[str, ...]]:
+                niter: int = DEFAULT_NITER, log=None, *, library=None,
+                ondisk=None) -> tuple[np.ndarray, tuple[str, ...]]:
     """METIS k-way min-edge-cut balancing each named constraint within ``ufactor``/1000
     (``niter`` refinement passes per level).
 
     Constraints whose total weight is zero (e.g. ``train`` on a graph with no training
-    vertices) cannot be balanced and are dropped with a note on ``log``. Returns
-    (part, constraints actually balanced).
+    vertices) cannot be balanced and are dropped with a note on ``log``. ``library``: the
+    METIS build (:func:`hpcgnn.partition.metis.choose_library`; default: the leanest that fits);
+    ``indices`` should already be of its ``idx_t`` dtype, or METIS gets a copy. ``ondisk``: a
+    directory for METIS' coarsened graphs (see :func:`~hpcgnn.partition.metis.part_graph_kway`).
+    The vertex weights are built directly in ``idx_t``. Returns (part, constraints actually balanced).
     """
-    from hpcgnn.partition.metis import part_graph_kway
+    from hpcgnn.partition.metis import choose_library, part_graph_kway
 
     n = indptr.shape[0] - 1
     if num_parts == 1:
         return np.zeros(n, dtype=np.int64), tuple(constraints)
+    if library is None:
+        library = choose_library("auto", n, int(indices.shape[0]), len(constraints))
+    vwgt, used = metis_weights(indptr, train_mask, constraints, library.idx_dtype, log)
+    part, _ = part_graph_kway(indptr, indices, num_parts, vwgt, seed=seed, ufactor=ufactor, niter=niter,
+                              library=library, ondisk=ondisk)
+    return part, used
+
+
+def metis_weights(indptr: np.ndarray, train_mask: np.ndarray, constraints, dtype,
+                  log=None) -> tuple[np.ndarray | None, tuple[str, ...]]:
+    """(vertex weights [N, ncon] of ``dtype``, constraints they balance) for METIS.
+
+    Constraints of zero total weight are dropped with a note on ``log``; when none is left the
+    weights are None (unit weights: METIS balances the vertex count, reported as "vertices").
+    The array is filled column by column, without an int64 copy of the whole.
+    """
+    n = indptr.shape[0] - 1
     degree = np.diff(indptr)
-    used, columns = [], []
+    used = []
     for name in constraints:
-        w = vertex_weights(name, degree, train_mask)
-        if not w.any():
+        if not vertex_weights(name, degree, train_mask).any():
             print(f"hpcgnn partition: note: constraint '{name}' has zero total weight; not balanced",
                   file=log or sys.stderr)
             continue
         used.append(name)
-        columns.append(w)
-    if not columns:  # unit weights: METIS balances the vertex count
-        used = ["vertices"]
-    vwgt = np.stack(columns, axis=1) if columns else None
-    part, _ = part_graph_kway(indptr, indices, num_parts, vwgt, seed=seed, ufactor=ufactor, niter=niter)
-    return part, tuple(used)
+    if not used:
+        return None, ("vertices",)
+    vwgt = np.empty((n, len(used)), dtype=dtype)
+    for j, name in enumerate(used):
+        vwgt[:, j] = vertex_weights(name, degree, train_mask)
+    return vwgt, tuple(used)
 
 
 def assign_parts(method: str, indptr: np.ndarray, indices: np.ndarray, train_mask: np.ndarray,
                  num_parts: int, seed: int, constraints=DEFAULT_CONSTRAINTS,
-                 ufactor: int = 30, niter: int = DEFAULT_NITER) -> tuple[np.ndarray, tuple[str, ...]]:
+                 ufactor: int = 30, niter: int = DEFAULT_NITER, *, library=None,
+                 ondisk=None) -> tuple[np.ndarray, tuple[str, ...]]:
     """(part int64 [N], constraints balanced by construction) for ``method``.
 
     Random and contiguous assignments balance no weighted constraint: they return ``()``.
+    ``library`` and ``ondisk`` are METIS' (see :func:`metis_parts`).
     """
     n = indptr.shape[0] - 1
     if method == "metis":
-        return metis_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor, niter)
+        return metis_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor, niter,
+                           library=library, ondisk=ondisk)
     if method == "random":
         return random_parts(n, num_parts, seed), ()
     if method == "contiguous":

@@ -29,6 +29,9 @@ META_DATASETS = ("part_offsets", "new_to_orig", "halo_counts")
 PART_DATASETS = ("indptr", "indices", "halo_ids", "halo_owner", "halo_degree", "degree",
                  "features", "labels", "train_mask", "val_mask", "test_mask",
                  "send_indptr", "send_ids")
+# Measurements of the command that wrote the store, one entry per name in meta.h5's attribute
+# ``steps``: not content (outside content_hash), and they differ between identical runs.
+STEP_DATASETS = {"step_seconds": np.float64, "step_peak_rss": np.int64, "step_peak_exact": np.bool_}
 
 
 def part_file_name(part_id: int) -> str:
@@ -86,6 +89,8 @@ class PartitionMeta:
     edge_cut: int
     balance: dict
     attrs: dict = field(default_factory=dict)
+    # [{"name", "seconds", "peak_rss", "exact"}] of the command that wrote the store (None if unrecorded)
+    steps: list | None = None
 
     def owner_of(self, global_ids: np.ndarray) -> np.ndarray:
         """Owner partition of each global ID (range lookup)."""
@@ -115,7 +120,18 @@ def read_meta(directory: str | os.PathLike) -> PartitionMeta:
             halo_counts=read_dataset(f, "halo_counts", np.int64, (k,)),
             content_hash=str(_attr(f, "content_hash")), method=str(_attr(f, "method")),
             seed=int(_attr(f, "seed")), edge_cut=int(_attr(f, "edge_cut")),
-            balance=json.loads(_attr(f, "balance")), attrs=attrs)
+            balance=json.loads(_attr(f, "balance")), attrs=attrs, steps=_read_steps(f))
+
+
+def _read_steps(f: h5py.File) -> list | None:
+    """The recorded step measurements (see STEP_DATASETS), or None in a store without them."""
+    if "steps" not in f.attrs or any(name not in f for name in STEP_DATASETS):
+        return None
+    names = json.loads(_attr(f, "steps"))
+    columns = {name: read_dataset(f, name, dtype, (len(names),)) for name, dtype in STEP_DATASETS.items()}
+    return [{"name": name, "seconds": float(columns["step_seconds"][i]),
+             "peak_rss": int(columns["step_peak_rss"][i]), "exact": bool(columns["step_peak_exact"][i])}
+            for i, name in enumerate(names)]
 
 
 @dataclass

@@ -3,8 +3,10 @@
 Partition p owns the contiguous new-ID range [part_offsets[p], part_offsets[p+1]); inside a
 partition vertices keep their original-ID order. Each partition's CSR, halo and send lists
 are cut out by the native kernel ``hpcgnn.native.partition.extract_part`` one partition at a
-time, so peak memory is the graph plus two partitions (one being written, one being hashed). The directory is written atomically and
-is byte-identical for identical inputs.
+time, so peak memory is the graph plus two partitions (one being written, one being hashed); the
+graph's ``indices`` may be int32 (as ``hpcgnn partition`` reads them) or int64. The directory is
+written atomically and is byte-identical for identical inputs, except the measured wall times
+and peak memory of the steps in ``meta.h5`` (docs/formats.md).
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from hpcgnn import __version__
 from hpcgnn.data.graph import MASKS, Graph
 from hpcgnn.fileio import atomic_dir, check_output, persist_and_drop_cache
 from hpcgnn.partition.balance import imbalance, part_weights
+from hpcgnn.partition.memory import StepMeter, StepRecord
 from hpcgnn.partition.store import (META_DATASETS, META_FILE, META_FORMAT, PART_DATASETS, PART_FORMAT,
-                                    STORE_VERSION, combine_hashes, datasets_digest, part_file_name)
+                                    STEP_DATASETS, STORE_VERSION, combine_hashes, datasets_digest,
+                                    part_file_name)
 from hpcgnn.progress import Progress
 
 
@@ -39,6 +43,7 @@ class StoreSummary:
     part_weights: dict      # {constraint: int64 [K] weight of each partition}
     halo_counts: np.ndarray
     content_hash: str
+    steps: list = None      # [StepRecord]: wall time and peak memory per step, recorded in meta.h5
 
 
 def renumber(part: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,14 +71,23 @@ def file_sha256(path: str | os.PathLike, block: int = 16 << 20, stop=None) -> st
     return h.hexdigest()
 
 
-def tool_versions() -> dict:
-    """Versions of the tools that shape the store's content."""
+def tool_versions(metis_library: str | None = None) -> dict:
+    """Versions of the tools that shape the store's content (``metis_library``: the description
+    of the METIS build that made the assignment; default: the one METIS calls would use)."""
+    from importlib import metadata
+
     import pymetis
 
     from hpcgnn.partition.metis import metis_version
 
-    return {"hpcgnn": __version__, "numpy": np.__version__, "h5py": h5py.__version__,
-            "hdf5": h5py.version.hdf5_version, "pymetis": pymetis.version, "METIS": metis_version()}
+    versions = {"hpcgnn": __version__, "numpy": np.__version__, "h5py": h5py.__version__,
+                "hdf5": h5py.version.hdf5_version, "pymetis": pymetis.version,
+                "METIS": metis_library or metis_version()}
+    try:
+        versions["cmeel-metis"] = metadata.version("cmeel-metis")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
 
 
 def _umask() -> int:
@@ -124,78 +138,127 @@ def _write_part(path: Path, data: dict, attrs: dict) -> None:
 
 def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_parts: int, *,
                 method: str, seed: int, constraints, source_graph: str, source_hash: str,
-                metis_options: dict | None = None, force: bool = False, progress: bool = True) -> StoreSummary:
+                metis_options: dict | None = None, metis_library: str | None = None,
+                force: bool = False, progress: bool = True, meter: StepMeter | None = None) -> StoreSummary:
     """Renumber ``graph`` by the assignment ``part`` and write the store to directory ``out``.
 
-    ``metis_options`` ({"ufactor": int, "niter": int} for METIS assignments) become attributes
-    of the same names in the metadata file.
+    ``metis_options`` ({"ufactor": int, "niter": int, ...} for METIS assignments) become
+    attributes of the same names in the metadata file; ``metis_library`` (the description of
+    the METIS build used) becomes its attribute ``metis_library`` and tool_versions' "METIS".
+    ``meter``: the caller's :class:`StepMeter` with its finished steps (read, assign, ...); this
+    function measures its own work as step ``write`` and records every step in ``meta.h5``.
 
     ``out`` must not exist unless ``force``; nothing is left behind if writing fails.
     """
+    own_meter = meter is None
+    meter = meter or StepMeter()
+    try:
+        return _write_store(out, graph, part, num_parts, method=method, seed=seed, constraints=constraints,
+                            source_graph=source_graph, source_hash=source_hash, metis_options=metis_options,
+                            metis_library=metis_library, force=force, progress=progress, meter=meter)
+    finally:
+        if own_meter:
+            meter.close()
+
+
+def _record_steps(f: h5py.File, records: list[StepRecord]) -> None:
+    """Fill the step datasets (created with the final shapes) in place."""
+    values = {"step_seconds": [r.seconds for r in records], "step_peak_rss": [r.peak_rss for r in records],
+              "step_peak_exact": [r.exact for r in records]}
+    for name, dtype in STEP_DATASETS.items():
+        f[name][...] = np.asarray(values[name], dtype=dtype)
+
+
+def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method, seed, constraints,
+                 source_graph, source_hash, metis_options, metis_library, force, progress,
+                 meter: StepMeter) -> StoreSummary:
     out = check_output(out, force)
     k = int(num_parts)
     part = np.asarray(part, dtype=np.int64)
     if part.shape != (graph.num_nodes,) or (part.size and (part.min() < 0 or part.max() >= k)):
         raise ValueError(f"part must be int [{graph.num_nodes}] with values in [0, {k})")
+    index_dtype = np.int32 if graph.indices.dtype == np.int32 else np.int64
     csr = (np.ascontiguousarray(graph.indptr, dtype=np.int64),
-           np.ascontiguousarray(graph.indices, dtype=np.int64))
-    degree = graph.degree()
-    new_to_orig, orig_to_new, part_offsets = renumber(part, k)
-    weights = part_weights(part, k, degree, graph.train_mask)
-    bal = {name: imbalance(w) for name, w in weights.items()}
-    part_hashes, halo_counts, cut_entries = [], np.zeros(k, dtype=np.int64), 0
+           np.ascontiguousarray(graph.indices, dtype=index_dtype))
+    step_names = [r.name for r in meter.records()[:-1]] + ["write", "total"]
     with atomic_dir(out) as tmp:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the store normal permissions
-        # Pipeline: partition p's digest is computed in a thread (hashlib releases the GIL) while
-        # p+1 is cut out and written. The digest of the arrays equals datasets_digest of the
-        # written datasets (same names, dtypes, shapes and bytes), so the file is not read back.
-        # The same thread then syncs the written file and drops it from the page cache.
-        with Progress("partition: writing", total=k, enabled=progress) as bar, \
-                ThreadPoolExecutor(max_workers=1) as pool:
-            pending, synced = None, []
-            for p in range(k):
-                data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree)
-                digest = pool.submit(datasets_digest, data, PART_DATASETS)
-                halo_counts[p] = data["halo_ids"].shape[0]
-                cut_entries += cut
-                b, e = int(part_offsets[p]), int(part_offsets[p + 1])
-                _write_part(tmp / part_file_name(p), data, {
-                    "format": PART_FORMAT, "version": STORE_VERSION, "part_id": p, "num_parts": k,
-                    "solid_begin": b, "solid_end": e, "num_solid": e - b, "num_halo": int(halo_counts[p]),
+        with meter.step("write"):
+            degree = graph.degree()
+            new_to_orig, orig_to_new, part_offsets = renumber(part, k)
+            weights = part_weights(part, k, degree, graph.train_mask)
+            bal = {name: imbalance(w) for name, w in weights.items()}
+            halo_counts, part_hashes, edge_cut = _write_parts(tmp, graph, csr, k, new_to_orig, orig_to_new,
+                                                              part_offsets, degree, progress)
+            with h5py.File(tmp / META_FILE, "w") as f:
+                meta = {"part_offsets": part_offsets, "new_to_orig": new_to_orig, "halo_counts": halo_counts}
+                for name in META_DATASETS:
+                    _create(f, name, meta[name])
+                # Step figures: created now with their final shapes, filled in after this step.
+                for name, dtype in STEP_DATASETS.items():
+                    _create(f, name, np.zeros(len(step_names), dtype=dtype))
+                content_hash = combine_hashes(datasets_digest(meta, META_DATASETS), part_hashes)
+                attrs = {
+                    "format": META_FORMAT, "version": STORE_VERSION, "num_parts": k, "method": method,
+                    "seed": int(seed), "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                     "num_features": graph.num_features, "num_classes": int(graph.num_classes),
-                    "hpcgnn_version": __version__})
-                del data
-                synced.append(pool.submit(persist_and_drop_cache, tmp / part_file_name(p)))
-                if pending is not None:
-                    part_hashes.append(pending.result())
-                pending = digest
-                bar.update(1)
-            part_hashes.append(pending.result())
-            for future in synced:
-                future.result()
-        edge_cut = cut_entries // 2
-        with h5py.File(tmp / META_FILE, "w") as f:
-            meta = {"part_offsets": part_offsets, "new_to_orig": new_to_orig, "halo_counts": halo_counts}
-            for name in META_DATASETS:
-                _create(f, name, meta[name])
-            content_hash = combine_hashes(datasets_digest(meta, META_DATASETS), part_hashes)
-            attrs = {
-                "format": META_FORMAT, "version": STORE_VERSION, "num_parts": k, "method": method,
-                "seed": int(seed), "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                "num_features": graph.num_features, "num_classes": int(graph.num_classes),
-                "edge_cut": int(edge_cut), "balance": json.dumps(bal, sort_keys=True),
-                "constraints": json.dumps(list(constraints)), "source_graph": str(source_graph),
-                "source_hash": source_hash, "tool_versions": json.dumps(tool_versions(), sort_keys=True),
-                "content_hash": content_hash, "hpcgnn_version": __version__,
-            }
-            for key, value in (metis_options or {}).items():
-                attrs[key] = int(value)
-            for key, value in attrs.items():
-                f.attrs[key] = value
-        for p in range(k):
-            with h5py.File(tmp / part_file_name(p), "r+") as f:
-                f.attrs["part_hash"] = part_hashes[p]
-                f.attrs["content_hash"] = content_hash
+                    "edge_cut": int(edge_cut), "balance": json.dumps(bal, sort_keys=True),
+                    "constraints": json.dumps(list(constraints)), "source_graph": str(source_graph),
+                    "source_hash": source_hash,
+                    "tool_versions": json.dumps(tool_versions(metis_library), sort_keys=True),
+                    "content_hash": content_hash, "hpcgnn_version": __version__,
+                    "steps": json.dumps(step_names),
+                }
+                if metis_library:
+                    attrs["metis_library"] = metis_library
+                for key, value in (metis_options or {}).items():
+                    attrs[key] = int(value)
+                for key, value in attrs.items():
+                    f.attrs[key] = value
+            for p in range(k):
+                with h5py.File(tmp / part_file_name(p), "r+") as f:
+                    f.attrs["part_hash"] = part_hashes[p]
+                    f.attrs["content_hash"] = content_hash
+        records = meter.records()
+        assert [r.name for r in records] == step_names, (records, step_names)
+        with h5py.File(tmp / META_FILE, "r+") as f:
+            _record_steps(f, records)
     return StoreSummary(path=out, num_parts=k, num_edges=graph.num_edges, edge_cut=int(edge_cut),
                         balance=bal, part_weights=weights, halo_counts=halo_counts,
-                        content_hash=content_hash)
+                        content_hash=content_hash, steps=records)
+
+
+def _write_parts(tmp: Path, graph: Graph, csr, k: int, new_to_orig, orig_to_new, part_offsets, degree,
+                 progress: bool) -> tuple[np.ndarray, list, int]:
+    """Cut out and write every partition file; (halo counts, part hashes, edge cut).
+
+    Pipeline: partition p's digest is computed in a thread (hashlib releases the GIL) while
+    p+1 is cut out and written. The digest of the arrays equals datasets_digest of the
+    written datasets (same names, dtypes, shapes and bytes), so the file is not read back.
+    The same thread then syncs the written file and drops it from the page cache.
+    """
+    part_hashes, halo_counts, cut_entries = [], np.zeros(k, dtype=np.int64), 0
+    with Progress("partition: writing", total=k, enabled=progress) as bar, \
+            ThreadPoolExecutor(max_workers=1) as pool:
+        pending, synced = None, []
+        for p in range(k):
+            data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree)
+            digest = pool.submit(datasets_digest, data, PART_DATASETS)
+            halo_counts[p] = data["halo_ids"].shape[0]
+            cut_entries += cut
+            b, e = int(part_offsets[p]), int(part_offsets[p + 1])
+            _write_part(tmp / part_file_name(p), data, {
+                "format": PART_FORMAT, "version": STORE_VERSION, "part_id": p, "num_parts": k,
+                "solid_begin": b, "solid_end": e, "num_solid": e - b, "num_halo": int(halo_counts[p]),
+                "num_features": graph.num_features, "num_classes": int(graph.num_classes),
+                "hpcgnn_version": __version__})
+            del data
+            synced.append(pool.submit(persist_and_drop_cache, tmp / part_file_name(p)))
+            if pending is not None:
+                part_hashes.append(pending.result())
+            pending = digest
+            bar.update(1)
+        part_hashes.append(pending.result())
+        for future in synced:
+            future.result()
+    return halo_counts, part_hashes, cut_entries // 2
