@@ -15,6 +15,15 @@ cores and ranks on the node, and installs the failure policy:
 * a rank that dies (SIGKILL, out of memory) is the launcher's to handle: MPICH's
   mpiexec and srun --kill-on-bad-exit end the other ranks.
 
+Before a rank leaves through the failure policy it runs the hooks registered with
+:meth:`Runtime.on_failure` (``RunOutput`` marks its run file ``status = "failed"`` there), so
+what this process can still write is written. A rank ended from outside (SIGKILL, or the
+launcher ending it after another rank's abort) runs none.
+
+:func:`choose_cuda_device` is the GPU placement (one GPU per node-local rank, honouring
+``CUDA_VISIBLE_DEVICES`` and SLURM's GPU binding), a pure function of the node-local rank and
+size, the visible device count and the environment.
+
 ``init_torch_distributed`` optionally brings up ``torch.distributed`` (gloo on
 CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports).
 """
@@ -27,7 +36,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Callable, Mapping, NoReturn
 
 from hpcgnn.errors import EXIT_INPUT, InputError
 
@@ -69,6 +78,64 @@ def prefer_huge_pages() -> bool:
     return os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
 
 
+def _gpus_per_task(value: str | None) -> int | None:
+    """SLURM_GPUS_PER_TASK ('[type:]count', e.g. '1' or 'a100:2') -> count; None if unset/odd."""
+    last = (value or "").strip().rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else None
+
+
+def _gpu_ids(value: str | None) -> int | None:
+    """SLURM_STEP_GPUS (GPU IDs, '0,1,3') -> how many; None if unset."""
+    ids = [v for v in (value or "").split(",") if v.strip()]
+    return len(ids) or None
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """Which of its visible CUDA devices a rank uses (see :func:`choose_cuda_device`)."""
+
+    index: int      # index among this process's visible devices (torch.cuda.set_device)
+    shared: bool    # other ranks on the node use the same GPU (fewer GPUs than local ranks)
+    how: str        # one phrase saying why, for messages
+
+
+def choose_cuda_device(local_rank: int, local_size: int, visible: int,
+                       env: Mapping[str, str]) -> DeviceChoice:
+    """The CUDA device of node-local rank ``local_rank`` of ``local_size``; pure.
+
+    ``visible`` is the number of devices this process sees (``torch.cuda.device_count()``,
+    which already honours ``CUDA_VISIBLE_DEVICES``); ``env`` the process environment.
+
+    * SLURM bound GPUs to this task: ``SLURM_GPUS_PER_TASK`` = g and at most g visible
+      devices (``srun --gpus-per-task``), or fewer visible devices than SLURM gave the srun
+      step on this node (``SLURM_STEP_GPUS``, e.g. ``--gres=gpu:4 --gpu-bind=single:1``): the
+      visible devices are this task's own, use index 0. (``mpiexec`` inside an allocation
+      is no srun step: its ranks see the job's GPUs and take the next rule.)
+    * otherwise every local rank sees the same devices: local rank r uses r mod ``visible``;
+      with fewer visible devices than local ranks they are shared round-robin (``shared``).
+
+    InputError when no device is visible.
+    """
+    if visible < 1:
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        raise InputError("train.device = 'cuda' but no CUDA device is visible to this rank"
+                         + (f" (CUDA_VISIBLE_DEVICES={cvd!r})" if cvd is not None else ""))
+    per_task = _gpus_per_task(env.get("SLURM_GPUS_PER_TASK"))
+    if per_task and visible <= per_task:
+        return DeviceChoice(0, False, f"SLURM binds {visible} GPU(s) to each task "
+                                      f"(SLURM_GPUS_PER_TASK={env.get('SLURM_GPUS_PER_TASK')})")
+    granted = _gpu_ids(env.get("SLURM_STEP_GPUS"))
+    if granted and visible < granted:
+        return DeviceChoice(0, False, f"SLURM binds {visible} of the step's {granted} GPUs on "
+                                      "the node to this task")
+    index = local_rank % visible
+    if local_size > visible:
+        return DeviceChoice(index, True, f"{local_size} ranks on the node share {visible} "
+                                         "visible GPU(s) round-robin")
+    return DeviceChoice(index, False, f"node-local rank {local_rank} of {local_size}, "
+                                      f"{visible} visible GPU(s)")
+
+
 def _error_wait_s() -> float:
     value = os.environ.get("HPCGNN_ERROR_WAIT", "").strip()
     try:
@@ -88,6 +155,11 @@ class Runtime:
     local_size: int
     threads: int
     error_comm: object = field(default=None, repr=False)  # private duplicate for the failure policy
+    # The compute device chosen by hpcgnn.engine.common.resolve_device ("cpu", "cuda:1") and,
+    # for CUDA, how (a DeviceChoice); RunOutput records ``device`` per rank and epoch.
+    device: str | None = None
+    device_choice: DeviceChoice | None = field(default=None, repr=False)
+    failure_hooks: list = field(default_factory=list, repr=False)
 
     @property
     def is_root(self) -> bool:
@@ -145,6 +217,29 @@ class Runtime:
         self.threads = threads
 
     # ---- failure policy -------------------------------------------------
+    def on_failure(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(message)`` (one line) when this rank leaves :meth:`guard` by an error.
+
+        Runs on the failing rank only, before it exits or aborts the job; a hook that raises
+        is reported in one warning line and does not change the exit.
+        """
+        self.failure_hooks.append(hook)
+
+    def remove_failure_hook(self, hook: Callable[[str], None]) -> None:
+        if hook in self.failure_hooks:
+            self.failure_hooks.remove(hook)
+
+    def _run_failure_hooks(self, message: str) -> None:
+        hooks, self.failure_hooks = list(self.failure_hooks), []
+        line = " ".join(str(message).split())
+        for hook in hooks:
+            try:
+                hook(line)
+            except Exception as exc:  # noqa: BLE001 - the failure policy must go on
+                print(f"hpcgnn: warning: rank {self.rank}: could not record the failure "
+                      f"({exc.__class__.__name__}: {' '.join(str(exc).split())})",
+                      file=sys.stderr, flush=True)
+
     def agree(self, error: str | None) -> None:
         """Collective: if any rank passes an error message, every rank raises InputError.
 
@@ -182,11 +277,13 @@ class Runtime:
         Raised on some ranks only (or a non-zero SystemExit), the job ends with
         MPI_Abort(code) after HPCGNN_ERROR_WAIT seconds. Ctrl-C aborts with 130.
         Any other exception prints its traceback naming the rank and aborts the
-        job (exit 1).
+        job (exit 1). In every case the hooks registered with :meth:`on_failure`
+        run first (once), on this rank.
         """
         try:
             yield self
         except InputError as exc:
+            self._run_failure_hooks(str(exc))
             messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {exc}")
             if messages:  # rank 0, or every rank once finish() has freed the error communicator
                 for message in dict.fromkeys(messages):  # distinct messages, in rank order
@@ -195,10 +292,12 @@ class Runtime:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if code != 0:
+                self._run_failure_hooks(f"exit code {code}")
                 self._exit_together(code, f"hpcgnn: exit code {code}")
             raise
         except KeyboardInterrupt:
             print(f"hpcgnn: rank {self.rank}/{self.size} interrupted", file=sys.stderr, flush=True)
+            self._run_failure_hooks(f"rank {self.rank} interrupted")
             if self.size > 1:
                 self.abort(130)
             raise SystemExit(130)
@@ -206,6 +305,7 @@ class Runtime:
             tb = traceback.format_exc()
             print(f"hpcgnn: rank {self.rank}/{self.size} on {socket.gethostname()} failed: "
                   f"{exc.__class__.__name__}: {exc}\n{tb}", file=sys.stderr, flush=True)
+            self._run_failure_hooks(f"rank {self.rank}: {exc.__class__.__name__}: {exc}")
             if self.size > 1:
                 self.abort(1)
             raise SystemExit(1)
@@ -240,7 +340,8 @@ class Runtime:
         imports, else gloo. The rendezvous address comes from rank 0 over MPI:
         127.0.0.1 when every rank is on one node, else rank 0's host name
         (MASTER_ADDR, when set in the environment, wins). For nccl the CUDA
-        device is ``local_rank`` modulo the visible devices. Collective.
+        device is the one ``resolve_device`` chose (:attr:`device`), else
+        :func:`choose_cuda_device`'s. Collective.
         """
         import torch.distributed as dist
 
@@ -263,7 +364,11 @@ class Runtime:
         if backend == "nccl":
             import torch
 
-            torch.cuda.set_device(self.local_rank % max(1, torch.cuda.device_count()))
+            if self.device and self.device.startswith("cuda"):
+                torch.cuda.set_device(torch.device(self.device))
+            else:
+                torch.cuda.set_device(choose_cuda_device(
+                    self.local_rank, self.local_size, torch.cuda.device_count(), os.environ).index)
         dist.init_process_group(backend=backend, rank=self.rank, world_size=self.size)
         return backend
 

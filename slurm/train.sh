@@ -16,6 +16,13 @@
 #   HPCGNN_THREADS  threads per rank               (default SLURM_CPUS_PER_TASK)
 #   HPCGNN_PROGRESS progress bars on stderr       (default 0)
 #   SRUN_MPI      srun --mpi plugin                (default pmi2: MPICH; pmix for Open MPI builds)
+#   HPCGNN_GPUS_PER_TASK  GPUs per rank: srun --gpus-per-task=N and --set train.device=cuda
+#                 (default SLURM_GPUS_PER_TASK, i.e. what `sbatch --gpus-per-task=N` asked for;
+#                 0 or unset: no GPU options). The allocation must hold the GPUs: submit with
+#                 --gpus-per-task=N (or --gres=gpu:K with K >= N x tasks per node).
+#   HPCGNN_GPU_BIND srun --gpu-bind value, e.g. closest (default: SLURM's, per_task:N)
+#   HPCGNN_GRES   srun --gres value for the step, e.g. gpu:4 (GPUs per node, not bound to tasks:
+#                 every rank sees them all and takes node-local rank mod 4)
 #   HPCGNN_ENTRY  what python runs                 (default "-m hpcgnn train"; e.g.
 #                 "-m hpcgnn.demos.hello" checks the launch without training)
 #SBATCH --job-name=hpcgnn-train
@@ -44,8 +51,30 @@ if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
     SRUN_ARGS+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
 fi
 
+# GPUs: one rank per GPU. SLURM_GPUS_PER_TASK may carry a type ("a100:1"): the count is last.
+GPUS_PER_TASK=${HPCGNN_GPUS_PER_TASK:-${SLURM_GPUS_PER_TASK:-0}}
+if [[ ! "${GPUS_PER_TASK##*:}" =~ ^[0-9]+$ ]]; then
+    echo "train.sh: error: HPCGNN_GPUS_PER_TASK='$GPUS_PER_TASK': expected an integer >= 0 (GPUs per rank)" >&2
+    exit 2
+fi
+DEVICE_ARGS=()
+GPU_NOTE=""
+if (( 10#${GPUS_PER_TASK##*:} > 0 )); then
+    SRUN_ARGS+=(--gpus-per-task="$GPUS_PER_TASK")
+    DEVICE_ARGS=(--set train.device=cuda)
+    GPU_NOTE=" x $GPUS_PER_TASK GPU(s)"
+fi
+if [[ -n "${HPCGNN_GRES:-}" ]]; then
+    SRUN_ARGS+=(--gres="$HPCGNN_GRES")
+    DEVICE_ARGS=(--set train.device=cuda)
+    GPU_NOTE="$GPU_NOTE, gres $HPCGNN_GRES"
+fi
+if [[ -n "${HPCGNN_GPU_BIND:-}" ]]; then
+    SRUN_ARGS+=(--gpu-bind="$HPCGNN_GPU_BIND")
+fi
+
 echo "train.sh: job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname -s)}:" \
-     "${SLURM_NTASKS:-?} ranks x ${HPCGNN_THREADS:-auto} threads, config $CONFIG," \
+     "${SLURM_NTASKS:-?} ranks x ${HPCGNN_THREADS:-auto} threads$GPU_NOTE, config $CONFIG," \
      "partitions $PARTITIONS, run $RUN_DIR"
 exec srun "${SRUN_ARGS[@]}" "$PYTHON" "${ENTRY[@]}" --config "$CONFIG" \
-    --set "data.partitions=$PARTITIONS" --set "output.dir=$RUN_DIR" "$@"
+    --set "data.partitions=$PARTITIONS" --set "output.dir=$RUN_DIR" ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"} "$@"

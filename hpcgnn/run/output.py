@@ -4,14 +4,34 @@
 
 * attributes: ``config`` (resolved configuration, JSON), ``engine``, ``num_ranks``,
   ``partition_hash`` (the store's content hash), ``partition_dir``, ``hpcgnn_version``,
-  ``created``, ``status`` (``running`` / ``finished``), plus any set with :meth:`RunOutput.set_attrs`;
+  ``created``, ``status`` (``running`` / ``finished`` / ``failed``), ``ended`` (when it became
+  ``finished`` or ``failed``), ``error`` (``failed`` only: the one-line reason), plus any set with
+  :meth:`RunOutput.set_attrs`;
 * ``metrics/epoch`` int64 [E] and ``metrics/<name>`` float64 [E] (loss, accuracies; NaN when an
   epoch was not evaluated);
 * ``timings/<name>`` float64 [E, P] seconds per rank, ``counters/<name>`` float64 [E, P]
   (bytes, rows, hits ... per rank);
 * ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate);
 * ``labels/<name>`` bytes [E, P] (per-rank words, e.g. ``peak_rss_phase``: the phase in which
-  the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached).
+  the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached), and
+  ``labels/device``: the compute device each rank ran the epoch on (``cpu``, ``cuda:1``; the
+  index counts the devices the rank sees, see ``hpcgnn.runtime.choose_cuda_device``), written
+  when the engine resolved one (``Runtime.device``). Per epoch, because a resumed run may
+  continue on other devices.
+
+``status`` is ``running`` while the job runs. Rank 0 writes ``failed`` (with ``error``) when it
+leaves through the runtime's failure policy after the run file exists: an input error (raised on
+every rank), an exception on rank 0, Ctrl-C, a non-zero ``SystemExit``. A run whose rank 0 is
+killed (SIGKILL, out of memory), or ended by the launcher because another rank was killed or
+aborted, keeps ``running``: no process is left that could write. ``running`` in a run file of a
+job that is no longer running therefore means "ended from outside".
+
+``--resume`` (:class:`RunOutput` with ``resume=True``) compares the configuration with the run's
+(attribute ``config``): a changed setting outside :data:`SAFE_ON_RESUME` is refused with one line
+naming each such setting with its old and new value; changed safe settings are accepted with one
+warning line. A directory without a run starts a new one (one line says so); a run without a
+checkpoint starts again at epoch 1 (one line says so, settings are not compared). See
+docs/runs.md.
 
 The file is small and rewritten atomically after every epoch, so it is always readable, also
 while the job runs or after it was killed. Rank 0 prints one line per epoch.
@@ -40,6 +60,22 @@ DEBUG_DIR = "debug"
 # What a run directory may contain that --force removes (nothing else is touched).
 RUN_ENTRIES = (RUN_FILE, CHECKPOINT_DIR, DEBUG_DIR)
 METRIC_ORDER = ("loss", "train_acc", "val_acc", "test_acc")
+# Settings --resume may change (a warning names each change); a change of any other setting
+# (learning rate, seed, model shape, halo mode, batch size, fanouts, ...) is refused, because the
+# continued run would no longer be the run its checkpoint belongs to. These change how long the
+# run goes, what is evaluated and recorded, and where and how fast it runs; device, threads and
+# backend may change results in the last bits (floating-point order), nothing more.
+SAFE_ON_RESUME = (
+    "data.partitions",        # the store's content hash must still be the run's
+    "data.verify",
+    "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device",
+    "train.debug_record", "train.debug_kill",
+    "minibatch.eval", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
+    "output.dir", "output.keep_checkpoints",
+    "runtime.threads", "runtime.backend", "runtime.memory_check", "runtime.memory_limit",
+)
+# Attributes of the old run file that describe its end, not the run: not carried into a resume.
+_END_ATTRS = ("format", "version", "created", "status", "ended", "error")
 
 
 def _decode(v):
@@ -58,6 +94,25 @@ def read_run(run_dir: str | Path) -> dict:
         out["labels"] = ({k: np.char.decode(np.asarray(f["labels"][k][()]), "utf-8") for k in f["labels"]}
                          if "labels" in f else {})
     return out
+
+
+def _setting(value) -> str:
+    return json.dumps(value)
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) of every schema setting that differs; a key missing
+    from ``old`` (a run file from before the key existed) counts as its default."""
+    from hpcgnn.run.config import SCHEMA
+
+    changes = []
+    for section, keys in SCHEMA.items():
+        for key, spec in keys.items():
+            before = (old.get(section) or {}).get(key, spec.default)
+            after = (new.get(section) or {}).get(key, spec.default)
+            if before != after:
+                changes.append((f"{section}.{key}", before, after))
+    return changes
 
 
 def _union(dicts) -> list[str]:
@@ -124,6 +179,9 @@ class RunOutput:
         rt.agree(error)
         if rt.is_root:
             self._write()
+        self._device_warned = False
+        if hasattr(rt, "on_failure"):
+            rt.on_failure(self._failed)
 
     # ---- set-up (rank 0) ------------------------------------------------
     def _prepare(self, force: bool) -> None:
@@ -143,6 +201,15 @@ class RunOutput:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
+        if self.resume and not (d / RUN_FILE).exists():
+            if existing:   # checkpoints/ or debug/ but no run file
+                from hpcgnn.run.checkpoint import list_checkpoints
+
+                if list_checkpoints(d):
+                    raise InputError(f"{d}: --resume but the directory has checkpoints and no "
+                                     f"{RUN_FILE}, so the run's settings cannot be checked (pass "
+                                     "--force to start a new run there)")
+            warn(f"--resume: {d} holds no run ({RUN_FILE} not found): starting a new run")
         d.mkdir(parents=True, exist_ok=True)
         (d / CHECKPOINT_DIR).mkdir(exist_ok=True)
         if self.resume and (d / RUN_FILE).exists():
@@ -161,6 +228,7 @@ class RunOutput:
         if a.get("engine") != self.engine:
             raise InputError(f"{self.run_dir / RUN_FILE}: run used engine {a.get('engine')!r}, "
                              f"config says {self.engine!r}; cannot resume")
+        self._check_settings(a)
         epochs = old["metrics"].get("epoch", np.zeros(0, np.int64))
         for i, e in enumerate(epochs):
             row = {"epoch": int(e),
@@ -176,8 +244,32 @@ class RunOutput:
                 row["per_layer"].append({k: np.asarray(v[i, r]) for k, v in old["per_layer"].items()})
                 row["labels"].append({k: str(v[i, r]) for k, v in old["labels"].items()})
             self._history.append(row)
-        keep = {k: v for k, v in a.items() if k not in ("format", "version", "created", "status")}
+        keep = {k: v for k, v in a.items() if k not in _END_ATTRS}
         self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
+
+    def _check_settings(self, attrs: dict) -> None:
+        """Refuse (InputError) or warn about settings changed since the run started."""
+        from hpcgnn.run.checkpoint import list_checkpoints
+
+        run_file = self.run_dir / RUN_FILE
+        if not list_checkpoints(self.run_dir):
+            warn(f"--resume: {self.run_dir} has no checkpoint yet: the run starts again at epoch 1")
+            return
+        try:
+            old = json.loads(attrs.get("config") or "{}")
+        except json.JSONDecodeError:
+            raise InputError(f"{run_file}: attribute 'config' is not JSON; cannot check the "
+                             "settings to resume (pass --force to start a new run)") from None
+        changes = config_changes(old, self.cfg.to_dict())
+        unsafe = [c for c in changes if c[0] not in SAFE_ON_RESUME]
+        if unsafe:
+            listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in unsafe)
+            raise InputError(f"{run_file}: cannot resume with changed settings: {listed} (resume "
+                             "with the run's values, or start a new run with --force; "
+                             "docs/runs.md lists what may change)")
+        if changes:
+            listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in changes)
+            warn(f"--resume with changed settings (safe to change): {listed}")
 
     def _base_attrs(self) -> dict:
         return {
@@ -218,13 +310,19 @@ class RunOutput:
 
         ``metrics`` are global values (identical on every rank; rank 0's are stored).
         """
+        labels = {k: str(v) for k, v in (labels or {}).items()}
+        device = getattr(self.rt, "device", None)
+        if device:
+            labels.setdefault("device", str(device))
+        choice = getattr(self.rt, "device_choice", None)
         local = ({k: float(v) for k, v in timings.items()},
                  {k: float(v) for k, v in counters.items()},
                  {k: np.asarray(v, dtype=np.float64) for k, v in (per_layer or {}).items()},
-                 {k: str(v) for k, v in (labels or {}).items()})
+                 labels, choice.how if choice is not None and choice.shared else None)
         gathered = self.rt.comm.gather(local, root=0)
         if not self.rt.is_root:
             return
+        self._warn_shared_devices([g[4] for g in gathered])
         row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
                "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
                "per_layer": [g[2] for g in gathered], "labels": [g[3] for g in gathered]}
@@ -238,10 +336,30 @@ class RunOutput:
 
     def close(self) -> None:
         """Mark the run finished (collective barrier so no rank exits before the file is final)."""
+        if hasattr(self.rt, "remove_failure_hook"):
+            self.rt.remove_failure_hook(self._failed)
         if self.rt.is_root:
-            self._attrs["status"] = "finished"
+            self._attrs.pop("error", None)
+            self._attrs.update(status="finished", ended=_now())
             self._write()
         self.rt.comm.Barrier()
+
+    def _failed(self, message: str) -> None:
+        """Failure hook (``Runtime.on_failure``): rank 0 marks the run failed with ``message``."""
+        if self.rt.is_root:
+            self._attrs.update(status="failed", ended=_now(), error=message[:1000])
+            self._write()
+
+    def _warn_shared_devices(self, shared: list) -> None:
+        """Rank 0: one warning, once per run, when ranks share a GPU (resolve_device warns early
+        for rank 0's own node; this covers the others)."""
+        ranks = [r for r, how in enumerate(shared) if how]
+        if shared and shared[0]:   # rank 0's own node: resolve_device has said so
+            self._device_warned = True
+        if ranks and not self._device_warned:
+            self._device_warned = True
+            warn(f"ranks {', '.join(map(str, ranks))} share GPUs ({shared[ranks[0]]}): "
+                 "give each rank its own GPU for full speed")
 
     # ---- file -------------------------------------------------------------
     def _write(self) -> None:
@@ -250,8 +368,7 @@ class RunOutput:
         with atomic_file(self.run_dir / RUN_FILE) as tmp:
             with h5py.File(tmp, "w") as f:
                 attrs = self._base_attrs()
-                attrs["created"] = self._attrs.get("created") or \
-                    datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+                attrs["created"] = self._attrs.get("created") or _now()
                 attrs["status"] = "running"
                 attrs.update(self._attrs)
                 self._attrs["created"] = attrs["created"]
@@ -290,6 +407,10 @@ class RunOutput:
                     arr = np.array([[(h["labels"][r].get(n, "") if r < len(h.get("labels", [])) else "")
                                      .encode() for r in range(p)] for h in hist], dtype=bytes)
                     g.create_dataset(n, data=arr.reshape(len(hist), p))
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
 def warn(message: str) -> None:

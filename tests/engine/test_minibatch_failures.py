@@ -93,6 +93,8 @@ def test_killed_rank_ends_job_and_resume_is_exact(stores):
     ckpts = sorted(p.name for p in (cut / "checkpoints").iterdir())
     assert ckpts == ["ckpt-000001.pt"]
     assert ended - (cut / "checkpoints" / "ckpt-000001.pt").stat().st_mtime < 30, "job outlived the kill"
+    # rank 1 died by SIGKILL and the launcher killed rank 0: no process could write "failed"
+    # (run file docstring, docs/runs.md), so the run file keeps "running"
     assert read_run(cut)["attrs"]["status"] == "running"
     proc = mb.train(2, cfg, a, cut, "--resume")
     assert proc.returncode == 0, proc.stderr

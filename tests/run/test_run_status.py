@@ -1,0 +1,140 @@
+"""run.h5 status (running / finished / failed) and what --resume accepts, in one process
+(COMM_SELF). The same under mpiexec -n 2: tests/engine/test_train_status.py."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hpcgnn.errors import InputError
+from hpcgnn.run.config import load_config
+from hpcgnn.run.output import SAFE_ON_RESUME, RunOutput, config_changes, read_run
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from mpi4py import MPI
+
+    from hpcgnn.runtime import Runtime
+
+    return Runtime.start(threads=1, comm=MPI.COMM_SELF)
+
+
+def _meta(tmp_path):
+    return SimpleNamespace(content_hash="ab" * 32, path=tmp_path / "parts", num_parts=1)
+
+
+def _cfg(run_dir, *sets):
+    return load_config(None, ["data.partitions=x", f"output.dir={run_dir}", *sets])
+
+
+def _run_with_checkpoint(tmp_path, rt, *sets):
+    run = tmp_path / "run"
+    out = RunOutput(run, rt, _cfg(run, *sets), _meta(tmp_path), resume=False, force=False)
+    out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})
+    (run / "checkpoints" / "ckpt-000001.pt").write_bytes(b"stand-in")  # RunOutput only lists them
+    out.close()
+    return run
+
+
+def _stderr_lines(capsys):
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_resume_refuses_changed_settings_naming_each_with_old_and_new_value(tmp_path, rt, capsys):
+    run = _run_with_checkpoint(tmp_path, rt, "train.lr=0.01", "minibatch.halo=hec")
+    before = (run / "run.h5").read_bytes()
+    cases = [(["train.lr=0.02"], "train.lr 0.01 -> 0.02"),
+             (["train.seed=7"], "train.seed 0 -> 7"),
+             (["minibatch.halo=exact"], 'minibatch.halo "hec" -> "exact"'),
+             (["model.hidden=16", "model.layers=2", "train.epochs=20"],
+              "model.hidden 256 -> 16, model.layers 3 -> 2")]
+    for sets, listed in cases:
+        cfg = _cfg(run, "train.lr=0.01", "minibatch.halo=hec", *sets)
+        with pytest.raises(InputError) as exc:
+            RunOutput(run, rt, cfg, _meta(tmp_path), resume=True, force=False)
+        assert str(exc.value) == (
+            f"{run / 'run.h5'}: cannot resume with changed settings: {listed} (resume with the "
+            "run's values, or start a new run with --force; docs/runs.md lists what may change)")
+    assert (run / "run.h5").read_bytes() == before          # a refused resume touches nothing
+    assert read_run(run)["attrs"]["status"] == "finished"
+
+
+def test_resume_accepts_safe_changes_with_one_warning_line(tmp_path, rt, capsys):
+    run = _run_with_checkpoint(tmp_path, rt, "train.epochs=3")
+    capsys.readouterr()
+    cfg = _cfg(run, "train.epochs=5", "train.eval_every=2", "runtime.threads=1")
+    out = RunOutput(run, rt, cfg, _meta(tmp_path), resume=True, force=False)
+    assert _stderr_lines(capsys) == [
+        "hpcgnn: warning: --resume with changed settings (safe to change): train.epochs 3 -> 5, "
+        "train.eval_every 1 -> 2, runtime.threads 0 -> 1"]
+    r = read_run(run)
+    assert r["attrs"]["status"] == "running" and r["metrics"]["epoch"].tolist() == [1]
+    assert json.loads(r["attrs"]["config"])["train"]["epochs"] == 5
+    out.close()
+    # unchanged settings: no line at all
+    RunOutput(run, rt, cfg, _meta(tmp_path), resume=True, force=False).close()
+    assert _stderr_lines(capsys) == []
+
+
+def test_resume_without_a_run_starts_fresh_and_says_so(tmp_path, rt, capsys):
+    for run in (tmp_path / "missing", tmp_path / "empty"):
+        if run.name == "empty":
+            run.mkdir()
+        out = RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=True, force=False)
+        assert _stderr_lines(capsys) == [
+            f"hpcgnn: warning: --resume: {run} holds no run (run.h5 not found): starting a new run"]
+        assert read_run(run)["attrs"]["status"] == "running"
+        out.close()
+
+
+def test_resume_of_a_run_without_checkpoint_starts_at_epoch_1_and_compares_nothing(tmp_path, rt, capsys):
+    run = tmp_path / "r"
+    RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=False, force=False)
+    capsys.readouterr()
+    RunOutput(run, rt, _cfg(run, "train.lr=0.5"), _meta(tmp_path), resume=True, force=False)
+    assert _stderr_lines(capsys) == [
+        f"hpcgnn: warning: --resume: {run} has no checkpoint yet: the run starts again at epoch 1"]
+
+
+def test_resume_with_checkpoints_but_no_run_file_is_refused(tmp_path, rt):
+    run = _run_with_checkpoint(tmp_path, rt)
+    (run / "run.h5").unlink()
+    with pytest.raises(InputError, match=r"--resume but the directory has checkpoints and no run.h5"):
+        RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=True, force=False)
+
+
+def test_failure_marks_the_run_failed_and_a_resume_clears_it(tmp_path, rt, capsys):
+    run = tmp_path / "f"
+    RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=False, force=False)
+    with pytest.raises(SystemExit) as exc:
+        with rt.guard():
+            raise InputError("train.device = 'cuda' but torch sees no CUDA device")
+    assert exc.value.code == 2
+    a = read_run(run)["attrs"]
+    assert a["status"] == "failed" and a["error"] == "train.device = 'cuda' but torch sees no CUDA device"
+    assert a["ended"] >= a["created"]
+    out = RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=True, force=False)
+    a = read_run(run)["attrs"]
+    assert a["status"] == "running" and "error" not in a and "ended" not in a
+    out.close()
+    a = read_run(run)["attrs"]
+    assert a["status"] == "finished" and "error" not in a
+    # after close() a later failure of the process does not touch the finished run
+    with pytest.raises(SystemExit):
+        with rt.guard():
+            raise RuntimeError("after the run")
+    assert read_run(run)["attrs"]["status"] == "finished"
+    capsys.readouterr()
+
+
+def test_config_changes_counts_a_missing_key_as_its_default():
+    new = _cfg("x").to_dict()
+    old = json.loads(json.dumps(new))
+    del old["minibatch"]["halo"]                       # a run file from before the key existed
+    old["train"]["lr"] = 0.5
+    assert config_changes(old, new) == [("train.lr", 0.5, new["train"]["lr"])]
+    assert {"train.epochs", "train.eval_every", "output.dir", "runtime.threads"} <= set(SAFE_ON_RESUME)
+    assert not {"train.lr", "train.seed", "minibatch.halo", "model.hidden", "model.layers",
+                "model.arch"} & set(SAFE_ON_RESUME)
