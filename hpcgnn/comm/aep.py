@@ -3,9 +3,13 @@
 At layer ``l`` of iteration ``k`` a rank pushes, to every rank ``q``, the layer-input rows
 ``h_l`` of the solid vertices of its current frontier ``S_l`` that are halo vertices on ``q``
 (``db_halo``, :meth:`Partition.send_list`), at most ``nc`` per destination chosen with
-DistGNN-MB's degree-biased sampling. The push is an alltoallv of counts (blocking), then of
-the global IDs (int64) and of the rows (float32), both non-blocking. The receiver consumes the
-message posted at layer ``l`` of iteration ``k`` at layer ``l`` of iteration ``k + d``.
+DistGNN-MB's degree-biased sampling. The push sends the global IDs (int64) and the rows
+(float32) point-to-point, non-blocking, into receive buffers of min(``nc``, the halo vertices that source owns) rows
+(:class:`~hpcgnn.comm.alltoall.PendingCappedExchange`): no count exchange, so posting a push
+never waits for another rank (the blocking count alltoall it replaced made every layer of every
+iteration a synchronisation point). The receiver consumes the message posted at layer ``l`` of
+iteration ``k`` at layer ``l`` of iteration ``k + d``; the messages of one layer match in the
+order they were posted (one tag pair per layer, on a communicator of the AEP's own).
 
 :class:`DestinationMap` is ``db_halo`` inverted once at start-up into a CSR from solid vertex to
 destination ranks, so selecting the candidates of a frontier costs O(|frontier| + candidates)
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hpcgnn.comm.alltoall import exchange_counts, start_alltoallv
+from hpcgnn.comm.alltoall import PendingCappedExchange
 
 
 class DestinationMap:
@@ -83,14 +87,12 @@ class _Pending:
     epoch: int
     iteration: int
     layer: int
-    ids: object              # PendingExchange
-    rows: object             # PendingExchange
-    sources: np.ndarray      # int32 [n] source rank of each received row (known from counts)
+    exchange: object         # PendingCappedExchange of (ids, rows)
 
 
 @dataclass
 class AEPCounters:
-    """Per-epoch counters of one rank (bytes include the ID and count exchanges)."""
+    """Per-epoch counters of one rank (bytes: IDs and rows)."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -114,7 +116,7 @@ class AsyncEmbeddingPush:
         from hpcgnn.sampling.choice import degree_biased_choice
 
         self._choice = degree_biased_choice
-        self.comm = comm
+        self.comm = comm.Dup()       # collective; the AEP's point-to-point tags are its own
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.solid_begin = part.solid_begin
@@ -124,6 +126,11 @@ class AsyncEmbeddingPush:
         self.destinations = DestinationMap(part)
         self.num_layers = int(num_layers)
         self.nc = int(nc)
+        # The most rows rank q can push here per layer: nc, or fewer when q owns fewer of this
+        # rank's halo vertices (receive buffers are this large).
+        owned = np.bincount(np.asarray(part.halo_owner, dtype=np.int64), minlength=self.size)
+        self.recv_caps = np.minimum(owned[:self.size], self.nc)
+        self.recv_caps[self.rank] = 0
         self.delay = int(delay)
         self.record = record
         self.pushes: list[PushRecord] = []
@@ -178,15 +185,10 @@ class AsyncEmbeddingPush:
                 "cpu", torch.float32).contiguous().numpy()
         else:
             rows = np.zeros((0, int(h.shape[1])), dtype=np.float32)
-        recv_counts = exchange_counts(self.comm, counts)
-        p_ids = start_alltoallv(self.comm, ids, counts, recv_counts)
-        p_rows = start_alltoallv(self.comm, rows, counts, recv_counts)
-        sources = np.repeat(np.arange(self.size, dtype=np.int32), recv_counts)
-        self._queues[layer].append(_Pending(self.epoch, iteration, layer, p_ids, p_rows, sources))
+        exchange = PendingCappedExchange(self.comm, [ids, rows], counts, self.recv_caps, tag=2 * layer)
+        self._queues[layer].append(_Pending(self.epoch, iteration, layer, exchange))
         c = self.counters
-        row_bytes = 8 + 4 * int(rows.shape[1])
-        c.bytes_sent += int(counts.sum()) * row_bytes + 8 * (self.size - 1)
-        c.bytes_received += int(recv_counts.sum()) * row_bytes + 8 * (self.size - 1)
+        c.bytes_sent += int(counts.sum()) * (8 + 4 * int(rows.shape[1]))
         c.rows_sent[layer] += int(counts.sum())
         c.candidates[layer] += candidates
         c.max_rows_to_one_rank[layer] = max(int(c.max_rows_to_one_rank[layer]), int(counts.max(initial=0)))
@@ -205,20 +207,19 @@ class AsyncEmbeddingPush:
             raise RuntimeError(f"AEP: layer {layer} iteration {iteration} expected the push of iteration "
                                f"{iteration - self.delay}, found {pending.iteration}")
         t0 = time.perf_counter()
-        ids = pending.ids.wait()
-        rows = pending.rows.wait()
+        (ids, rows), sources = pending.exchange.wait()
         self.counters.wait_seconds += time.perf_counter() - t0
         self.counters.rows_received[layer] += int(ids.shape[0])
+        self.counters.bytes_received += int(ids.shape[0]) * (8 + 4 * int(rows.shape[1]))
         if self.record:
-            self.receives.append(PushRecord(self.epoch, iteration, layer, ids.copy(), pending.sources, rows.copy()))
+            self.receives.append(PushRecord(self.epoch, iteration, layer, ids.copy(), sources, rows.copy()))
         return ids, rows
 
     def progress(self) -> None:
         """Drive MPI progress of every posted exchange (cheap, non-blocking)."""
         for q in self._queues:
             for p in q:
-                p.ids.test()
-                p.rows.test()
+                p.exchange.test()
 
     def outstanding(self) -> int:
         return sum(len(q) for q in self._queues)

@@ -123,3 +123,95 @@ def start_alltoallv(comm, send: np.ndarray, send_counts: np.ndarray,
     if recv_counts is None:
         recv_counts = exchange_counts(comm, send_counts)
     return PendingExchange(comm, send, send_counts, recv_counts)
+
+
+class PendingCappedExchange:
+    """A started exchange of a bounded number of rows per peer, with no count exchange.
+
+    Point-to-point: for every other rank ``q`` one ``Isend`` of this rank's rows for ``q`` and
+    one ``Irecv`` into a buffer of ``recv_caps[q]`` rows from ``q``, per array; the row counts
+    travel with the messages (``MPI_Get_count`` of the receive). So starting it never blocks and
+    never waits for another rank, and MPI can move the data (also large, rendezvous messages)
+    whenever :meth:`test` or :meth:`wait` drives progress. Every rank must start the same
+    exchanges in the same order on ``comm`` with the same tags: messages of one (source, tag)
+    pair match in the order they were sent.
+
+    ``arrays``: arrays of the same row count, rows grouped by destination rank
+    (``send_counts[r]`` rows for rank ``r``, none for this rank); the same dtype and row shape
+    on every rank. ``recv_caps`` int [size]: the most rows rank ``q`` may send this rank (a
+    larger message is an MPI truncation error). ``tag``: the first of ``len(arrays)`` tags.
+    Memory: receive buffers of ``sum(recv_caps)`` rows per array.
+    """
+
+    def __init__(self, comm, arrays: list[np.ndarray], send_counts: np.ndarray, recv_caps: np.ndarray,
+                 tag: int):
+        self.comm = comm
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.send_counts = np.asarray(send_counts, dtype=np.int64)
+        caps = np.asarray(recv_caps, dtype=np.int64)
+        self._send = [np.ascontiguousarray(a) for a in arrays]
+        n = self._send[0].shape[0]
+        if self.send_counts.shape != (size,) or caps.shape != (size,) or (self.send_counts < 0).any() or \
+                int(self.send_counts.sum()) != n or any(a.shape[0] != n for a in self._send):
+            raise ValueError(f"capped exchange: send_counts {self.send_counts!r} do not split {n} rows "
+                             f"over {size} ranks (or recv_caps is not [{size}])")
+        if self.send_counts[rank] != 0:
+            raise ValueError(f"capped exchange: no rows to itself, got {self.send_counts!r}")
+        types = [_MPI_TYPES.get(a.dtype) for a in self._send]
+        if any(t is None for t in types):
+            raise TypeError(f"capped exchange: unsupported dtype in {[a.dtype for a in self._send]}")
+        self.peers = [q for q in range(size) if q != rank]
+        self._row_items = [max(int(np.prod(a.shape[1:], dtype=np.int64)), 1) for a in self._send]
+        self._types = types
+        self._recv = [[np.empty((int(caps[q]),) + a.shape[1:], dtype=a.dtype) for q in self.peers]
+                      for a in self._send]
+        bounds = np.concatenate([[0], np.cumsum(self.send_counts)])
+        self._recv_requests, self._send_requests = [], []
+        for j, (a, t) in enumerate(zip(self._send, types)):
+            for i, q in enumerate(self.peers):
+                self._recv_requests.append(comm.Irecv([self._recv[j][i], t], source=q, tag=tag + j))
+            for q in self.peers:
+                self._send_requests.append(comm.Isend([a[bounds[q]:bounds[q + 1]], t], dest=q, tag=tag + j))
+        self._statuses = [MPI.Status() for _ in self._recv_requests]
+        self.done = self._recv_done = False
+        self._result = None
+
+    def test(self) -> bool:
+        """Drive progress; True once complete."""
+        if not self.done:
+            # Completed receives are freed by Testall: their statuses (the row counts) must be
+            # kept now, so the receives are tested apart from the sends.
+            if not self._recv_done:
+                self._recv_done = bool(MPI.Request.Testall(self._recv_requests, self._statuses))
+            self.done = self._recv_done and bool(MPI.Request.Testall(self._send_requests))
+        return self.done
+
+    def wait(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """Block until complete: (the received arrays, rows ordered by source rank; the source
+        rank of each row, int32)."""
+        if self._result is None:
+            if not self._recv_done:
+                MPI.Request.Waitall(self._recv_requests, self._statuses)
+                self._recv_done = True
+            MPI.Request.Waitall(self._send_requests)
+            self.done = True
+            p = len(self.peers)
+            counts = np.zeros(p, dtype=np.int64)
+            for j in range(len(self._recv)):
+                got = np.array([self._statuses[j * p + i].Get_count(self._types[j]) // self._row_items[j]
+                                for i in range(p)], dtype=np.int64)
+                if j == 0:
+                    counts = got
+                elif not np.array_equal(got, counts):
+                    raise RuntimeError(f"capped exchange: arrays of one exchange with different row counts "
+                                       f"{counts.tolist()} and {got.tolist()}")
+            out = []
+            for j, bufs in enumerate(self._recv):
+                if p:
+                    out.append(np.concatenate([b[:c] for b, c in zip(bufs, counts)]))
+                else:
+                    out.append(np.empty((0,) + self._send[j].shape[1:], dtype=self._send[j].dtype))
+            sources = np.repeat(np.asarray(self.peers, dtype=np.int32), counts)
+            self._result = (out, sources)
+            self._send = self._recv = None
+        return self._result

@@ -11,12 +11,17 @@ from the last rank. It exchanges
 3. the same rows with ``start_alltoallv`` exchanging the counts itself, completed
    by polling ``test()``;
 4. the same rows with torch.distributed ``all_to_all_single(..., async_op=True)``
-   (``--backend none`` skips it).
+   (``--backend none`` skips it);
+5. the int64 and float32 rows to the other ranks (not to itself) as two capped
+   point-to-point exchanges posted back to back on the same tags (``PendingCappedExchange``,
+   no count exchange; the second sends the float rows plus one), the first completed by
+   polling ``test()``.
 
 Rank 0 prints the ``hello`` line of every rank (see :mod:`hpcgnn.demos.hello`),
 then one exchange summary line per rank. With ``--out DIR`` every rank writes what
 it sent and received to ``DIR/rank-<r>.npz`` (send_counts, recv_counts, send_int,
-send_float, recv_int, recv_float_given, recv_float_counted, recv_float_torch) for
+send_float, recv_int, recv_float_given, recv_float_counted, recv_float_torch, capped_int,
+capped_float, capped_sources, capped_float2) for
 checking against a reference.
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ import sys
 
 import numpy as np
 
-from hpcgnn.comm.alltoall import alltoallv, exchange_counts, start_alltoallv
+from hpcgnn.comm.alltoall import PendingCappedExchange, alltoallv, exchange_counts, start_alltoallv
 from hpcgnn.demos.hello import describe
 from hpcgnn.runtime import Runtime
 
@@ -66,9 +71,20 @@ def main(argv: list[str] | None = None) -> int:
         while not pending_counted.test():  # drive progress as an engine overlapping compute would
             pass
         recv_float_counted = pending_counted.wait()
+        others = np.repeat(np.arange(rt.size), counts) != rt.rank
+        counts_other = np.where(np.arange(rt.size) == rt.rank, 0, counts)
+        caps = np.where(np.arange(rt.size) == rt.rank, 0, 5)           # counts are at most 5
+        first = PendingCappedExchange(rt.comm, [rows_int[others], rows_float[others]], counts_other, caps, tag=0)
+        second = PendingCappedExchange(rt.comm, [rows_int[others], rows_float[others] + 1], counts_other, caps,
+                                       tag=0)
+        while not first.test():
+            pass
+        (capped_int, capped_float), capped_sources = first.wait()
+        (_, capped_float2), _ = second.wait()
         result = dict(send_counts=counts, recv_counts=recv_counts, send_int=rows_int,
                       send_float=rows_float, recv_int=recv_int, recv_float_given=recv_float_given,
-                      recv_float_counted=recv_float_counted)
+                      recv_float_counted=recv_float_counted, capped_int=capped_int, capped_float=capped_float,
+                      capped_sources=capped_sources, capped_float2=capped_float2)
         used = "none"
         if args.backend != "none":
             import torch

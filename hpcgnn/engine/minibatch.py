@@ -59,6 +59,7 @@ from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metric
                                   restore_training_state, rng_key, save_training_state, seed_torch,
                                   split_counts)
 from hpcgnn.errors import InputError
+from hpcgnn.nn.aggregate import gather_rows
 
 # Stream tags of rng_key (distinct first parts keep the streams unrelated).
 _ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
@@ -156,7 +157,9 @@ class HaloHooks:
                 if hit_np.any():
                     rows = hec.load(slots[hit]).to(h.dtype)
                     idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
-                    h = h.index_copy(0, idx, rows)
+                    # the layer-0 input is a fresh gather outside autograd: fill it in place
+                    # (a copy of the whole frontier's rows otherwise)
+                    h = h.index_copy_(0, idx, rows) if not h.requires_grad else h.index_copy(0, idx, rows)
                 missed = halo_pos[~hit_np]
             if block is not None and missed.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
@@ -398,12 +401,9 @@ class MinibatchTrainer:
     def _input_rows(self, frontier: torch.Tensor) -> torch.Tensor:
         """Layer-0 input of a local frontier: features of its solid vertices, zeros for its halo
         vertices (the hooks replace or drop those rows)."""
-        halo = frontier >= self.num_solid
-        x = self.x_solid[frontier.clamp(max=max(self.num_solid - 1, 0))] if self.num_solid else \
-            self.x_solid.new_zeros(frontier.shape[0], self.x_solid.shape[1])
-        if bool(halo.any()):
-            x[halo] = 0
-        return x
+        if not self.num_solid:
+            return self.x_solid.new_zeros(frontier.shape[0], self.x_solid.shape[1])
+        return gather_rows(self.x_solid, frontier, self.num_solid)
 
     def _forward_exact(self, seeds: np.ndarray, epoch: int, k: int):
         """Forward with DistDGL-style distributed sampling and feature pull."""

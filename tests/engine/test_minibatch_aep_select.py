@@ -44,6 +44,9 @@ class _FakeComm:
     def Get_size(self):
         return self.size
 
+    def Dup(self):
+        return self
+
 
 def test_select_caps_each_destination(tmp_path):
     part = _partition(tmp_path)

@@ -146,3 +146,17 @@ def test_empty_blocks_give_empty_or_zero_outputs_and_gradients(backend):
     el, er = torch.randn(5, 2, requires_grad=True), torch.randn(3, 2, requires_grad=True)
     out = agg.gat_aggregate(no_edges, z, el, er, backend=backend)   # only the self edge: out = z[:3]
     torch.testing.assert_close(out, z[:3].detach())
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_gather_rows_equals_index_select_with_invalid_rows_zero(backend):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(500, 37, generator=g)
+    index = torch.randint(0, 800, (2000,), generator=g)          # >= 500: "halo", zero rows
+    got = agg.gather_rows(x, index, 500, backend=backend)
+    want = x[index.clamp(max=499)].clone()
+    want[index >= 500] = 0
+    assert torch.equal(got, want)
+    inside = index[index < 500]
+    assert torch.equal(agg.gather_rows(x, inside, backend=backend), x[inside])
+    assert agg.gather_rows(x, index[:0], 500, backend=backend).shape == (0, 37)

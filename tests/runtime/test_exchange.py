@@ -1,4 +1,5 @@
-"""alltoallv / start_alltoallv / torch all_to_all_single at 2 and 4 ranks against a numpy reference.
+"""alltoallv / start_alltoallv / the capped point-to-point exchange / torch all_to_all_single at 2
+and 4 ranks against a numpy reference.
 
 Each run also checks Runtime.start on that world: rank/size/local_size, and threads
 per rank (default at 4 ranks, HPCGNN_THREADS override at 2), as torch and the
@@ -56,6 +57,12 @@ def test_exchanges_match_reference(tmp_path, ranks, threads_env):
         expect_float = reference_receive(dumps, r, "send_float")
         assert d["recv_int"].dtype == np.int64 and d["recv_int"].shape == expect_int.shape
         np.testing.assert_array_equal(d["recv_int"], expect_int)
+        # the capped point-to-point exchange: the same rows without the rank's own
+        own = np.repeat(np.arange(ranks), counts[:, r]) == r
+        np.testing.assert_array_equal(d["capped_int"], expect_int[~own])
+        np.testing.assert_array_equal(d["capped_float"], expect_float[~own])
+        np.testing.assert_array_equal(d["capped_float2"], expect_float[~own] + 1)
+        np.testing.assert_array_equal(d["capped_sources"], np.repeat(np.arange(ranks), counts[:, r])[~own])
         for key in ("recv_float_given", "recv_float_counted", "recv_float_torch"):
             assert d[key].dtype == np.float32 and d[key].shape == expect_float.shape, key
             np.testing.assert_array_equal(d[key], expect_float, err_msg=key)
