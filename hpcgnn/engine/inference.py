@@ -203,10 +203,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                 for a in range(0, num_solid, rows):
                     b = min(num_solid, a + rows)
                     if isinstance(conv, SAGEConv):
-                        neigh = acc[a:b] * inv_deg[a:b].unsqueeze(1)
-                        if not conv.project_first:
-                            neigh = conv.lin_neigh(neigh)
-                        res = neigh + conv.lin_self(h[a:b])
+                        res = conv.update(acc[a:b] * inv_deg[a:b].unsqueeze(1), h[a:b])
                     else:
                         ds = gcn_scale[a:b].unsqueeze(1)
                         res = acc[a:b] * ds + src[a:b] * ds

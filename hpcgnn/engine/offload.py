@@ -477,7 +477,7 @@ class ModelLayerOps:
             if conv.bias is not None:
                 out = out + conv.bias
         elif self.kinds[layer] == "sage":
-            out = conv.lin_neigh(agg) + conv.lin_self(x_dst)
+            out = conv.update(agg, x_dst, projected=False)
         else:
             raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
         if layer < self.num_layers - 1:  # as GNN.layer_forward: ReLU + dropout between layers

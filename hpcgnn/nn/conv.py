@@ -42,10 +42,19 @@ class SAGEConv(nn.Module):
     def combine(self, block, src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
         """Output rows of ``block``'s destinations from ``src = source_rows(h)`` [num_src, ...]
         and the destinations' own input rows ``h_dst`` [num_dst, in_dim]."""
-        neigh = aggregate_mean(block, src, backend=self.backend)
-        if not self.project_first:
-            neigh = self.lin_neigh(neigh)
-        return neigh + self.lin_self(h_dst)
+        return self.update(aggregate_mean(block, src, backend=self.backend), h_dst)
+
+    def update(self, neigh: torch.Tensor, h_dst: torch.Tensor, projected: bool | None = None) -> torch.Tensor:
+        """Output rows from the neighbour mean ``neigh`` and the destinations' own rows ``h_dst``.
+
+        ``neigh`` is the mean of :meth:`source_rows` (already through ``lin_neigh`` when
+        ``projected``, default :attr:`project_first`). Unprojected, ``lin_neigh`` accumulates
+        into ``lin_self``'s output inside one GEMM (``addmm``): no separate pass adding two
+        [rows, out_dim] tensors. Row-wise, so it may be computed in row chunks."""
+        out = self.lin_self(h_dst)
+        if self.project_first if projected is None else projected:
+            return out + neigh
+        return torch.addmm(out, neigh, self.lin_neigh.weight.t())
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         return self.combine(block, self.source_rows(h), h[:block.num_dst])
