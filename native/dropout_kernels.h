@@ -13,23 +13,40 @@ inline uint32_t hash32(uint32_t x) {
     return x;
 }
 
+// One block of elements under one 32-bit key. Relu: max(x[i], 0) (NaN kept) in place of x[i].
+template <typename T, bool Relu>
+inline void apply_block(const T* xb, T* ob, int64_t m, uint32_t key, uint32_t thr, T scale) {
+#pragma omp parallel for simd schedule(static) if (m > kParallelMin)
+    for (int64_t i = 0; i < m; ++i) {
+        // Multiply unconditionally (x * 0 for a dropped element, NaN for NaN as in torch): a
+        // conditional multiply is a branch per element (-ftrapping-math), 10x slower.
+        const uint32_t r = hash32(key + static_cast<uint32_t>(i));
+        const T v = Relu ? (xb[i] < T(0) ? T(0) : xb[i]) : xb[i];
+        ob[i] = v * (r >= thr ? scale : T(0));
+    }
+}
+
 template <typename T>
-void apply(const T* x, T* out, int64_t n, double p, uint64_t seed) {
+void apply(const T* x, T* out, int64_t n, double p, uint64_t seed, bool relu) {
     const uint32_t thr = drop_threshold(p);
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     for (int64_t b = 0; b < n; b += kBlock) {
         const uint32_t key = static_cast<uint32_t>(mix64(seed + static_cast<uint64_t>(b / kBlock + 1) * kGolden));
         const int64_t e = std::min(n, b + kBlock);
-        const T* xb = x + b;
-        T* ob = out + b;
-#pragma omp parallel for simd schedule(static) if (e - b > kParallelMin)
-        for (int64_t i = 0; i < e - b; ++i) {
-            // Multiply unconditionally (x * 0 for a dropped element, NaN for NaN as in torch): a
-            // conditional multiply is a branch per element (-ftrapping-math), 10x slower.
-            const uint32_t r = hash32(key + static_cast<uint32_t>(i));
-            ob[i] = xb[i] * (r >= thr ? scale : T(0));
+        if (relu) {
+            apply_block<T, true>(x + b, out + b, e - b, key, thr, scale);
+        } else {
+            apply_block<T, false>(x + b, out + b, e - b, key, thr, scale);
         }
     }
+}
+
+// Backward of ReLU followed by dropout, from the forward's output: g_in[i] = g[i] * scale
+// where out[i] > 0 (kept and positive), else 0.
+template <typename T>
+void relu_dropout_backward(const T* g, const T* out, T* gi, int64_t n, T scale) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) gi[i] = out[i] > T(0) ? g[i] * scale : T(0);
 }
 
 }  // namespace HPCGNN_ISA_NS

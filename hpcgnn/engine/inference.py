@@ -212,7 +212,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                         if conv.bias is not None:
                             res = res + conv.bias
                     if not final:
-                        res = model.dropout(torch.relu(res))
+                        res = model.dropout.forward_relu(res)
                     if out is None:
                         out = res.new_empty((num_solid, res.shape[1]))
                     out[a:b] = res
@@ -275,7 +275,7 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
         res = conv.combine(blk, z, el, z[a:b], self_loop=False)
         res = res.mean(1) if final else res.flatten(1)
         if not final:
-            res = model.dropout(torch.relu(res))
+            res = model.dropout.forward_relu(res)
         if out is None:
             out = res.new_empty((num_solid, res.shape[1]))
         out[a:b] = res

@@ -481,7 +481,7 @@ class ModelLayerOps:
         else:
             raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
         if layer < self.num_layers - 1:  # as GNN.layer_forward: ReLU + dropout between layers
-            out = self.model.dropout(torch.relu(out))
+            out = self.model.dropout.forward_relu(out)
         return out
 
     def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:

@@ -38,6 +38,28 @@ class NativeDropout(torch.autograd.Function):
         return out, None, None
 
 
+class NativeReluDropout(torch.autograd.Function):
+    """``apply(x, p, seed)``: ``dropout(relu(x))`` in one native pass. Backward from the output
+    alone (kept and positive where ``out > 0``), so no ReLU output is kept besides it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+        x = x.detach().contiguous()
+        out = torch.empty_like(x)
+        _native.dropout(x.numpy(), out.numpy(), float(p), int(seed), relu=True)
+        ctx.p = float(p)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (out,) = ctx.saved_tensors
+        grad = grad.detach().contiguous()
+        grad_in = torch.empty_like(grad)
+        _native.relu_dropout_backward(grad.numpy(), out.numpy(), grad_in.numpy(), ctx.p)
+        return grad_in, None, None
+
+
 def _check_p(p: float) -> float:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -55,6 +77,17 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     return NativeDropout.apply(x, p, seed)
 
 
+def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``dropout(relu(x), p, training)``: one native pass on CPU float32/float64 when training
+    (the same mask and RNG draw as the two calls), else the two torch ops."""
+    _check_p(p)
+    if not training or p == 0.0 or p == 1.0 or x.device.type != "cpu" or \
+            x.dtype not in (torch.float32, torch.float64):
+        return dropout(torch.relu(x), p, training)
+    seed = int(torch.randint(0, SEED_BOUND, (1,)).item())
+    return NativeReluDropout.apply(x, p, seed)
+
+
 class Dropout(nn.Module):
     """``nn.Dropout`` with :func:`dropout`'s native CPU mask."""
 
@@ -64,6 +97,10 @@ class Dropout(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
+
+    def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
+        """``self(torch.relu(x))`` in one pass where native (:func:`relu_dropout`)."""
+        return relu_dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

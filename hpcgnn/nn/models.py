@@ -59,7 +59,7 @@ class GNN(nn.Module):
         if isinstance(conv, GATConv):
             out = out.mean(1) if last else out.flatten(1)
         if not last:
-            out = self.dropout(torch.relu(out))
+            out = self.dropout.forward_relu(out)
         return out
 
     def forward(self, blocks, x: torch.Tensor, hooks=None) -> torch.Tensor:

@@ -85,3 +85,26 @@ def test_module_modes_edges_and_errors():
         native.dropout(np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int64), 0.5, 0)
     with pytest.raises(ValueError, match="as many elements"):
         native.dropout(np.zeros(4, dtype=np.float32), np.zeros(3, dtype=np.float32), 0.5, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_relu_dropout_equals_relu_then_dropout_and_its_gradient(dtype):
+    from hpcgnn.nn.dropout import relu_dropout
+
+    x = torch.randn(3001, 17, dtype=dtype)
+    x[0, :3] = torch.tensor([0.0, -0.0, float("nan")], dtype=dtype)
+    grad = torch.randn_like(x)
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(5)
+        xi = x.clone().requires_grad_(True)
+        out = relu_dropout(xi, 0.3) if fused else dropout(torch.relu(xi), 0.3)
+        out.backward(grad)
+        results.append((out.detach(), xi.grad))
+    (o1, g1), (o2, g2) = results
+    assert torch.equal(o1.nan_to_num(-7), o2.nan_to_num(-7))   # same mask, same RNG draw
+    keep = ~torch.isnan(x)                                     # NaN: torch's relu grad passes it
+    assert torch.equal(g1[keep], g2[keep])
+    assert float((o1 == 0).double().mean()) > 0.5               # ReLU zeros about half, dropout 30 % more
+    torch.manual_seed(5)
+    assert torch.equal(relu_dropout(x, 0.3, training=False).nan_to_num(-7), torch.relu(x).nan_to_num(-7))
