@@ -211,11 +211,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                             res = conv.lin(res)
                         if conv.bias is not None:
                             res = res + conv.bias
-                    if not final:
-                        res = model.dropout.forward_relu(res)
-                    if out is None:
-                        out = res.new_empty((num_solid, res.shape[1]))
-                    out[a:b] = res
+                    out = _store_rows(out, res, a, b, num_solid, model, final)
                 if out is None:
                     out = h.new_empty((0, _layer_width(model, l)))
                 del acc, src
@@ -274,15 +270,22 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
         blk = chunk_block(ip, ix, num_local, a, b, self_loops=conv.self_loop)
         res = conv.combine(blk, z, el, z[a:b], self_loop=False)
         res = res.mean(1) if final else res.flatten(1)
-        if not final:
-            res = model.dropout.forward_relu(res)
-        if out is None:
-            out = res.new_empty((num_solid, res.shape[1]))
-        out[a:b] = res
+        out = _store_rows(out, res, a, b, num_solid, model, final)
     if out is None:
         out = h.new_empty((0, _layer_width(model, l)))
     return out
 
+
+
+def _store_rows(out, res: torch.Tensor, a: int, b: int, num_solid: int, model, final: bool) -> torch.Tensor:
+    """Write destination rows ``a:b`` of a layer's output (ReLU + dropout unless ``final``) into
+    ``out`` [num_solid, width], allocated at the first chunk; returns ``out``."""
+    if not final:
+        res = model.dropout.forward_relu(res)
+    if out is None:
+        out = res.new_empty((num_solid, res.shape[1]))
+    out[a:b] = res
+    return out
 
 
 def _layer_width(model, l: int) -> int:

@@ -17,15 +17,20 @@ import os
 from pathlib import Path
 
 
-def _status_kib(key: str) -> int | None:
+def _proc_kib(path: str, key: str) -> int | None:
+    """The kB figure of line ``key:`` in a /proc file such as /proc/self/status or /proc/meminfo."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def _status_kib(key: str) -> int | None:
+    return _proc_kib("/proc/self/status", key)
 
 
 def rss_bytes() -> int:
@@ -101,14 +106,7 @@ class PeakMonitor:
 # ---- what a node offers ------------------------------------------------------------------
 
 def _meminfo_kib(key: str) -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return _proc_kib("/proc/meminfo", key)
 
 
 def _read_int(path: Path) -> int | None:
