@@ -9,8 +9,8 @@ signal, prints one line to stderr::
 
     hpcgnn: error: rank 2 was killed by SIGKILL (out of memory? its peak resident memory was 6.52 GiB)
 
-and exits with 128 + the signal number, as a shell reports such a death. The launcher sees
-the exit and ends the other ranks as before. The child gets SIGKILL if the parent dies
+and then dies of the same signal: the launcher sees a rank killed by a signal, as before, and
+ends the other ranks at once (a shell reports exit status 128 + the signal number). The child gets SIGKILL if the parent dies
 (``PR_SET_PDEATHSIG``), so no rank outlives its watcher. ``HPCGNN_SUPERVISE=0`` turns the
 watcher off (the command then runs in the launched process itself).
 
@@ -96,8 +96,22 @@ def run_watched(work: Callable[[], int]) -> int:
         signum = os.WTERMSIG(status)
         print(f"hpcgnn: error: {death_message(launcher_rank(), signum, usage.ru_maxrss * 1024)}",
               file=sys.stderr, flush=True)
-        os._exit(128 + signum)
+        _die_by(signum)
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+def _die_by(signum: int) -> None:
+    """End this process by ``signum`` itself, as the child ended: a launcher treats a rank that
+    died of a signal as a failed job at once (MPICH's mpiexec kills the other ranks), where a
+    plain non-zero exit may only be noticed when the others next communicate."""
+    for name in FORWARDED:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):   # SIGKILL/SIGSTOP cannot be caught: their default is death
+        pass
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)          # a signal whose default is not death (e.g. SIGCHLD)
 
 
 def _forward(child: int, signum: int) -> None:

@@ -113,7 +113,12 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
             g.attrs["refused"] = refused if s["rc"] == 2 else ""
             row = {"step": name, "wall": s["wall_s"], "peak": s["peak_rss_bytes"], "rc": s["rc"],
                    "note": refused[:90] if s["rc"] == 2 else ""}
-            if name in runs and (runs[name] / "run.h5").exists():
+            if s["rc"] not in (0, 2):     # killed or failed: say how (the launcher's last line)
+                last = [ln for ln in s["tail"].splitlines() if ln.startswith("hpcgnn: error:")]
+                row["note"] = (last[-1] if last else f"exit {s['rc']}")[:90]
+                g.attrs["error"] = row["note"]
+            if name in runs and (runs[name] / "run.h5").exists() and \
+                    "epoch" in read_run(runs[name])["timings"]:
                 r = read_run(runs[name])
                 peaks = r["counters"].get("peak_rss_bytes")
                 g.create_dataset("epoch_time_s", data=np.nanmax(r["timings"]["epoch"], axis=1))

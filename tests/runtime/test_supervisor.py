@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from mpiutil import run_mpi
 
 from hpcgnn.supervisor import death_message
 
@@ -33,11 +34,11 @@ def test_exit_code_and_output_pass_through():
     assert child_pid != proc.pid and err == ""
 
 
-def test_sigkill_is_named_with_the_rank_and_exit_137():
+def test_sigkill_is_named_with_the_rank_and_the_watcher_dies_of_it():
     proc = _watched("x = bytearray(64 << 20)\nos.kill(os.getpid(), signal.SIGKILL)\nreturn 0",
                     env={"PMI_RANK": "3"})
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGKILL
+    assert proc.returncode == -signal.SIGKILL         # a shell reports 137
     line = err.strip()
     assert line.startswith("hpcgnn: error: rank 3 was killed by SIGKILL (out of memory? its peak resident "
                            "memory was "), err
@@ -83,3 +84,29 @@ def test_supervise_off_runs_in_process():
 def test_death_message_forms():
     assert death_message(None, signal.SIGSEGV, 2**30) == "hpcgnn was killed by SIGSEGV (its peak resident memory was 1.00 GiB)"
     assert death_message(0, 200, 0).startswith("rank 0 was killed by signal 200")
+
+
+def test_the_job_ends_at_once_while_the_other_ranks_compute(tmp_path):
+    """Rank 1 is SIGKILLed while rank 0 is busy outside MPI: the launcher must end the job at
+    once (it does for a rank that died of a signal), not when rank 0 next communicates."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from hpcgnn.supervisor import run_watched\n"
+        "def work():\n"
+        "    from mpi4py import MPI\n"
+        "    comm = MPI.COMM_WORLD\n"
+        "    comm.Barrier()\n"
+        "    if comm.Get_rank() == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    t = time.time()\n"
+        "    while time.time() - t < 90:\n"
+        "        sum(range(10000))\n"
+        "    comm.Barrier()\n"
+        "    return 0\n"
+        "raise SystemExit(run_watched(work))\n")
+    t0 = time.time()
+    proc = run_mpi(2, [script], timeout=80)
+    assert time.time() - t0 < 45, "the job outlived the killed rank"
+    assert proc.returncode != 0
+    assert "hpcgnn: error: rank 1 was killed by SIGKILL (out of memory?" in proc.stderr, proc.stderr
