@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     if "comm_wait_share_d1" in summary:
         s = summary["comm_wait_share_d1"]
         print(f"AEP wait share at d=1 (worst rank): {100 * s:.2f}% (target <= {100 * TARGET_WAIT_SHARE:.0f}%); "
-              f"posting pushes (select, gather, blocking count exchange): {100 * summary['push_share_d1']:.2f}%")
+              f"posting pushes (select, gather, post): {100 * summary['push_share_d1']:.2f}%")
     if "exact_over_aep_bytes" in summary:
         s = summary["exact_over_aep_bytes"]
         print(f"exact / AEP bytes per epoch: {s:.1f}x (target >= {TARGET_BYTES_RATIO:.0f}x)")

@@ -11,8 +11,9 @@
   bounded layer-wise inference: three solid-row buffers at the widest layer, one halo round and
   one chunk, see :mod:`hpcgnn.engine.inference`);
 * full-graph engine: ``activations`` (every layer's input over solid + halo rows and the tensors
-  kept for backward; with ``fullgraph.offload`` the host-resident layer data plus one batch of
-  chunks).
+  kept for backward; with ``fullgraph.offload`` the host-resident layer data, cached aggregates,
+  the backward's host gradients and one batch of chunks) and, offloaded, ``chunks`` (the chunks'
+  own CSRs, transposes and transfer plan).
 
 The peak is ``baseline + partition + max(training, evaluation)`` terms. The figures are checked
 against measured peaks in tests/engine/test_estimate.py and docs/benchmarks.md.
@@ -155,11 +156,20 @@ def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
         per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
                      for l in range(layers)]
         if fg.offload:
-            # host-resident layer inputs/outputs and one batch of chunks of temporaries
+            # host-resident layer inputs/outputs, the cached aggregates of the solid rows, the
+            # gradients of the host-resident rows in backward (two layers' worth) and one batch
+            # of chunks of temporaries (engine/offload.py)
             host = sum(nl * widths[l] * F32 for l in range(layers + 1))
+            agg = sum(ns * widths[l] * F32 for l in range(layers))
+            grads = 2 * nl * wmax * F32
             batch = max(per_layer) * fg.batch_chunks / max(fg.chunks, 1)
-            est.terms["activations"] = int(x0 + host + batch)
-            est.shrink["activations"] = "fullgraph.chunks (more, smaller chunks)"
+            est.terms["activations"] = int(x0 + host + agg + grads + batch)
+            est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
+                                         "are the partition's, chunks do not shrink them")
+            # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices
+            # and edge IDs) and transfer-plan slots, about five int64 per edge
+            est.terms["chunks"] = int(5 * ne * I64)
+            est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
         else:
             est.terms["activations"] = int(x0 + sum(per_layer))
             est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"

@@ -29,6 +29,8 @@ TWO_THREADS = {"HPCGNN_THREADS": "1"}
 @pytest.mark.parametrize("config,extra", [
     ("cora-sage.toml", ["--set", "train.epochs=2", "--set", "train.eval_every=1"]),
     ("cora-gcn-fullgraph.toml", ["--set", "train.epochs=3"]),
+    ("cora-gcn-fullgraph.toml", ["--set", "train.epochs=2", "--set", "fullgraph.offload=true",
+                                 "--set", "fullgraph.chunks=4"]),
 ])
 def test_estimate_within_25_percent_of_measured_peak(cora_parts, tmp_path, config, extra):
     parts = cora_parts(2)
