@@ -7,6 +7,8 @@
     hpcgnn prepare --dataset sbm --nodes 20000 --edges 200000 --features 64 --classes 8 --seed 0 --out s.h5
     hpcgnn prepare --dataset rmat --nodes 65536 --edges 1000000 --out r.h5
     hpcgnn prepare --dataset products-like [--scale 0.1] --out p.h5
+    hpcgnn prepare --dataset products-like --feature-noise 1 --feature-flip 0 --edge-flip 0 --p-in 0.7 \
+                   --out easy.h5    # the earlier, easy preset
 
 The file format is docs/formats.md ("hpcgnn-graph"). An existing --out is
 refused unless --force; the file is written atomically, so a failed run
@@ -45,11 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--nodes", metavar="N", help="vertices (default 10000)")
     synth.add_argument("--classes", metavar="C", help="classes (default 8)")
     synth.add_argument("--seed", metavar="S", help="random seed (default 0)")
-    synth.add_argument("--p-in", metavar="P", help="sbm: probability an edge stays inside its class (default 0.7)")
+    synth.add_argument("--p-in", metavar="P",
+                       help="sbm: probability an edge stays inside its class (default 0.7; products-like 0.6)")
     synth.add_argument("--degree-skew", metavar="S",
                        help="sbm: Zipf exponent of vertex weights, 0 = uniform (default 0.6)")
     synth.add_argument("--feature-noise", metavar="SIGMA",
-                       help="synthetic: feature noise std; class centroids are ~2 apart (default 1.0)")
+                       help="synthetic: feature noise std; class centroids are ~2 apart (default 1.0; "
+                            "products-like 0.3)")
+    synth.add_argument("--feature-flip", metavar="F",
+                       help="sbm: fraction of vertices whose features follow another vertex's class, "
+                            "not their own label (default 0; products-like 0.36)")
+    synth.add_argument("--edge-flip", metavar="F",
+                       help="sbm: fraction of vertices whose edges follow another vertex's class, "
+                            "not their own label (default 0; products-like 0.19)")
     synth.add_argument("--noise", metavar="MU", help="rmat: NSKG per-level noise (default 0)")
     synth.add_argument("--scale", metavar="X", help="products-like: size multiplier in (0, 1] (default 1)")
 

@@ -11,7 +11,8 @@ Names:
   files                                       plain edge list / .npy files
   rmat                                        R-MAT generator (Graph500 parameters)
   sbm                                         planted-class stochastic block model
-  products-like                               SBM with the ogbn-products shape (x --scale)
+  products-like                               SBM with the ogbn-products shape (x --scale) and about
+                                              its difficulty (feature and edge flips, README.md)
 """
 from __future__ import annotations
 
@@ -141,7 +142,8 @@ def _build_sbm(name: str, options: dict, progress: bool) -> Graph:
     if common["edges"] is None:
         common["edges"] = 10 * common["nodes"]
     params = SbmParams(**common, p_in=_float(options, "p_in", 0.7),
-                       degree_skew=_float(options, "degree_skew", 0.6))
+                       degree_skew=_float(options, "degree_skew", 0.6),
+                       feature_flip=_float(options, "feature_flip", 0.0), edge_flip=_float(options, "edge_flip", 0.0))
     return generate_sbm(params, name="sbm", progress=progress)
 
 
@@ -156,12 +158,10 @@ def _build_rmat(name: str, options: dict, progress: bool) -> Graph:
 
 
 def _build_products_like(name: str, options: dict, progress: bool) -> Graph:
-    from hpcgnn.data.synthetic import generate_sbm, products_like_params
+    from hpcgnn.data.synthetic import PRODUCTS_DIFFICULTY, generate_sbm, products_like_params
 
-    params = products_like_params(scale=_float(options, "scale", 1.0), seed=_int(options, "seed", 0),
-                                  p_in=_float(options, "p_in", 0.7),
-                                  degree_skew=_float(options, "degree_skew", 0.6),
-                                  feature_noise=_float(options, "feature_noise", 1.0))
+    difficulty = {key: _float(options, key, default) for key, default in PRODUCTS_DIFFICULTY.items()}
+    params = products_like_params(scale=_float(options, "scale", 1.0), seed=_int(options, "seed", 0), **difficulty)
     return generate_sbm(params, name="products-like", progress=progress)
 
 
@@ -176,9 +176,10 @@ KINDS = (
     DatasetKind("rmat", "R-MAT generator (Graph500 a,b,c,d = .57,.19,.19,.05)",
                 SYNTHETIC_OPTIONS + ("noise",), _build_rmat),
     DatasetKind("sbm", "planted-class stochastic block model with skewed degrees",
-                SYNTHETIC_OPTIONS + ("p_in", "degree_skew"), _build_sbm),
+                SYNTHETIC_OPTIONS + ("p_in", "degree_skew", "feature_flip", "edge_flip"), _build_sbm),
     DatasetKind("products-like", "SBM with the ogbn-products shape (2.45M vertices, 61.9M edges) x --scale",
-                ("scale", "seed", "p_in", "degree_skew", "feature_noise"), _build_products_like),
+                ("scale", "seed", "p_in", "degree_skew", "feature_noise", "feature_flip", "edge_flip"),
+                _build_products_like),
 )
 
 

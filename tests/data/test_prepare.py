@@ -115,6 +115,10 @@ CASES = {
     "bad fraction": (lambda d: ["--dataset", "rmat", "--nodes", "100", "--train", "0.9", "--val", "0.5"],
                      r"select 220 vertices, more than --nodes \(100\)"),
     "no files": (lambda d: ["--dataset", "files", "--edges", str(d / "e.npy")], r"--dataset files needs --features"),
+    "bad flip": (lambda d: ["--dataset", "products-like", "--scale", "0.001", "--edge-flip", "1.5"],
+                 r"--edge-flip is 1\.5, expected a fraction in \[0, 1\]$"),
+    "flip on rmat": (lambda d: ["--dataset", "rmat", "--feature-flip", "0.1"],
+                     r"--feature-flip does not apply to --dataset rmat"),
 }
 
 

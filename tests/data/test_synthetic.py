@@ -114,7 +114,46 @@ def test_products_like_shape():
     (dict(p_in=1.5), "--p-in is 1.5"), (dict(degree_skew=1.0), "--degree-skew is 1.0"),
     (dict(train=0.7, val=0.5), r"select 20000 vertices, more than --nodes \(10000\)"),
     (dict(train=1.5), "--train is 1.5, expected a fraction"),
+    (dict(feature_flip=-0.1), r"--feature-flip is -0.1, expected a fraction in \[0, 1\]"),
+    (dict(edge_flip=float("nan")), r"--edge-flip is nan, expected a fraction in \[0, 1\]"),
 ])
 def test_bad_parameters(kw, msg):
     with pytest.raises(InputError, match=msg):
         generate_sbm(SbmParams(**{**dict(nodes=10000, edges=10, features=2, classes=2), **kw}))
+
+
+def test_flips_keep_class_sizes_and_move_the_requested_fraction():
+    labels = synthetic.balanced_classes(20000, 10, seed=2)
+    assert synthetic.profile_classes(labels, 0.0, seed=2, stream=0) is labels       # no flip: no draws
+    feat = synthetic.profile_classes(labels, 0.3, seed=2, stream=0)
+    np.testing.assert_array_equal(feat, synthetic.profile_classes(labels, 0.3, seed=2, stream=0))
+    np.testing.assert_array_equal(np.bincount(feat, minlength=10), np.bincount(labels, minlength=10))
+    assert abs(float(np.mean(feat != labels)) - 0.3 * 0.9) < 0.01                   # 1/C keep their class
+    edge = synthetic.profile_classes(labels, 0.3, seed=2, stream=1)
+    assert abs(float(np.mean(edge != feat)) - (1 - (1 - 0.27) ** 2 - 0.27 ** 2 / 9)) < 0.015  # independent
+
+
+def test_sbm_flips_move_features_and_edges_off_the_label():
+    base = dict(nodes=20000, edges=100000, features=16, classes=8, p_in=0.8, feature_noise=0.3, seed=1)
+    clean = generate_sbm(SbmParams(**base))
+    assert_identical(clean, generate_sbm(SbmParams(**base, feature_flip=0.0, edge_flip=0.0)))
+    g = generate_sbm(SbmParams(**base, feature_flip=0.4, edge_flip=0.25))
+    np.testing.assert_array_equal(g.labels, clean.labels)
+
+    def nearest_centroid(graph):
+        centroids = np.stack([graph.features[graph.labels == c].mean(axis=0) for c in range(8)])
+        return float(np.mean(np.argmin(((graph.features[:, None] - centroids[None]) ** 2).sum(-1), 1) == graph.labels))
+
+    assert nearest_centroid(clean) > 0.98
+    assert abs(nearest_centroid(g) - (0.6 + 0.4 / 8)) < 0.02                      # flipped rows follow another class
+    rows = np.repeat(np.arange(g.num_nodes), g.degree())
+    intra = float(np.mean(g.labels[rows] == g.labels[g.indices]))
+    q = 0.25 * 7 / 8                                                               # flipped to another class
+    assert abs(intra - (0.8 * ((1 - q) ** 2 + q ** 2 / 7) + 0.2 * (2 * q * (1 - q) / 7 + q * q * 6 / 49))) < 0.02
+
+
+def test_products_like_defaults_are_the_hard_preset_and_easy_is_reachable():
+    p = products_like_params(scale=0.01)
+    assert (p.feature_flip, p.edge_flip, p.feature_noise, p.p_in) == (0.36, 0.19, 0.3, 0.6)
+    easy = products_like_params(scale=0.01, feature_noise=1.0, feature_flip=0.0, edge_flip=0.0, p_in=0.7)
+    assert (easy.feature_flip, easy.edge_flip, easy.feature_noise, easy.p_in, easy.degree_skew) == (0, 0, 1, 0.7, 0.6)
