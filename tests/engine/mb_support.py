@@ -63,6 +63,14 @@ def tiny_store(out: Path, graph: Graph, num_parts: int) -> Path:
     return Path(out)
 
 
+def small_config(epochs: int, batch_size: int, fanouts: int, nc: int, **train) -> str:
+    """The TOML of a 2-layer, 8-wide minibatch run (lr 0.01) with these settings; ``train``:
+    further [train] keys (e.g. checkpoint_every=1)."""
+    extra = "".join(f"{k} = {v}\n" for k, v in train.items())
+    return (f"[model]\nhidden = 8\nlayers = 2\n[train]\nepochs = {epochs}\nlr = 0.01\n{extra}"
+            f"[minibatch]\nbatch_size = {batch_size}\nfanouts = [{fanouts}, {fanouts}]\nnc = {nc}\n")
+
+
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

@@ -18,20 +18,7 @@ import mb_support as mb  # noqa: E402
 
 from hpcgnn.run.output import read_run  # noqa: E402
 
-CONFIG = """
-[model]
-hidden = 8
-layers = 2
-[train]
-epochs = 3
-lr = 0.01
-checkpoint_every = 1
-eval_every = 1
-[minibatch]
-batch_size = 16
-fanouts = [4, 4]
-nc = 8
-"""
+CONFIG = mb.small_config(epochs=3, batch_size=16, fanouts=4, nc=8, checkpoint_every=1, eval_every=1)
 
 
 @pytest.fixture(scope="module")

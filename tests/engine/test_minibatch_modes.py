@@ -17,18 +17,7 @@ from mpiutil import ROOT, run_mpi  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
 
 P = 3
-CONFIG = """
-[model]
-hidden = 8
-layers = 2
-[train]
-epochs = 2
-lr = 0.01
-[minibatch]
-batch_size = 10
-fanouts = [3, 3]
-nc = 6
-"""
+CONFIG = mb.small_config(epochs=2, batch_size=10, fanouts=3, nc=6)
 
 
 @pytest.fixture(scope="module")
