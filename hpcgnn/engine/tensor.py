@@ -1,0 +1,483 @@
+"""NeutronTP: tensor-parallel full-graph training (``train.engine = "tensor"``, section ``[tensor]``).
+
+**What a rank holds.** The whole topology, read from the ``indptr``/``indices`` datasets of *all*
+partition files of the store (each file holds the in-edges of its contiguous global-ID range,
+so concatenating them in part order is the global in-edge CSR; no other dataset of another
+partition is read, and the graph file the store names is not needed): O(V + E) int64, plus
+the propagation matrix with self loops and its transpose. Vertex data: full rows (features,
+labels, masks) of its own ``~V/P`` vertices (read from whichever partition files hold them)
+and, during the epoch, ``[V, C/P]`` column slices of the propagated embedding: O(V D / P),
+never O(V D). Rank ``r`` re-hashes partition file ``r`` when ``data.verify``; every file read
+must carry the store's content hash.
+
+**One decoupled epoch** (:class:`~hpcgnn.nn.decoupled.DecoupledModel`): the MLP on the rank's
+vertex rows -> one **split** all-to-all to the feature layout
+(:mod:`hpcgnn.comm.tensor_parallel`) -> ``k`` aggregation rounds on the local column slice
+(native SpMM, no communication) -> one **gather** all-to-all back -> loss on the rank's training
+vertices (sum / global training count). Backward mirrors it (split of the output gradient,
+``k`` transposed rounds, gather): **4 all-to-alls per epoch whatever k is**, then one
+allreduce (sum) of the parameter gradients and Adam. GAT adds one allgather of 2 scalars per
+vertex (attention precomputed before aggregation) and its adjoint (an allreduce of 2 V
+partial sums). ``tensor.mode = "coupled"`` runs a split and a gather around every layer's
+aggregation instead (4 x layers all-to-alls per epoch) for comparison.
+
+**Chunks** (``tensor.chunks = n``): destinations cut into ``n`` contiguous ranges balanced by
+in-edges (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, as the HongTu engine's chunks),
+processed in the same order on every rank. The split is cut per chunk into the rows first
+needed by that chunk (de-duplicated: a row is sent once, later chunks reuse it), the gather
+per chunk into its destination rows; with ``tensor.pipeline`` all chunk splits are started at
+once (non-blocking ``Ialltoallv``) and chunk ``j``'s aggregation starts when split ``j`` is done,
+and chunk ``j``'s gather starts as soon as its last-round rows are computed. Backward runs the
+chunks in reverse order, so the output-gradient split of chunk ``j`` and the input-gradient
+gather of the rows first needed by chunk ``j`` (complete once chunks ``n-1..j`` are done) are
+overlapped the same way. Results equal the unchunked ones up to floating-point order.
+
+**Run output** (per rank and epoch): timings ``nn`` (MLP forward/backward, loss), ``split``,
+``gather`` (posting + waiting, forward and backward), ``aggregate``, ``attention``, ``compute``
+(= nn + aggregate: the load balance), ``allreduce``, ``optimizer``, ``eval``; counters
+``split_bytes``, ``gather_bytes``, ``attention_bytes``, ``allreduce_bytes``, ``bytes_sent`` (their
+sum; bytes this rank sent to other ranks in training), ``eval_bytes``, ``split_calls`` /
+``gather_calls`` (MPI exchanges, one per chunk), ``layout_alltoalls`` (logical split/gather
+collectives: 4 decoupled, 4 x layers coupled), ``nn_rows``, ``agg_edge_columns`` (edges x local
+columns x rounds of the forward). Checkpoints and ``--resume`` through the shared loop.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hpcgnn.comm.tensor_parallel import CommStats, TPComm, TPLayout, column_bounds
+from hpcgnn.engine.hooks import TrainHooks
+from hpcgnn.engine.loop import Engine, EpochResult
+from hpcgnn.errors import InputError
+
+SPLITS = ("train", "val", "test")
+
+
+# ---- reading the store -----------------------------------------------------------------------
+def _part_path(store, p: int) -> Path:
+    from hpcgnn.partition.store import part_file_name
+
+    return Path(store) / part_file_name(p)
+
+
+def _open_part(store, meta, p: int):
+    from hpcgnn.fileio import open_h5
+    from hpcgnn.partition.store import PART_FORMAT
+
+    f = open_h5(_part_path(store, p), PART_FORMAT)
+    ch = f.attrs.get("content_hash")
+    ch = ch.decode() if isinstance(ch, bytes) else ch
+    if ch != meta.content_hash:
+        f.close()
+        raise InputError(f"{_part_path(store, p)}: content_hash does not match meta.h5; the store mixes "
+                         "two partitionings")
+    return f
+
+
+def read_topology(store, meta, verify_part: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The global in-edge CSR ``(indptr [V+1], indices [E])`` (int64) from every partition file's
+    ``indptr``/``indices``; ``verify_part``: re-hash that partition file against its part_hash."""
+    from hpcgnn.partition.store import PART_DATASETS, datasets_digest
+
+    v, k = meta.num_nodes, meta.num_parts
+    sizes = []
+    for p in range(k):
+        with _open_part(store, meta, p) as f:
+            sizes.append(int(f["indices"].shape[0]))
+            if p == verify_part:
+                want = f.attrs.get("part_hash")
+                want = want.decode() if isinstance(want, bytes) else want
+                if datasets_digest(f, PART_DATASETS) != want:
+                    raise InputError(f"{_part_path(store, p)}: data does not match its part_hash "
+                                     "(file modified or corrupt)")
+    indptr = np.zeros(v + 1, dtype=np.int64)
+    indices = np.empty(sum(sizes), dtype=np.int64)
+    off = 0
+    for p in range(k):
+        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
+        with _open_part(store, meta, p) as f:
+            ip = np.asarray(f["indptr"][()], dtype=np.int64)
+            if ip.shape != (e - b + 1,) or ip[-1] != sizes[p]:
+                raise InputError(f"{_part_path(store, p)}: indptr does not match its solid range / indices")
+            indptr[b + 1:e + 1] = ip[1:] + off
+            if sizes[p]:
+                f["indices"].read_direct(indices, dest_sel=np.s_[off:off + sizes[p]])
+            off += sizes[p]
+    if indices.size and (indices.min() < 0 or indices.max() >= v):
+        raise InputError(f"{store}: an edge source is outside [0, {v})")
+    return indptr, indices
+
+
+def read_vertex_rows(store, meta, ids: np.ndarray, block_bytes: int = 64 << 20) -> dict:
+    """Features, labels and split masks of the vertices ``ids`` (global, any order), in that
+    order, read from the partition files that hold them (row blocks of ``block_bytes``)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n, nf = int(ids.shape[0]), int(meta.num_features)
+    feats = np.empty((n, nf), dtype=np.float32)
+    labels = np.empty(n, dtype=np.int64)
+    masks = {s: np.zeros(n, dtype=bool) for s in SPLITS}
+    order = np.argsort(ids, kind="stable")
+    sids = ids[order]
+    step = max(1, block_bytes // max(1, nf * 4))
+    for p in range(meta.num_parts):
+        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
+        lo, hi = np.searchsorted(sids, [b, e])
+        if lo == hi:
+            continue
+        sel, loc = order[lo:hi], sids[lo:hi] - b
+        r0, r1 = int(loc[0]), int(loc[-1]) + 1
+        with _open_part(store, meta, p) as f:
+            for s in range(r0, r1, step):
+                t = min(s + step, r1)
+                i0, i1 = np.searchsorted(loc, [s, t])
+                if i0 < i1:
+                    block = np.asarray(f["features"][s:t], dtype=np.float32)
+                    feats[sel[i0:i1]] = block[loc[i0:i1] - s]
+            labels[sel] = np.asarray(f["labels"][r0:r1], dtype=np.int64)[loc - r0]
+            for s in SPLITS:
+                masks[s][sel] = np.asarray(f[f"{s}_mask"][r0:r1], dtype=bool)[loc - r0]
+    return {"features": feats, "labels": labels, "masks": masks}
+
+
+# ---- the tensor-parallel aggregation (split, k rounds, gather) as one autograd Function --------
+class TPRun:
+    """What one rank needs to run :class:`TPPropagate`: the layout and its exchanges, the
+    propagation matrix, the rounds and coefficients, and time/volume accounting."""
+
+    def __init__(self, tp: TPComm, layout: TPLayout, prop, pipeline: bool):
+        self.tp, self.layout, self.prop, self.pipeline = tp, layout, prop, pipeline
+        self.aggregate_s = 0.0
+        self.edge_columns = 0
+        self.alltoalls = 0
+        self.record = True
+
+    def reset(self) -> None:
+        self.aggregate_s, self.edge_columns, self.alltoalls = 0.0, 0, 0
+
+    def _agg(self, seconds: float, columns: int = 0) -> None:
+        if self.record:
+            self.aggregate_s += seconds
+            self.edge_columns += columns
+
+    def _collective(self, count: int = 1) -> None:
+        if self.record:
+            self.alltoalls += count
+
+
+def _start_all(run: TPRun, starts: list):
+    """Start the exchanges ``starts`` (callables) now (pipelined) or lazily, one by one."""
+    if run.pipeline:
+        return [s() for s in starts]
+    return list(starts)
+
+
+def _finish(handles: list, i: int):
+    h = handles[i]
+    if callable(h):
+        h = handles[i] = h()
+    return h.finish()
+
+
+def _drive(handles: list, i: int) -> None:
+    """Let MPI progress the next outstanding exchange (non-blocking test)."""
+    if 0 <= i < len(handles) and not callable(handles[i]):
+        handles[i].test()
+
+
+class TPPropagate(torch.autograd.Function):
+    """``TPPropagate.apply(h_rows, edge_weight, run, k, c, alpha)``: vertex-layout rows
+    [n_i, C] -> split -> ``Z_r = c A Z_(r-1) + alpha Z_0`` for r = 1..k on the column slice ->
+    gather -> [n_i, C]. ``edge_weight`` [E + V] (attention) or None (the matrix's own weights);
+    its gradient is this rank's partial sum over its columns. Chunked and pipelined as the
+    module docstring says; backward runs the mirror image."""
+
+    @staticmethod
+    def forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: float):
+        lay, prop, tp = run.layout, run.prop, run.tp
+        h = h.detach().contiguous()
+        width = int(h.shape[1])
+        w = int(np.diff(column_bounds(width, lay.size))[lay.rank])
+        n = lay.num_chunks
+        cb = lay.chunk_bounds
+        z0 = h.new_zeros((lay.num_nodes, w))
+        out = h.new_zeros((lay.num_own, width))
+        splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.split_transfer(j), h, z0, "split"))
+                                  for j in range(n)])
+        gathers = []
+        need_saved = edge_weight is not None and ctx.needs_input_grad[1]
+        saved = []
+        prev = z0
+        for r in range(1, k + 1):
+            nxt = h.new_empty((lay.num_nodes, w))
+            for j in range(n):
+                if r == 1:
+                    _finish(splits, j)
+                    _drive(splits, j + 1)
+                a, b = int(cb[j]), int(cb[j + 1])
+                t0 = time.perf_counter()
+                rows = nxt[a:b]
+                prop.forward_rows(a, b, prev, rows, edge_weight)
+                if c != 1.0:
+                    rows.mul_(c)
+                if alpha:
+                    rows.add_(z0[a:b], alpha=alpha)
+                e0, e1 = prop.edge_range(a, b)
+                run._agg(time.perf_counter() - t0, (e1 - e0) * w)
+                if r == k:
+                    start = (lambda j=j, nxt=nxt: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
+                    gathers.append(start() if run.pipeline else start)
+                    if not run.pipeline:
+                        _finish(gathers, j)
+                    _drive(gathers, j - 1)
+            if need_saved:
+                saved.append(prev)
+            prev = nxt
+        for j in range(n):
+            _finish(gathers, j)
+        run._collective(2)
+        ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
+        ctx.saved_z = saved
+        ctx.save_for_backward(edge_weight if edge_weight is not None else None)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        run, k, c, alpha, width, w = ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w
+        (edge_weight,) = ctx.saved_tensors
+        lay, prop, tp = run.layout, run.prop, run.tp
+        n, cb = lay.num_chunks, lay.chunk_bounds
+        g_out = grad_out.detach().contiguous()
+        gk = g_out.new_zeros((lay.num_nodes, w))
+        rev = list(range(n - 1, -1, -1))
+        splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.gather_transfer(j), g_out, gk, "split"))
+                                  for j in rev])
+        g0 = g_out.new_zeros((lay.num_nodes, w))        # gradient of Z_0
+        grad_h = g_out.new_zeros((lay.num_own, width))
+        grad_w = None
+        if edge_weight is not None and ctx.needs_input_grad[1]:
+            grad_w = torch.zeros_like(edge_weight)
+        gathers = []
+        for r in range(k, 0, -1):
+            gprev = g0 if r == 1 else g_out.new_zeros((lay.num_nodes, w))
+            for i, j in enumerate(rev):
+                if r == k:
+                    _finish(splits, i)
+                    _drive(splits, i + 1)
+                a, b = int(cb[j]), int(cb[j + 1])
+                t0 = time.perf_counter()
+                g_rows = gk[a:b] * c if c != 1.0 else gk[a:b]
+                prop.backward_rows(j, g_rows, gprev, edge_weight)
+                if alpha:
+                    g0[a:b].add_(gk[a:b], alpha=alpha)
+                if grad_w is not None:
+                    prop.edge_grad_rows(a, b, g_rows, ctx.saved_z[r - 1], grad_w)
+                e0, e1 = prop.edge_range(a, b)
+                run._agg(time.perf_counter() - t0, (e1 - e0) * w)
+                if r == 1:
+                    start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0, width, grad_h, "gather"))
+                    gathers.append(start() if run.pipeline else start)
+                    if not run.pipeline:
+                        _finish(gathers, i)
+                    _drive(gathers, i - 1)
+            gk = gprev
+        for i in range(n):
+            _finish(gathers, i)
+        run._collective(2)
+        ctx.saved_z = None
+        return grad_h, grad_w, None, None, None, None
+
+
+class AllgatherRows(torch.autograd.Function):
+    """``AllgatherRows.apply(x_rows, tp)``: every rank's vertex rows [n_i, d] -> [V, d] in global
+    order on every rank (one allgather); the adjoint sums every rank's gradient (allreduce)
+    and keeps the rank's own rows. Used for GAT's 2 attention scalars per vertex."""
+
+    @staticmethod
+    def forward(ctx, x, tp: TPComm):
+        lay = tp.layout
+        t0 = time.perf_counter()
+        x = x.detach().contiguous()
+        d = int(x.shape[1])
+        tr = lay.full_transfer()
+        if tp.comm is None:
+            got = x
+        else:
+            counts = tr.counts * d
+            recv = np.empty(int(counts.sum()), dtype=x.numpy().dtype)
+            tp.comm.Allgatherv(x.numpy().reshape(-1), [recv, counts])
+            got = torch.from_numpy(recv).view(-1, d)
+        full = x.new_empty((lay.num_nodes, d))
+        full[tr.ids] = got
+        tp.stats.add("attention", (lay.size - 1) * x.numel() * x.element_size(), time.perf_counter() - t0, 1)
+        ctx.tp = tp
+        return full
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        from mpi4py import MPI
+
+        tp = ctx.tp
+        t0 = time.perf_counter()
+        g = grad.detach().contiguous().clone()
+        if tp.comm is not None:
+            tp.comm.Allreduce(MPI.IN_PLACE, g.numpy(), op=MPI.SUM)
+        own = torch.from_numpy(tp.layout.own_ids)
+        tp.stats.add("attention", g.numel() * g.element_size(), time.perf_counter() - t0, 1)
+        return g.index_select(0, own), None
+
+
+# ---- the engine ------------------------------------------------------------------------------
+class TensorEngine(Engine):
+    """The tensor-parallel engine on one rank (collective constructor)."""
+
+    def __init__(self, cfg, rt, out, hooks: TrainHooks | None = None):
+        from hpcgnn.engine.chunk_schedule import chunk_bounds
+        from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, allreduce_sum, broadcast_parameters,
+                                          build_optimizer, resolve_device, seed_torch)
+        from hpcgnn.nn.decoupled import PROPAGATIONS, CoupledModel, DecoupledModel, Propagation
+
+        self.cfg, self.rt, self.out = cfg, rt, out
+        self.hooks = hooks or TrainHooks()
+        t = cfg.tensor
+        meta = out.meta
+        store = cfg.data.partitions
+        t0 = time.perf_counter()
+        error, data = None, None
+        try:
+            device = resolve_device(cfg, rt)
+            if device.type != "cpu":
+                raise InputError(f"train.device = {cfg.train.device!r}: the tensor engine runs its "
+                                 "aggregation with the native CPU kernels; use train.device = 'cpu'")
+            indptr, indices = read_topology(store, meta, rt.rank if cfg.data.verify else None)
+            bounds = chunk_bounds(indptr, t.chunks)
+            layout = TPLayout.build(indptr, indices, bounds, rt.size, rt.rank)
+            data = read_vertex_rows(store, meta, layout.own_ids)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        self.device = device
+        self.timer = PhaseTimer()
+        self.layout = layout
+        self.mode = t.mode
+        self.kind = PROPAGATIONS[cfg.model.arch]
+        self.prop = Propagation(indptr, indices, self.kind, bounds)
+        del indices
+        self.stats = CommStats()
+        self.tp = TPComm(rt.comm, layout, self.stats)
+        self.run = TPRun(self.tp, layout, self.prop, t.pipeline)
+        self.k = t.k or cfg.model.layers
+        self.c = t.gamma * (1.0 - t.alpha)
+        self.alpha = t.alpha
+        self.x = torch.from_numpy(data["features"])
+        self.labels = torch.from_numpy(data["labels"])
+        self.masks = {s: torch.from_numpy(m) for s, m in data["masks"].items()}
+        m = cfg.model
+        seed_torch(cfg.train.seed, -1)
+        if self.mode == "decoupled":
+            self.model = DecoupledModel(meta.num_features, m.hidden, meta.num_classes, m.layers, m.dropout,
+                                        attention=self.kind == "attention")
+        else:
+            self.model = CoupledModel(meta.num_features, m.hidden, meta.num_classes, m.layers, m.dropout)
+        if rt.size > 1:
+            broadcast_parameters(self.model, rt)
+        self.optimizer = build_optimizer(cfg, self.model)
+        self.reducer = GradientAllreduce(self.model, rt, op="sum")
+        self.n_train = float(allreduce_sum(rt, [int(self.masks["train"].sum())])[0])
+        if self.n_train == 0:
+            rt.agree(f"{store}: the graph has no training vertices")
+        self.eval_stats = CommStats()
+        setup_s = time.perf_counter() - t0
+        sizes = rt.comm.allgather(layout.num_own)
+        out.set_attrs(tensor_mode=self.mode, tensor_propagation=self.kind, tensor_k=self.k,
+                      tensor_chunks=layout.num_chunks, tensor_vertex_rows=sizes,
+                      tensor_columns=[int(x) for x in np.diff(column_bounds(meta.num_classes, rt.size))],
+                      tensor_topology="indptr/indices of every partition file (whole graph on every rank)",
+                      tensor_grad_reduce="sum of partial gradients of the global mean loss",
+                      device=str(device), setup_seconds=setup_s)
+
+    # ---- forward -------------------------------------------------------------------------------
+    def logits(self) -> torch.Tensor:
+        """Vertex-layout output rows [n_i, C] of the rank's vertices (autograd when enabled)."""
+        from hpcgnn.nn.decoupled import DecoupledModel
+
+        model, run = self.model, self.run
+        if isinstance(model, DecoupledModel):
+            h = model.mlp(self.x)
+            weight = None
+            if self.kind == "attention":
+                el, er = model.scores(h)
+                both = AllgatherRows.apply(torch.stack([el, er], 1), self.tp)
+                weight = self.prop.attention(both[:, 0], both[:, 1])
+            return TPPropagate.apply(h, weight, run, self.k, self.c, self.alpha)
+        h = self.x
+        for l in range(model.num_layers):
+            h = model.pre(l, h)
+            h = TPPropagate.apply(h, None, run, 1, 1.0, 0.0)
+            h = model.post(l, h)
+        return h
+
+    def train_epoch(self, epoch: int) -> EpochResult:
+        from hpcgnn.engine.common import allreduce_sum
+
+        timer = self.timer
+        self.stats.reset()
+        self.run.reset()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.hooks.before_step(epoch, 0)
+        t0 = time.perf_counter()
+        logits = self.logits()
+        idx = self.masks["train"].nonzero().squeeze(1)
+        loss_sum = F.cross_entropy(logits.index_select(0, idx), self.labels.index_select(0, idx), reduction="sum")
+        (loss_sum / self.n_train).backward()
+        fb = time.perf_counter() - t0
+        with timer.phase("allreduce"):
+            self.reducer()
+        with timer.phase("optimizer"):
+            self.optimizer.step()
+        loss_local = float(loss_sum.detach())
+        loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
+        self.hooks.after_step(epoch, 0, loss_local, int(idx.shape[0]), self.model)
+        s = self.stats
+        comm_s = sum(s.seconds.values())
+        nn_s = max(fb - comm_s - self.run.aggregate_s, 0.0)
+        timings = {"nn": nn_s, "split": s.seconds.get("split", 0.0), "gather": s.seconds.get("gather", 0.0),
+                   "aggregate": self.run.aggregate_s, "compute": nn_s + self.run.aggregate_s}
+        if "attention" in s.seconds:
+            timings["attention"] = s.seconds["attention"]
+        allreduce_bytes = self.reducer.bytes_per_call if self.rt.size > 1 else 0
+        counters = {f"{kind}_bytes": float(v) for kind, v in s.bytes.items()}
+        counters.update({f"{kind}_calls": float(v) for kind, v in s.calls.items()})
+        counters["allreduce_bytes"] = float(allreduce_bytes)
+        counters["bytes_sent"] = float(sum(s.bytes.values()) + allreduce_bytes)
+        counters["layout_alltoalls"] = float(self.run.alltoalls)
+        counters["nn_rows"] = float(self.layout.num_own)
+        counters["agg_edge_columns"] = float(self.run.edge_columns)
+        return EpochResult(loss, counters=counters, timings=timings)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        from hpcgnn.engine.common import accuracy_metrics, split_counts
+
+        self.tp.stats, self.run.record = self.eval_stats, False
+        try:
+            pred = self.logits().argmax(1)
+        finally:
+            self.tp.stats, self.run.record = self.stats, True
+        correct, total = split_counts(pred, self.labels, self.masks)
+        return accuracy_metrics(self.rt, correct, total)
+
+    def finish_epoch(self, result: EpochResult) -> None:
+        result.counters["eval_bytes"] = float(sum(self.eval_stats.bytes.values()))
+        self.eval_stats.reset()
+
+
+def make_engine(cfg, rt, out, hooks: TrainHooks | None = None) -> TensorEngine:
+    """Collective: the tensor-parallel engine of this rank (registry factory)."""
+    return TensorEngine(cfg, rt, out, hooks)
