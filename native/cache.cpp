@@ -96,30 +96,50 @@ class TagTable {
 
 class CacheDirectory {
   public:
-    CacheDirectory(int64_t capacity, int64_t life_span, bool never_expire, int64_t hist_bins)
-        : cap_(capacity), ls_(life_span), never_expire_(never_expire), table_(capacity) {
+    // `max_rows` (0 = capacity) bounds the storage rows: valid lines never exceed the number
+    // of distinct tags that can arrive, so a cache of the rank's halo vertices needs at most
+    // min(capacity, halo) rows however large the ring is. Every slot maps to a storage row;
+    // rows of evicted or replaced lines are reused (last freed first).
+    CacheDirectory(int64_t capacity, int64_t life_span, bool never_expire, int64_t hist_bins,
+                   int64_t max_rows)
+        : cap_(capacity), ls_(life_span), never_expire_(never_expire),
+          max_rows_(max_rows > 0 ? std::min(max_rows, capacity) : capacity), table_(capacity) {
         require(capacity >= 1, "cache: capacity must be >= 1");
         require(life_span >= 0, "cache: life_span must be >= 0");
         require(hist_bins >= 1, "cache: hist_bins must be >= 1");
+        require(max_rows >= 0, "cache: max_rows must be >= 0");
         slot_tag_.assign(capacity, kNone);
         slot_clock_.assign(capacity, 0);
+        slot_row_.assign(capacity, kNone);
         hist_.assign(hist_bins, 0);
     }
 
     // One received message: age every line by one, then place the rows. Returns
-    // (rows, slots): row rows[j] of the message goes to slot slots[j]. Duplicate tags
-    // keep their last row; if more than `capacity` distinct tags arrive, the last
-    // `capacity` of them (by last occurrence) are kept.
+    // (rows, slots, storage): row rows[j] of the message goes to ring slot slots[j], kept in
+    // storage row storage[j]. Duplicate tags keep their last row; if more than `capacity`
+    // distinct tags arrive, the last `capacity` of them (by last occurrence) are kept.
     py::tuple store(carray<int64_t> tags) {
         require(tags.ndim() == 1, "cache: tags must be 1-D");
         const int64_t n = tags.shape(0);
         const int64_t* t = tags.data();
-        std::vector<int64_t> rows, slots;
+        std::vector<int64_t> rows, slots, storage;
         {
             py::gil_scoped_release release;
             std::lock_guard<std::mutex> guard(mu_);
             for (int64_t i = 0; i < n; ++i)
                 if (t[i] < 0) throw std::invalid_argument("cache: tags must be >= 0, got " + std::to_string(t[i]));
+            // Storage rows needed: lines resident after the store <= resident now + new tags.
+            {
+                TagTable fresh(std::max<int64_t>(n, 1));
+                int64_t extra = 0;
+                for (int64_t i = 0; i < n; ++i)
+                    if (table_.find(t[i]) == kNone && fresh.put(t[i], i) == kNone) ++extra;
+                const int64_t after = std::min(cap_, table_.size() + extra);
+                if (after > max_rows_)
+                    throw std::invalid_argument("cache: " + std::to_string(after) +
+                                                " distinct tags would be resident, more than max_rows = " +
+                                                std::to_string(max_rows_));
+            }
             ++clock_;
             ++stores_;
             // Last occurrence of each tag, in increasing position.
@@ -139,15 +159,31 @@ class CacheDirectory {
                     slot_tag_[slots[j]] = kNone;
                     ++evictions_;
                 }
+                if (slot_row_[slots[j]] != kNone) {
+                    free_.push_back(slot_row_[slots[j]]);
+                    slot_row_[slots[j]] = kNone;
+                }
             }
+            storage.resize(m);
             // Write the new lines; a tag still resident elsewhere loses its old line.
             for (int64_t j = 0; j < m; ++j) {
                 const int64_t tag = t[rows[j]], s = slots[j];
                 const int64_t old = table_.put(tag, s);
                 if (old != kNone) {
                     slot_tag_[old] = kNone;
+                    free_.push_back(slot_row_[old]);
+                    slot_row_[old] = kNone;
                     ++replaced_;
                 }
+                int64_t r;
+                if (!free_.empty()) {
+                    r = free_.back();
+                    free_.pop_back();
+                } else {
+                    r = rows_used_++;
+                }
+                slot_row_[s] = r;
+                storage[j] = r;
                 slot_tag_[s] = tag;
                 slot_clock_[s] = clock_;
             }
@@ -155,10 +191,11 @@ class CacheDirectory {
             lines_stored_ += m;
             received_ += n;
         }
-        return py::make_tuple(from_vector(std::move(rows)), from_vector(std::move(slots)));
+        return py::make_tuple(from_vector(std::move(rows)), from_vector(std::move(slots)),
+                              from_vector(std::move(storage)));
     }
 
-    // (hit, slot) per tag; slot = -1 on a miss. Updates the statistics.
+    // (hit, storage row) per tag; row = -1 on a miss. Updates the statistics.
     py::tuple lookup(carray<int64_t> tags) {
         require(tags.ndim() == 1, "cache: tags must be 1-D");
         const int64_t n = tags.shape(0);
@@ -189,7 +226,7 @@ class CacheDirectory {
                 const int64_t age = clock_ - slot_clock_[s];
                 if (!never_expire_ && age > ls_) continue;
                 hp[i] = true;
-                sp[i] = s;
+                sp[i] = slot_row_[s];
                 ++hits;
                 age_sum += age;
                 age_max = std::max(age_max, age);
@@ -226,6 +263,8 @@ class CacheDirectory {
         std::lock_guard<std::mutex> guard(mu_);
         py::dict d;
         d["capacity"] = cap_;
+        d["max_rows"] = max_rows_;
+        d["rows_used"] = rows_used_;
         d["occupancy"] = table_.size();
         int64_t live = 0;
         for (int64_t s = 0; s < cap_; ++s)
@@ -257,6 +296,9 @@ class CacheDirectory {
         table_.clear();
         std::fill(slot_tag_.begin(), slot_tag_.end(), kNone);
         std::fill(slot_clock_.begin(), slot_clock_.end(), 0);
+        std::fill(slot_row_.begin(), slot_row_.end(), kNone);
+        free_.clear();
+        rows_used_ = 0;
         ptr_ = 0;
         clock_ = 0;
     }
@@ -270,15 +312,24 @@ class CacheDirectory {
         return clock_;
     }
     int64_t capacity() const { return cap_; }
+    int64_t max_rows() const { return max_rows_; }
+    int64_t rows_used() {
+        std::lock_guard<std::mutex> guard(mu_);
+        return rows_used_;
+    }
     int64_t life_span() const { return ls_; }
     bool never_expire() const { return never_expire_; }
 
   private:
     const int64_t cap_, ls_;
     const bool never_expire_;
+    const int64_t max_rows_;
     TagTable table_;
     std::vector<int64_t> slot_tag_;    // tag of each slot, -1 when empty or invalidated
     std::vector<int64_t> slot_clock_;  // clock value when the slot was written
+    std::vector<int64_t> slot_row_;    // storage row of each slot's line, -1 when none
+    std::vector<int64_t> free_;        // storage rows released by evicted / replaced lines
+    int64_t rows_used_ = 0;            // storage rows handed out since construction / clear
     int64_t ptr_ = 0, clock_ = 0;
     int64_t lookups_ = 0, hits_ = 0, stores_ = 0, received_ = 0, lines_stored_ = 0, evictions_ = 0,
             replaced_ = 0, age_sum_ = 0, age_max_ = 0;
@@ -293,8 +344,8 @@ PYBIND11_MODULE(_native_cache, m) {
     using namespace hpcgnn;
     m.doc() = "Historical embedding cache directory: FIFO ring of lines plus a hash-table tag directory.";
     py::class_<CacheDirectory>(m, "CacheDirectory")
-        .def(py::init<int64_t, int64_t, bool, int64_t>(), py::arg("capacity"), py::arg("life_span"),
-             py::arg("never_expire"), py::arg("hist_bins"))
+        .def(py::init<int64_t, int64_t, bool, int64_t, int64_t>(), py::arg("capacity"), py::arg("life_span"),
+             py::arg("never_expire"), py::arg("hist_bins"), py::arg("max_rows") = 0)
         .def("store", &CacheDirectory::store, py::arg("tags"))
         .def("lookup", &CacheDirectory::lookup, py::arg("tags"))
         .def("contents", &CacheDirectory::contents)
@@ -304,6 +355,8 @@ PYBIND11_MODULE(_native_cache, m) {
         .def_property_readonly("occupancy", &CacheDirectory::occupancy)
         .def_property_readonly("clock", &CacheDirectory::clock)
         .def_property_readonly("capacity", &CacheDirectory::capacity)
+        .def_property_readonly("max_rows", &CacheDirectory::max_rows)
+        .def_property_readonly("rows_used", &CacheDirectory::rows_used)
         .def_property_readonly("life_span", &CacheDirectory::life_span)
         .def_property_readonly("never_expire", &CacheDirectory::never_expire);
     add_thread_control(m);

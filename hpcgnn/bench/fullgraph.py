@@ -164,8 +164,7 @@ def local_graphs(graph_file: Path, store: Path):
     for p in range(meta.num_parts):
         part = load_partition(store, p, meta)
         lg = build_local_graph(part, None)
-        halo = torch.from_numpy(feats[n2o[part.halo_ids]])
-        lg.x0 = torch.cat([lg.x0, halo])
+        lg.x0[part.num_solid:] = torch.from_numpy(feats[n2o[part.halo_ids]])
         out.append(lg)
     return out
 

@@ -12,10 +12,19 @@ so a model written for one process trains exactly over K ranks.
 Every rank must call the same exchanges in the same order (collectives).
 Partitions own contiguous global-ID ranges and ``halo_ids`` is sorted, so the
 rows received from sources 0..K-1, concatenated, are already in halo order.
+
+Engines reach the halo through a :class:`HaloProvider`: ``fetch`` (a layer's halo rows from
+the owners' solid rows) and ``adjoint`` (halo gradients back to their owners) are what an
+implementation decides; :meth:`HaloProvider.exchange` (autograd, in-memory engine),
+:meth:`HaloProvider.fill` / :meth:`HaloProvider.accumulate` (host buffers, offloaded engine) and
+:meth:`HaloProvider.rounds` (streamed, bounded-memory evaluation) are built on them.
+:class:`ExactHalo` is the blocking exact exchange; a cached or pipelined provider (stale rows
+within a bound) or a tensor-split one overrides ``fetch`` and keeps the same callers.
 """
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,46 +109,115 @@ def adjoint_rows(comm, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
     return alltoallv(comm, np.ascontiguousarray(halo_grads), plan.recv_counts, plan.send_counts)
 
 
-def accumulate_adjoint(comm, plan: HaloPlan, solid_grads: torch.Tensor, halo_grads: torch.Tensor) -> None:
-    """``solid_grads[send_index] += adjoint(halo_grads)`` in place (solid_grads: CPU or device)."""
-    if comm is None or comm.Get_size() == 1:
-        return
-    back = adjoint_rows(comm, plan, halo_grads.detach().cpu().contiguous().numpy())
-    if back.shape[0]:
-        index = torch.from_numpy(plan.send_index).to(solid_grads.device)
-        solid_grads.index_add_(0, index, torch.from_numpy(back).to(solid_grads.device,
-                                                                     solid_grads.dtype))
+class HaloProvider(ABC):
+    """Where the halo rows of a layer's input come from and where their gradients go (one rank;
+    every method is collective: all ranks call it for the same layers in the same order).
+
+    ``stats`` accumulates ``halo_s`` (seconds in exchanges) and ``halo_bytes`` (bytes this rank
+    sent, forward and adjoint); :meth:`reset_stats` clears it.
+    """
+
+    def __init__(self, comm, plan: HaloPlan, stats: dict | None = None):
+        self.comm, self.plan = comm, plan
+        self.stats = {} if stats is None else stats
+
+    @property
+    def num_solid(self) -> int:
+        return self.plan.num_solid
+
+    @property
+    def num_halo(self) -> int:
+        return self.plan.num_halo
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there is anything to exchange (more than one rank)."""
+        return self.comm is not None and self.comm.Get_size() > 1
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    def account(self, t0: float, nbytes: int) -> None:
+        """Add the seconds since ``t0`` and ``nbytes`` sent to :attr:`stats`."""
+        _account(self.stats, t0, nbytes)
+
+    @abstractmethod
+    def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
+        """The halo rows [num_halo, ...] of layer ``layer``'s input, given this rank's solid rows
+        [num_solid, ...] of it (host arrays)."""
+
+    @abstractmethod
+    def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+        """The adjoint of :meth:`fetch`: gradients of this rank's halo rows [num_halo, ...] go to
+        their owners; returns the rows received, aligned with ``plan.send_index`` (to be summed
+        into the solid gradients there)."""
+
+    # ---- built on fetch / adjoint --------------------------------------------------------
+    def exchange(self, layer: int, h_solid: torch.Tensor) -> torch.Tensor:
+        """Differentiable: [num_solid, ...] -> [num_solid + num_halo, ...]; the backward sums the
+        halo gradients into their owners' rows (:meth:`adjoint`)."""
+        if h_solid.shape[0] != self.num_solid:
+            raise ValueError(f"halo exchange: {h_solid.shape[0]} rows, plan expects {self.num_solid}")
+        if not self.distributed and self.num_halo == 0:
+            return h_solid  # a single partition has no halo
+        return HaloExchange.apply(h_solid, self, int(layer))
+
+    def fill(self, layer: int, h: torch.Tensor) -> None:
+        """In place on a host tensor [num_solid + num_halo, ...]: its halo rows from :meth:`fetch`
+        of its solid rows."""
+        if not self.distributed:
+            return
+        halo = self.fetch(layer, h[:self.num_solid].numpy())
+        h[self.num_solid:] = torch.from_numpy(halo).view(-1, *h.shape[1:])
+
+    def accumulate(self, layer: int, solid_grads: torch.Tensor, halo_grads: torch.Tensor) -> None:
+        """``solid_grads[send_index] += adjoint(halo_grads)`` in place (CPU or device tensors)."""
+        if not self.distributed:
+            return
+        back = self.adjoint(layer, halo_grads.detach().cpu().contiguous().numpy())
+        if back.shape[0]:
+            index = torch.from_numpy(self.plan.send_index).to(solid_grads.device)
+            solid_grads.index_add_(0, index, torch.from_numpy(back).to(solid_grads.device,
+                                                                         solid_grads.dtype))
+
+    def rounds(self, count: int) -> "HaloRounds":
+        """The exact forward exchange in ``count`` collectives of part of the rows each
+        (bounded-memory evaluation, :mod:`hpcgnn.engine.inference`)."""
+        return HaloRounds(self.comm, self.plan, count)
+
+
+class ExactHalo(HaloProvider):
+    """The blocking exact exchange: every fetch sends the owners' current rows."""
+
+    def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        halo = exchange_rows(self.comm, self.plan, solid_rows)
+        self.account(t0, self.plan.rows_sent * solid_rows[0:1].nbytes if self.distributed else 0)
+        return halo
+
+    def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        back = adjoint_rows(self.comm, self.plan, halo_grads)
+        self.account(t0, halo_grads.nbytes if self.distributed else 0)
+        return back
 
 
 class HaloExchange(torch.autograd.Function):
-    """h_local = [h_solid; halo rows from owners]; backward sums halo grads into owners."""
+    """h_local = [h_solid; provider.fetch(layer)]; backward: provider.adjoint summed into owners."""
 
     @staticmethod
-    def forward(ctx, h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | None) -> torch.Tensor:
-        ctx.comm, ctx.plan, ctx.stats = comm, plan, stats
-        t0 = time.perf_counter()
-        if plan.rows_sent:
-            index = torch.from_numpy(plan.send_index).to(h_solid.device)
-            send = h_solid.detach().index_select(0, index).cpu().numpy()
-        else:
-            send = h_solid.detach()[:0].cpu().numpy()
-        if comm is None or comm.Get_size() == 1:
-            halo = send[:0]
-        else:
-            halo = alltoallv(comm, send, plan.send_counts, plan.recv_counts)
+    def forward(ctx, h_solid: torch.Tensor, provider: HaloProvider, layer: int) -> torch.Tensor:
+        ctx.provider, ctx.layer = provider, layer
+        halo = provider.fetch(layer, h_solid.detach().cpu().contiguous().numpy())
         halo_t = torch.from_numpy(halo).to(h_solid.device, h_solid.dtype)
-        _account(stats, t0, send.nbytes)
         return torch.cat([h_solid, halo_t.reshape((-1,) + tuple(h_solid.shape[1:]))], dim=0)
 
     @staticmethod
     def backward(ctx, grad_local: torch.Tensor):
-        plan = ctx.plan
-        t0 = time.perf_counter()
-        grad_solid = grad_local[:plan.num_solid].clone()
-        halo_grads = grad_local[plan.num_solid:]
-        accumulate_adjoint(ctx.comm, plan, grad_solid, halo_grads)
-        _account(ctx.stats, t0, halo_grads.nbytes if ctx.comm is not None and ctx.comm.Get_size() > 1 else 0)
-        return grad_solid, None, None, None
+        provider = ctx.provider
+        grad_solid = grad_local[:provider.num_solid].clone()
+        provider.accumulate(ctx.layer, grad_solid, grad_local[provider.num_solid:])
+        return grad_solid, None, None
 
 
 def _account(stats: dict | None, t0: float, nbytes: int) -> None:
@@ -149,16 +227,9 @@ def _account(stats: dict | None, t0: float, nbytes: int) -> None:
 
 
 def halo_exchange(h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | None = None) -> torch.Tensor:
-    """Differentiable halo exchange: [n_solid, ...] -> [n_solid + n_halo, ...] (collective).
-
-    ``stats`` (optional) accumulates ``halo_s`` (seconds) and ``halo_bytes`` (bytes sent)
-    over the forward and backward exchanges.
-    """
-    if h_solid.shape[0] != plan.num_solid:
-        raise ValueError(f"halo_exchange: {h_solid.shape[0]} rows, plan expects {plan.num_solid}")
-    if (comm is None or comm.Get_size() == 1) and plan.num_halo == 0:
-        return h_solid  # a single partition has no halo
-    return HaloExchange.apply(h_solid, comm, plan, stats)
+    """Differentiable exact halo exchange: [n_solid, ...] -> [n_solid + n_halo, ...] (collective;
+    :meth:`ExactHalo.exchange`). ``stats`` (optional) accumulates ``halo_s`` and ``halo_bytes``."""
+    return ExactHalo(comm, plan, stats).exchange(0, h_solid)
 
 
 class HaloRounds:

@@ -3,14 +3,14 @@
 Every rank loads the configuration and its own partition (rank r reads partition r of
 ``data.partitions``); the job must have exactly as many ranks as the store has partitions.
 Checks whose outcome may differ between ranks go through ``Runtime.agree`` so that every rank
-stops with the same one-line error and exit code 2. Dispatches on ``train.engine`` to
-``hpcgnn.engine.<engine>.train(cfg, rt, out)``. The rank runs in a child of a small watcher
+stops with the same one-line error and exit code 2. ``train.engine`` names an engine of
+:mod:`hpcgnn.engine.registry`, whose factory builds the rank's
+:class:`~hpcgnn.engine.loop.Engine`; :func:`hpcgnn.engine.loop.fit` runs the epochs. The rank runs in a child of a small watcher
 process that names the rank if a signal (the OOM killer's SIGKILL) ends it
 (:mod:`hpcgnn.supervisor`).
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 from hpcgnn.errors import InputError
@@ -63,8 +63,13 @@ def _train(args) -> int:
 
         check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
-        engine = importlib.import_module(f"hpcgnn.engine.{cfg.train.engine}")
-        engine.train(cfg, rt, out)
+        from hpcgnn.engine.hooks import make_hooks
+        from hpcgnn.engine.loop import fit
+        from hpcgnn.engine.registry import engine_spec, resolve
+
+        hooks = make_hooks(cfg, rt, out)
+        engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
+        fit(engine, cfg, rt, out, hooks)
         out.close()
         rt.finish()
     return 0

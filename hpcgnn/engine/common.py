@@ -1,7 +1,7 @@
 """What the minibatch and full-graph engines share.
 
-* :func:`rng_key` / :func:`seed_torch`: every random stream is a function of integers such as
-  (seed, epoch, step, rank), so a run resumed at an epoch boundary continues exactly.
+* :func:`rng_key` / :func:`seed_torch` (from :mod:`hpcgnn.seeding`): every random stream is a
+  function of integers such as (seed, epoch, step, rank), so a resumed run continues exactly.
 * :func:`build_model_from_config` / :func:`build_optimizer`: the model (identical initial
   parameters on every rank: seeded, then broadcast from rank 0) and Adam.
 * :class:`GradientAllreduce`: one flat-buffer allreduce of all parameter gradients (mean or sum).
@@ -21,27 +21,12 @@ import torch
 
 from hpcgnn.errors import InputError
 from hpcgnn.run.checkpoint import load_latest_checkpoint, save_checkpoint
+from hpcgnn.seeding import numpy_rng, rng_key, seed_torch  # noqa: F401  (re-exported)
 
 SPLITS = ("train", "val", "test")
 
 
-# ---- randomness -------------------------------------------------------------
-def rng_key(*parts: int) -> int:
-    """A 63-bit integer determined by ``parts`` (ints; negative allowed). Stable across runs."""
-    h = hashlib.blake2b(digest_size=8)
-    for p in parts:
-        h.update(int(p).to_bytes(16, "little", signed=True))
-    return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
-
-
-def numpy_rng(*parts: int) -> np.random.Generator:
-    """numpy Generator seeded with :func:`rng_key` of ``parts``."""
-    return np.random.default_rng(rng_key(*parts))
-
-
-def seed_torch(*parts: int) -> None:
-    """Seed torch's global generators (dropout ...) with :func:`rng_key` of ``parts``."""
-    torch.manual_seed(rng_key(*parts))
+# ---- randomness: hpcgnn.seeding (re-exported for the engines) ----------------
 
 
 # ---- device, model, optimizer -----------------------------------------------

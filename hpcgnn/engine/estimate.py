@@ -93,6 +93,8 @@ def _widths(cfg, in_dim: int, num_classes: int) -> list[int]:
 def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
                          shapes: dict | None = None) -> MemoryEstimate:
     """Peak resident bytes of rank ``part_id`` for ``cfg`` on the store ``meta``."""
+    from hpcgnn.engine.registry import engine_spec, resolve
+
     s = shapes or part_shapes(meta.path, part_id)
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
     nl = ns + nh
@@ -101,79 +103,94 @@ def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
     # the file's arrays + the local-id copy of the edges + local degree + the halo plan
     est.terms["partition"] = int(s["file_bytes"] + ne * I64 + nl * I64 + nh * I64)
     est.shrink["partition"] = "more partitions (hpcgnn partition --parts)"
+    resolve(engine_spec(cfg.train.engine).memory_terms)(cfg, meta, s, est)
+    return est
+
+
+def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
+    """The minibatch engine's terms (``hec``, ``activations``, ``eval``) for partition shapes ``s``."""
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl = ns + nh
     widths = _widths(cfg, meta.num_features, meta.num_classes)
     layers = cfg.model.layers
     wmax = max(widths)
-    if cfg.train.engine == "minibatch":
-        mb = cfg.minibatch
-        parts = meta.num_parts
-        if mb.halo == "hec":
-            iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
-            lines = min(mb.cs, nh, iters * max(parts - 1, 0) * mb.nc)
-            # rows are written into a ring, so only the lines written are resident; the tag
-            # directory (native/cache.cpp) is allocated and filled at construction: a hash table
-            # of the next power of two >= 2 cs entries (16 bytes each) and two int64 per line.
-            table = 16
-            while table < 2 * mb.cs:
-                table *= 2
-            directory = (table * 2 * I64 + mb.cs * 2 * I64) * layers
-            est.terms["hec"] = int(lines * sum(widths[:layers]) * F32 + directory)
-            est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
-        # expected frontier sizes, output side first
-        avg = ne / max(ns, 1)
-        rows = [float(min(mb.batch_size, max(ns, 1)))]
-        for fan in reversed(list(mb.fanouts)):
-            f = avg if fan < 0 else min(fan, avg)
-            rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
-        rows = rows[::-1]                      # rows[l] = input rows of layer l
-        act = rows[0] * widths[0] * F32 * 2     # gathered input and its gradient
-        for l in range(layers):
-            act += (rows[l] * widths[l] + SAVED_PER_LAYER * rows[l + 1] * max(widths[l], widths[l + 1])) * F32
-            act += rows[l + 1] * (mb.fanouts[l] if mb.fanouts[l] > 0 else avg) * I64 * 3   # block CSR + transpose
-        est.terms["activations"] = int(act)
-        est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
-        if mb.eval == "full":
-            from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
+    mb = cfg.minibatch
+    parts = meta.num_parts
+    if mb.halo == "hec":
+        iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
+        lines = min(mb.cs, nh, iters * max(parts - 1, 0) * mb.nc)
+        # embedding rows exist only for lines written (at most min(cs, halo), growing by
+        # doubling); the tag directory (native/cache.cpp) is allocated and filled at
+        # construction: a hash table of the next power of two >= 2 cs entries (16 bytes each)
+        # and three int64 per ring slot (tag, clock, storage row).
+        table = 16
+        while table < 2 * mb.cs:
+            table *= 2
+        directory = (table * 2 * I64 + mb.cs * 3 * I64) * layers
+        est.terms["hec"] = int(lines * sum(widths[:layers]) * F32 + directory)
+        est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
+    # expected frontier sizes, output side first
+    avg = ne / max(ns, 1)
+    rows = [float(min(mb.batch_size, max(ns, 1)))]
+    for fan in reversed(list(mb.fanouts)):
+        f = avg if fan < 0 else min(fan, avg)
+        rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
+    rows = rows[::-1]                      # rows[l] = input rows of layer l
+    act = rows[0] * widths[0] * F32 * 2     # gathered input and its gradient
+    for l in range(layers):
+        act += (rows[l] * widths[l] + SAVED_PER_LAYER * rows[l + 1] * max(widths[l], widths[l + 1])) * F32
+        act += rows[l + 1] * (mb.fanouts[l] if mb.fanouts[l] > 0 else avg) * I64 * 3   # block CSR + transpose
+    est.terms["activations"] = int(act)
+    est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
+    if mb.eval == "full":
+        from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
 
-            row_bytes = 6 * wmax * F32          # one destination row's temporaries
-            chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes,
-                        ns * row_bytes)
-            rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
-                nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
-            ev = 3 * ns * wmax * F32 + rnd + chunk + ne * 2 + nl * I64
-            if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
-                ev += nl * wmax * F32 * 2
-            est.terms["eval"] = int(ev)
-            est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
-            # training and evaluation do not overlap: count the larger of the two
-            if est.terms["eval"] > est.terms["activations"]:
-                est.terms["activations"] = 0
-            else:
-                est.terms["eval"] = 0
-    else:
-        fg = cfg.fullgraph
-        x0 = nl * widths[0] * F32
-        per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
-                     for l in range(layers)]
-        if fg.offload:
-            # host-resident layer inputs/outputs, the cached aggregates of the solid rows, the
-            # gradients of the host-resident rows in backward (two layers' worth) and one batch
-            # of chunks of temporaries (engine/offload.py)
-            host = sum(nl * widths[l] * F32 for l in range(layers + 1))
-            agg = sum(ns * widths[l] * F32 for l in range(layers))
-            grads = 2 * nl * wmax * F32
-            batch = max(per_layer) * fg.batch_chunks / max(fg.chunks, 1)
-            est.terms["activations"] = int(x0 + host + agg + grads + batch)
-            est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
-                                         "are the partition's, chunks do not shrink them")
-            # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices
-            # and edge IDs) and transfer-plan slots, about five int64 per edge
-            est.terms["chunks"] = int(5 * ne * I64)
-            est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
+        row_bytes = 6 * wmax * F32          # one destination row's temporaries
+        chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes,
+                    ns * row_bytes)
+        rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
+            nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
+        ev = 3 * ns * wmax * F32 + rnd + chunk + ne * 2 + nl * I64
+        if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
+            ev += nl * wmax * F32 * 2
+        est.terms["eval"] = int(ev)
+        est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
+        # training and evaluation do not overlap: count the larger of the two
+        if est.terms["eval"] > est.terms["activations"]:
+            est.terms["activations"] = 0
         else:
-            est.terms["activations"] = int(x0 + sum(per_layer))
-            est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"
-    return est
+            est.terms["eval"] = 0
+
+
+def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
+    """The full-graph engine's terms (``activations``; offloaded also ``chunks``)."""
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl = ns + nh
+    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    layers = cfg.model.layers
+    wmax = max(widths)
+    fg = cfg.fullgraph
+    x0 = nl * widths[0] * F32
+    per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
+                 for l in range(layers)]
+    if fg.offload:
+        # host-resident layer inputs/outputs, the cached aggregates of the solid rows, the
+        # gradients of the host-resident rows in backward (two layers' worth) and one batch
+        # of chunks of temporaries (engine/offload.py)
+        host = sum(nl * widths[l] * F32 for l in range(layers + 1))
+        agg = sum(ns * widths[l] * F32 for l in range(layers))
+        grads = 2 * nl * wmax * F32
+        batch = max(per_layer) * fg.batch_chunks / max(fg.chunks, 1)
+        est.terms["activations"] = int(x0 + host + agg + grads + batch)
+        est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
+                                     "are the partition's, chunks do not shrink them")
+        # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices
+        # and edge IDs) and transfer-plan slots, about five int64 per edge
+        est.terms["chunks"] = int(5 * ne * I64)
+        est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
+    else:
+        est.terms["activations"] = int(x0 + sum(per_layer))
+        est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"
 
 
 def describe(est: MemoryEstimate) -> str:
@@ -218,3 +235,39 @@ def check_memory(cfg, meta, rt) -> MemoryEstimate:
                  "runtime.memory_check = false skips this check)")
     rt.agree(error)
     return est
+
+
+def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
+    """The tensor-parallel engine's terms (:mod:`hpcgnn.engine.tensor`): ``partition`` (the
+    rank's own ~V/P vertex rows), ``topology`` (the whole graph on every rank: CSR, the
+    propagation matrix with self loops, its weights and transpose, the layout; chunked, the
+    chunks' transposes) and ``activations`` (vertex-layout MLP tensors of the rank's rows, and
+    the [V, C/P] feature-layout slices of the aggregation: Z_0, two round buffers, the output
+    gradient and the gradient of Z_0, plus the k saved rounds for GAT)."""
+    v, e = int(meta.num_nodes), int(meta.num_edges)
+    parts = max(int(meta.num_parts), 1)
+    t = cfg.tensor
+    m = cfg.model
+    rows = -(-v // parts)
+    est.terms["partition"] = int(rows * (meta.num_features * F32 + I64 + 3))
+    est.shrink["partition"] = "more ranks"
+    ev = e + v
+    topo = (v + 1 + e) * I64                       # the CSR read from the store
+    topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
+    topo += (v + 1 + 2 * ev) * I64                 # transpose (one chunk) ...
+    if t.chunks > 1:                               # ... or the chunks' own transposes
+        topo += 4 * ev * I64
+    topo += 6 * v * I64                            # layout: owner, positions, orders
+    est.terms["topology"] = int(topo)
+    est.shrink["topology"] = "nothing (replicated by design; a smaller graph or more memory per rank)"
+    c = meta.num_classes
+    hid = m.hidden
+    cols = -(-c // parts) if t.mode == "decoupled" else -(-max(hid, c) // parts)
+    k = (t.k or m.layers) if t.mode == "decoupled" else 1
+    slices = 5 + (k if m.arch == "gat" else 0)
+    act = rows * (meta.num_features + SAVED_PER_LAYER * hid * m.layers + 2 * c) * F32
+    act += slices * v * cols * F32
+    if m.arch == "gat":
+        act += 4 * ev * F32                        # logits, attention, their gradients
+    est.terms["activations"] = int(act)
+    est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"

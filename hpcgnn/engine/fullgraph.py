@@ -2,8 +2,8 @@
 
 Each rank holds its partition as one block (sources = solid + halo vertices,
 destinations = solid vertices). Before every layer after the first, the halo
-rows are fetched from their owners by an all-to-all (:func:`halo_exchange`,
-whose backward sends the halo gradients back and sums them into the owners'
+rows are fetched from their owners by the rank's :class:`~hpcgnn.comm.halo.HaloProvider`
+(:meth:`~hpcgnn.comm.halo.HaloProvider.exchange`, exact today; its backward sends the halo gradients back and sums them into the owners'
 rows); layer 0's halo features are exchanged once. The loss is the mean over
 all training vertices of the whole graph (sum of the local losses / global
 training count), so the allreduce **sums** the per-rank partial gradients: the
@@ -29,7 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpcgnn.comm.halo import HaloPlan, exchange_rows, halo_exchange
+from hpcgnn.comm.halo import ExactHalo, HaloPlan, HaloProvider
+from hpcgnn.engine.hooks import TrainHooks
+from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
 from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter
 
@@ -55,12 +57,14 @@ class LocalGraph:
 
 
 def build_local_graph(part, comm) -> LocalGraph:
-    """Collective: the rank's block structure, and its features with the halo rows fetched once."""
+    """Collective: the rank's block structure, and its features with the halo rows fetched once
+    (layer 0's input never changes)."""
     plan = HaloPlan.from_partition(part, comm)
     feats = np.ascontiguousarray(part.features, dtype=np.float32)
-    halo_feats = exchange_rows(comm, plan, feats) if comm is not None and comm.Get_size() > 1 \
-        else feats[:0]
-    x0 = torch.from_numpy(np.concatenate([feats, halo_feats.reshape(-1, feats.shape[1])]))
+    x0 = torch.empty((part.num_local, feats.shape[1]), dtype=torch.float32)
+    x0[:part.num_solid] = torch.from_numpy(feats)
+    x0[part.num_solid:] = 0.0       # stays zero without peers (comm None: the caller fills it)
+    ExactHalo(comm, plan).fill(0, x0)
     indptr, local_indices = part.local_csr()
     return LocalGraph(num_solid=part.num_solid, num_local=part.num_local, indptr=indptr,
                       local_indices=local_indices, halo=plan, x0=x0, degree=part.local_degree(),
@@ -80,10 +84,11 @@ def masked_loss_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tens
 class InMemoryFullGraph:
     """The whole partition on the device; halo exchange between layers (autograd through it)."""
 
-    def __init__(self, model, graph: LocalGraph, comm, device):
+    def __init__(self, model, graph: LocalGraph, comm, device, halo: HaloProvider | None = None):
         from hpcgnn.sampling.block import Block
 
-        self.model, self.graph, self.comm = model, graph, comm
+        self.model, self.graph = model, graph
+        self.halo = halo if halo is not None else ExactHalo(comm, graph.halo)
         self.device = torch.device(device)
         self.ops = ModelLayerOps(model, graph.degree)
         self.block = Block(graph.num_local, graph.num_solid, torch.from_numpy(graph.indptr),
@@ -91,14 +96,13 @@ class InMemoryFullGraph:
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
         self.meter = DeviceMemoryMeter(self.device)
-        self.stats: dict = {}
 
     def logits(self) -> torch.Tensor:
         """Forward over all layers: [num_solid, C] (autograd graph when grad is enabled)."""
         h = self.x0
         for l in range(self.ops.num_layers):
             if l > 0:
-                h = halo_exchange(h, self.comm, self.graph.halo, self.stats)
+                h = self.halo.exchange(l, h)
             h = self.ops.forward(l, self.block, h, self.ctx)
         return h
 
@@ -119,28 +123,30 @@ class InMemoryFullGraph:
         return self.logits().cpu()
 
     def counters(self) -> dict:
-        return {"halo_bytes": float(self.stats.get("halo_bytes", 0)),
+        return {"halo_bytes": float(self.halo.stats.get("halo_bytes", 0)),
                 "peak_device_bytes": float(self.meter.peak_bytes)}
 
     def timings(self) -> dict:
-        return {"halo": float(self.stats.get("halo_s", 0.0))}
+        return {"halo": float(self.halo.stats.get("halo_s", 0.0))}
 
     def reset_stats(self) -> None:
-        self.stats.clear()
+        self.halo.reset_stats()
         self.meter.reset()
 
 
 class OffloadedFullGraph:
     """HongTu-style offloaded training of the rank's partition (see :mod:`hpcgnn.engine.offload`)."""
 
-    def __init__(self, model, graph: LocalGraph, comm, device, settings: OffloadSettings):
+    def __init__(self, model, graph: LocalGraph, comm, device, settings: OffloadSettings,
+                 halo: HaloProvider | None = None):
         self.model, self.graph = model, graph
+        self.halo = halo if halo is not None else ExactHalo(comm, graph.halo)
         self.device = torch.device(device)
         self.ops = ModelLayerOps(model, graph.degree)
         self.counter = TransferCounter()
         self.meter = DeviceMemoryMeter(self.device)
         self.engine = OffloadEngine(self.ops, graph.indptr, graph.local_indices, graph.num_solid,
-                                    graph.num_local, graph.x0, graph.halo, comm, self.device, settings,
+                                    graph.num_local, graph.x0, self.halo, self.device, settings,
                                     self.counter, self.meter)
 
     def train_step(self, timer, n_train: float) -> float:
@@ -159,16 +165,16 @@ class OffloadedFullGraph:
 
     def counters(self) -> dict:
         out = {k: float(v) for k, v in self.counter.as_dict().items()}
-        out["halo_bytes"] = float(self.engine.halo_stats.get("halo_bytes", 0))
+        out["halo_bytes"] = float(self.halo.stats.get("halo_bytes", 0))
         out["peak_device_bytes"] = float(self.meter.peak_bytes)
         return out
 
     def timings(self) -> dict:
-        return {"halo": float(self.engine.halo_stats.get("halo_s", 0.0))}
+        return {"halo": float(self.halo.stats.get("halo_s", 0.0))}
 
     def reset_stats(self) -> None:
         self.counter.reset()
-        self.engine.halo_stats.clear()
+        self.halo.reset_stats()
         self.meter.reset()
 
     def plan_attrs(self) -> dict:
@@ -190,72 +196,82 @@ def make_runner(cfg, model, graph: LocalGraph, comm, device):
     return InMemoryFullGraph(model, graph, comm, device)
 
 
-def _due(epoch: int, every: int, last: int) -> bool:
-    return epoch == last or (every > 0 and epoch % every == 0)
+class FullGraphEngine(Engine):
+    """The full-graph engine on one rank (collective constructor); the shared loop
+    (:func:`hpcgnn.engine.loop.fit`) runs its epochs."""
 
+    def __init__(self, cfg, rt, out, hooks: TrainHooks | None = None):
+        from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, allreduce_sum,
+                                          build_model_from_config, build_optimizer, resolve_device)
+        from hpcgnn.errors import InputError
+        from hpcgnn.partition.store import load_partition
 
-def train(cfg, rt, out) -> None:
-    """Collective: full-graph training of ``cfg`` on this job; logs through ``out``."""
-    from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metrics, allreduce_sum,
-                                      build_model_from_config, build_optimizer, resolve_device,
-                                      restore_training_state, save_training_state, seed_torch,
-                                      split_counts)
-    from hpcgnn.errors import InputError
-    from hpcgnn.partition.store import load_partition
+        self.cfg, self.rt, self.out = cfg, rt, out
+        self.hooks = hooks or TrainHooks()
+        error, part = None, None
+        try:
+            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
+            device = resolve_device(cfg, rt)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        self.device = device
+        self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
+        t0 = time.perf_counter()
+        self.graph = graph = build_local_graph(part, rt.comm)
+        self.model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
+        self.optimizer = build_optimizer(cfg, self.model)
+        error, runner = None, None
+        try:
+            runner = make_runner(cfg, self.model, graph, rt.comm, device)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        self.runner = runner
+        self.reducer = GradientAllreduce(self.model, rt, op="sum")
+        self.n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
+        if self.n_train == 0:
+            rt.agree(f"{cfg.data.partitions}: the graph has no training vertices")
+        setup_s = time.perf_counter() - t0
+        plan = runner.plan_attrs() if isinstance(runner, OffloadedFullGraph) else {}
+        plans = rt.comm.gather(plan, root=0)
+        out.set_attrs(fullgraph_mode="offload" if cfg.fullgraph.offload else "in-memory",
+                      fullgraph_grad_reduce="sum of partial gradients of the global mean loss",
+                      device=str(device), setup_seconds=setup_s,
+                      **({"fullgraph_plans": plans} if cfg.fullgraph.offload and rt.is_root else {}))
 
-    error, part = None, None
-    try:
-        part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
-        device = resolve_device(cfg, rt)
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    t0 = time.perf_counter()
-    graph = build_local_graph(part, rt.comm)
-    model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
-    optimizer = build_optimizer(cfg, model)
-    error, runner = None, None
-    try:
-        runner = make_runner(cfg, model, graph, rt.comm, device)
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    reducer = GradientAllreduce(model, rt, op="sum")
-    n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
-    if n_train == 0:
-        rt.agree(f"{cfg.data.partitions}: the graph has no training vertices")
-    setup_s = time.perf_counter() - t0
-    plan = runner.plan_attrs() if isinstance(runner, OffloadedFullGraph) else {}
-    plans = rt.comm.gather(plan, root=0)
-    out.set_attrs(fullgraph_mode="offload" if cfg.fullgraph.offload else "in-memory",
-                  fullgraph_grad_reduce="sum of partial gradients of the global mean loss",
-                  device=str(device), setup_seconds=setup_s,
-                  **({"fullgraph_plans": plans} if cfg.fullgraph.offload and rt.is_root else {}))
-    start, _ = restore_training_state(out, model, optimizer)
-    epochs = cfg.train.epochs
-    masks = {k: graph.masks[k] for k in ("train", "val", "test")}
-    for epoch in range(start, epochs + 1):
-        timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
+    def train_epoch(self, epoch: int) -> EpochResult:
+        from hpcgnn.engine.common import allreduce_sum
+
+        timer, runner = self.timer, self.runner
         runner.reset_stats()
-        seed_torch(cfg.train.seed, epoch, rt.rank)
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        with timer.phase("epoch"):
-            loss_local = runner.train_step(timer, n_train)
-            with timer.phase("allreduce"):
-                reducer()
-            with timer.phase("update"):
-                optimizer.step()
-        metrics = {"loss": float(allreduce_sum(rt, [loss_local])[0] / n_train)}
-        if _due(epoch, cfg.train.eval_every, epochs):
-            with timer.phase("eval"):
-                model.eval()
-                pred = runner.predict().argmax(1)
-                correct, total = split_counts(pred, graph.labels, masks)
-                metrics.update(accuracy_metrics(rt, correct, total))
-        timings = dict(timer.seconds)
-        timings.update(runner.timings())
-        mem_counters, mem_labels = timer.memory_record()
-        out.log_epoch(epoch, metrics, timings, {**runner.counters(), **mem_counters}, labels=mem_labels)
-        if _due(epoch, cfg.train.checkpoint_every, epochs):
-            save_training_state(out, epoch, model, optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.hooks.before_step(epoch, 0)
+        loss_local = runner.train_step(timer, self.n_train)
+        with timer.phase("allreduce"):
+            self.reducer()
+        with timer.phase("update"):
+            self.optimizer.step()
+        loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
+        self.hooks.after_step(epoch, 0, loss_local, int(self.graph.masks["train"].sum()), self.model)
+        return EpochResult(loss)
+
+    def finish_epoch(self, result: EpochResult) -> None:
+        """The runner's counters and halo time, which include the evaluation pass when the epoch
+        evaluated."""
+        result.counters.update(self.runner.counters())
+        result.timings.update(self.runner.timings())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        from hpcgnn.engine.common import accuracy_metrics, split_counts
+
+        g = self.graph
+        pred = self.runner.predict().argmax(1)
+        correct, total = split_counts(pred, g.labels, {k: g.masks[k] for k in ("train", "val", "test")})
+        return accuracy_metrics(self.rt, correct, total)
+
+
+def make_engine(cfg, rt, out, hooks: TrainHooks | None = None) -> FullGraphEngine:
+    """Collective: the full-graph engine of this rank (registry factory)."""
+    return FullGraphEngine(cfg, rt, out, hooks)

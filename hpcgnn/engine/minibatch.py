@@ -25,7 +25,7 @@ parameters stay identical on all ranks. Every posted exchange is received within
 
 ``minibatch.halo``: ``hec`` (above), ``off`` (edges from halo vertices always dropped, no
 communication), ``exact`` (DistDGL-style distributed sampling and feature pull, see
-:mod:`hpcgnn.comm.halo_fetch`).
+:mod:`hpcgnn.sampling.distributed`).
 
 Evaluation (``minibatch.eval``): ``full`` = exact layer-wise full-neighbour inference over the
 whole graph (each rank computes its solid vertices layer by layer; the halo rows of every
@@ -43,21 +43,17 @@ HEC contents are not checkpointed, so a resumed run restarts with empty caches (
 from __future__ import annotations
 
 import math
-import os
-import signal
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from hpcgnn.comm.aep import AsyncEmbeddingPush
-from hpcgnn.comm.halo import exchange_rows
 from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metrics, allreduce_max,
                                   allreduce_sum, build_model_from_config, build_optimizer,
-                                  numpy_rng, parameter_checksum, resolve_device,
-                                  restore_training_state, rng_key, save_training_state, seed_torch,
-                                  split_counts)
+                                  numpy_rng, resolve_device, rng_key, seed_torch, split_counts)
+from hpcgnn.engine.hooks import TrainHooks
+from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
 from hpcgnn.nn.aggregate import gather_rows
 
@@ -75,61 +71,10 @@ def equalised_batches(num_local: int, batch_size: int, rt) -> tuple[int, list[in
     return m, [base + (1 if k < extra else 0) for k in range(m)]
 
 
-class DebugRecord:
-    """Test instrumentation (``train.debug_record``), one HDF5 file per rank: per-step losses and
-    parameter checksums, AEP pushes/receives, and the layer inputs ``h_l`` (after the HEC
-    replacement) of the frontier's boundary and halo vertices as seen by the hooks.
-
-    Layout: ``steps`` (epoch, step, loss, seeds, checksum); for each of ``pushes``, ``receives``,
-    ``inputs`` a group with ``index`` [n, 6] int64 rows (epoch, iteration, layer, offset, count,
-    width) into the concatenated ``ids``, ``ranks`` (destination / source rank; -1 for inputs)
-    and ``rows`` (float32, zero-padded to the widest record).
-    """
-
-    def __init__(self, path):
-        self.path = path
-        self.steps: list[tuple] = []
-        self.inputs: list[tuple] = []
-
-    @staticmethod
-    def _write_group(f, name: str, records: list[tuple]) -> None:
-        g = f.create_group(name)
-        index = np.zeros((len(records), 6), dtype=np.int64)
-        width = max((r[5].shape[1] for r in records), default=0)
-        off = 0
-        for i, (epoch, it, layer, ids, _, rows) in enumerate(records):
-            index[i] = (epoch, it, layer, off, ids.shape[0], rows.shape[1])
-            off += ids.shape[0]
-        g.create_dataset("index", data=index)
-        g.create_dataset("ids", data=np.concatenate([r[3] for r in records] or [np.zeros(0)]).astype(np.int64))
-        g.create_dataset("ranks", data=np.concatenate([r[4] for r in records] or [np.zeros(0)]).astype(np.int32))
-        rows = np.zeros((off, width), dtype=np.float32)
-        for (_, _, _, o, n, w), r in zip(index, records):
-            rows[o:o + n, :w] = r[5]
-        g.create_dataset("rows", data=rows)
-
-    def write(self, aep) -> None:
-        """Rewrite the rank's record file (atomic)."""
-        import h5py
-
-        from hpcgnn.fileio import atomic_file
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        as_tuple = (lambda r: (r.epoch, r.iteration, r.layer, r.ids, r.dest, r.rows))
-        with atomic_file(self.path) as tmp, h5py.File(tmp, "w") as f:
-            s = np.array(self.steps, dtype=[("epoch", "i8"), ("step", "i8"), ("loss", "f8"),
-                                            ("seeds", "i8"), ("checksum", "S64")])
-            f.create_dataset("steps", data=s)
-            self._write_group(f, "pushes", [as_tuple(r) for r in (aep.pushes if aep else [])])
-            self._write_group(f, "receives", [as_tuple(r) for r in (aep.receives if aep else [])])
-            self._write_group(f, "inputs", [(e, k, l, ids, np.full(ids.shape[0], -1, np.int32), rows)
-                                            for e, k, l, ids, rows in self.inputs])
-
-
 class HaloHooks:
     """``hooks.before_layer(l, h, block)`` of one iteration: HEC receive/lookup, AEP push, drops."""
 
-    def __init__(self, trainer: "MinibatchTrainer", epoch: int, k: int, m: int, frontiers: list[np.ndarray]):
+    def __init__(self, trainer: "MinibatchEngine", epoch: int, k: int, m: int, frontiers: list[np.ndarray]):
         self.t = trainer
         self.epoch, self.k, self.m = epoch, k, m
         self.frontiers = frontiers
@@ -165,33 +110,28 @@ class HaloHooks:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
                 keep[torch.from_numpy(missed)] = False
                 block = block.drop_sources(keep.to(block.device))
-        if t.record is not None and f.size:
-            sel = np.flatnonzero(t.record_mask[f])
-            t.record.inputs.append((self.epoch, self.k, l, t.part.to_global(f[sel]),
-                                    h.detach()[torch.from_numpy(sel).to(h.device)].cpu().numpy()))
+        if t.hooks.wants_layer_inputs:
+            t.hooks.layer_input(t, self.epoch, self.k, l, f, h)
         if self.k < self.m - t.delay:
             aep.push(l, self.k, f, h, rng_key(t.seed, _AEP, self.epoch, self.k, l, t.rt.rank))
         return h, block
 
 
-class MinibatchTrainer:
-    """State of the minibatch engine on one rank; :meth:`fit` runs the configured epochs."""
+class MinibatchEngine(Engine):
+    """The minibatch engine on one rank (collective constructor); the shared loop
+    (:func:`hpcgnn.engine.loop.fit`) runs its epochs."""
 
-    def __init__(self, cfg, rt, out):
+    def __init__(self, cfg, rt, out, hooks: TrainHooks | None = None):
         from hpcgnn.partition.store import load_partition
         from hpcgnn.sampling.neighbor import NeighborSampler
 
         self.cfg, self.rt, self.out = cfg, rt, out
+        self.hooks = hooks or TrainHooks()
         mb = cfg.minibatch
         self.seed = cfg.train.seed
         self.halo_mode = mb.halo
         self.delay = mb.delay
-        self.fanouts = list(mb.fanouts)
-        error = None
-        if len(self.fanouts) != cfg.model.layers:
-            error = (f"minibatch.fanouts has {len(self.fanouts)} entries but model.layers = "
-                     f"{cfg.model.layers} (one fanout per layer)")
-        rt.agree(error)
+        self.fanouts = list(mb.fanouts)   # one per layer (hpcgnn.engine.specs.minibatch.validate)
         part, error = None, None
         try:
             part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
@@ -223,13 +163,6 @@ class MinibatchTrainer:
         self.reduce_grads = GradientAllreduce(self.model, rt, cfg.train.grad_reduce, use_torch)
         self.dims = [int(d) for d in self.model.in_dims]      # width of each layer's input h_l
 
-        debug_dir = out.debug_dir
-        self.record = DebugRecord(debug_dir / f"rank-{rt.rank:05d}.h5") if cfg.train.debug_record else None
-        if self.record is not None:
-            # Rows recorded per layer: boundary solid vertices (halo elsewhere) and halo vertices.
-            self.record_mask = np.zeros(part.num_local, dtype=bool)
-            self.record_mask[part.send_ids - part.solid_begin] = True
-            self.record_mask[part.num_solid:] = True
         self.aep = None
         self.hecs = []
         if self.halo_mode == "hec":
@@ -237,12 +170,15 @@ class MinibatchTrainer:
 
             max_degree = allreduce_max(rt, int(part.degree.max()) if part.degree.size else 0)
             self.aep = AsyncEmbeddingPush(rt.comm, part, cfg.model.layers, mb.nc, mb.delay, max_degree,
-                                          record=self.record is not None)
-            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0), device=self.device)
+                                          record=self.hooks.wants_exchanges)
+            # only this rank's halo vertices are ever pushed to it: no more rows than those
+            rows = max(1, min(mb.cs, part.num_halo))
+            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0), device=self.device,
+                                                  max_rows=rows)
                          for l, d in enumerate(self.dims)]
         self.fetch = None
         if self.halo_mode == "exact" or mb.eval == "sampled":
-            from hpcgnn.comm.halo_fetch import ExactFetch
+            from hpcgnn.sampling.distributed import ExactFetch
 
             self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed)
         self.halo_plan = None
@@ -255,7 +191,6 @@ class MinibatchTrainer:
             except InputError as exc:
                 error = str(exc)
             rt.agree(error)
-        self.debug_kill = list(cfg.train.debug_kill)
         out.set_attrs(halo_mode=self.halo_mode, miss_policy=MISS_POLICY if self.halo_mode == "hec" else "",
                       eval_method=("full-neighbour layer-wise inference over the whole graph "
                                    "(exact; halo rows exchanged per layer)" if mb.eval == "full" else
@@ -264,35 +199,11 @@ class MinibatchTrainer:
                       layer_input_dims=self.dims, num_train=int(allreduce_sum(rt, [self.train_ids.size])[0]))
 
     # ---- training ---------------------------------------------------------------
-    def fit(self) -> None:
-        cfg = self.cfg
-        start, _ = restore_training_state(self.out, self.model, self.optimizer)
-        epochs = cfg.train.epochs
-        for epoch in range(start, epochs + 1):
-            loss, timings, counters, per_layer = self.train_epoch(epoch)
-            metrics = {"loss": loss}
-            every = cfg.train.eval_every
-            if epoch == epochs or (every > 0 and epoch % every == 0):
-                t0 = time.perf_counter()
-                metrics.update(self.evaluate())
-                timings["eval"] = time.perf_counter() - t0
-                self.timer.memory.after("eval")
-            else:
-                metrics.update({f"{s}_acc": float("nan") for s in ("train", "val", "test")})
-            mem_counters, mem_labels = self.timer.memory_record()
-            counters.update(mem_counters)
-            self.out.log_epoch(epoch, metrics, timings, counters, per_layer, labels=mem_labels)
-            if self.record is not None:
-                self.record.write(self.aep)
-            ck = cfg.train.checkpoint_every
-            if epoch == epochs or (ck > 0 and epoch % ck == 0):
-                save_training_state(self.out, epoch, self.model, self.optimizer,
-                                    {"next_epoch": epoch + 1, "halo_mode": self.halo_mode})
+    def checkpoint_extra(self, epoch: int) -> dict:
+        return {"next_epoch": epoch + 1, "halo_mode": self.halo_mode}
 
-    def train_epoch(self, epoch: int):
+    def train_epoch(self, epoch: int) -> EpochResult:
         cfg, rt, timer = self.cfg, self.rt, self.timer
-        timer.reset()
-        self.model.train()
         if self.aep is not None:
             self.aep.reset_counters(epoch)
             for hec in self.hecs:
@@ -301,16 +212,15 @@ class MinibatchTrainer:
                 hec.reset_stats()
         if self.fetch is not None:
             self.fetch.reset_counters()
-        t_epoch = time.perf_counter()
         order = numpy_rng(self.seed, _ORDER, epoch, rt.rank).permutation(self.train_ids)
         m, sizes = equalised_batches(order.size, cfg.minibatch.batch_size, rt)
         if m == 0:
             raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
+        hooks = self.hooks
         for k in range(m):
-            if self.debug_kill and self.debug_kill == [rt.rank, epoch, k]:
-                os.kill(os.getpid(), signal.SIGKILL)
+            hooks.before_step(epoch, k)
             seeds = order[bounds[k]:bounds[k + 1]]
             seed_torch(self.seed, _DROPOUT, epoch, k, rt.rank)
             if self.halo_mode == "exact":
@@ -320,12 +230,14 @@ class MinibatchTrainer:
             sampled_edges += stats[0]
             inputs += stats[1]
             halo_inputs += stats[2]
+            step_loss = float("nan")
             with timer.phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 if logits is not None:
                     loss = F.cross_entropy(logits, y)
                     loss.backward()
-                    loss_sum += float(loss.detach()) * int(y.shape[0])
+                    step_loss = float(loss.detach())
+                    loss_sum += step_loss * int(y.shape[0])
                     seen += int(y.shape[0])
             if self.aep is not None:
                 self.aep.progress()
@@ -333,14 +245,10 @@ class MinibatchTrainer:
                 self.reduce_grads()
             with timer.phase("optimizer"):
                 self.optimizer.step()
-            if self.record is not None:
-                self.record.steps.append((epoch, k, float(loss.detach()) if logits is not None
-                                          else float("nan"), seeds.size,
-                                          parameter_checksum(self.model).encode()))
+            hooks.after_step(epoch, k, step_loss, seeds.size, self.model)
         if self.aep is not None:
             self.aep.assert_drained()
-        timings = dict(timer.seconds)
-        timings["epoch"] = time.perf_counter() - t_epoch
+        timings = {}
         tot = allreduce_sum(rt, [loss_sum, seen])
         loss = tot[0] / tot[1] if tot[1] else float("nan")
         counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
@@ -361,6 +269,7 @@ class MinibatchTrainer:
                 "hec_occupancy": np.array([s["occupancy"] / s["capacity"] for s in stats]),
                 "hec_age_mean": np.array([s["age_mean"] for s in stats]),
                 "hec_age_max": np.array([s["age_max"] for s in stats], dtype=np.float64),
+                "hec_rows_allocated": np.array([s["rows_allocated"] for s in stats], dtype=np.float64),
                 "aep_rows_sent": c.rows_sent.astype(np.float64),
                 "aep_rows_received": c.rows_received.astype(np.float64),
                 "aep_candidates": c.candidates.astype(np.float64),
@@ -374,7 +283,7 @@ class MinibatchTrainer:
                             remote_inputs=c.remote_inputs)
         counters.setdefault("bytes_sent", 0)
         counters.setdefault("bytes_received", 0)
-        return loss, timings, counters, per_layer
+        return EpochResult(loss, counters, timings, per_layer)
 
     def _forward_local(self, seeds: np.ndarray, epoch: int, k: int, m: int):
         """Forward of one iteration with local sampling (hec/off); (logits, labels, stats)."""
@@ -453,16 +362,18 @@ class MinibatchTrainer:
         ``num_layers`` layers (default all: the logits), in bounded memory
         (:func:`hpcgnn.engine.inference.layerwise_inference`: ``minibatch.eval_rows`` destination
         rows per chunk, halo rows in ``minibatch.eval_halo_rounds`` rounds)."""
-        from hpcgnn.comm.halo import HaloRounds
+        from hpcgnn.comm.halo import ExactHalo
         from hpcgnn.engine.inference import auto_rounds, layerwise_inference, max_width
 
         part = self.part
         mb = self.cfg.minibatch
         gcn_scale = None
         if self.cfg.model.arch == "gcn":   # exact full-graph GCN normalisation (D+I)^-1/2
-            gcn_scale = torch.from_numpy(part.local_degree()[:part.num_solid]).to(torch.float32).add(1).rsqrt()
+            from hpcgnn.nn.conv import gcn_norm
+
+            gcn_scale = gcn_norm(part.local_degree()[:part.num_solid])
         rounds = mb.eval_halo_rounds or auto_rounds(self.rt.comm, part.num_halo, max_width(self.model))
-        halo = HaloRounds(self.rt.comm, self.halo_plan, rounds)
+        halo = ExactHalo(self.rt.comm, self.halo_plan).rounds(rounds)
         return layerwise_inference(self.model, part.indptr, self.local_indices, self.x_solid, halo,
                                    rows=mb.eval_rows, gcn_scale=gcn_scale, num_layers=num_layers)
 
@@ -484,6 +395,6 @@ class MinibatchTrainer:
         return pred
 
 
-def train(cfg, rt, out) -> None:
-    """Run the minibatch engine (collective over ``rt``); results go to ``out``."""
-    MinibatchTrainer(cfg, rt, out).fit()
+def make_engine(cfg, rt, out, hooks: TrainHooks | None = None) -> MinibatchEngine:
+    """Collective: the minibatch engine of this rank (registry factory)."""
+    return MinibatchEngine(cfg, rt, out, hooks)

@@ -11,7 +11,7 @@ buffer are copied host->device (deduplicated, reused in place across batches),
 each chunk's layer output is written back to host memory, and, for layers in
 **cache** mode, so is the chunk's aggregation output ``a^l``. Between layers
 the host rows of the halo are refreshed from their owners (one
-:mod:`hpcgnn.comm.halo` exchange per layer). Backward walks layers and batches
+:class:`~hpcgnn.comm.halo.HaloProvider` fill per layer). Backward walks layers and batches
 in reverse: **recompute** mode reloads the sources and re-runs the whole layer
 from its input checkpoint ``h^l`` (GAT-like layers, whose edge computation
 needs the neighbours); **cache** mode loads ``a^l``, re-runs only UPDATE and
@@ -29,14 +29,13 @@ The model is reached through a :class:`LayerOps` adapter (see
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from hpcgnn.comm.halo import HaloPlan, accumulate_adjoint, exchange_rows
+from hpcgnn.comm.halo import HaloProvider
 from hpcgnn.engine.chunk_schedule import (Chunk, TransferPlan, Volumes, build_transfer_plan, choose_schedule,
                                           make_chunks, schedule_volumes)
 from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter, host_empty, host_zeros
@@ -126,11 +125,11 @@ class OffloadEngine:
 
     ``x0`` is the host tensor of input features of every local vertex (solid
     then halo, [num_local, F]); the engine owns host buffers for every later
-    layer. ``comm``/``halo`` may be None on a single rank.
+    layer. ``halo`` (the rank's :class:`~hpcgnn.comm.halo.HaloProvider`) may be None on a single rank.
     """
 
     def __init__(self, ops: LayerOps, indptr: np.ndarray, local_indices: np.ndarray, num_solid: int,
-                 num_local: int, x0: torch.Tensor, halo: HaloPlan | None, comm, device,
+                 num_local: int, x0: torch.Tensor, halo: HaloProvider | None, device,
                  settings: OffloadSettings, counter: TransferCounter | None = None,
                  meter: DeviceMemoryMeter | None = None):
         from hpcgnn.sampling.block import Block
@@ -141,13 +140,12 @@ class OffloadEngine:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.num_solid, self.num_local = int(num_solid), int(num_local)
-        self.halo, self.comm = halo, comm
+        self.halo = halo
         self.settings = settings
         self.counter = counter or TransferCounter()
         self.meter = meter or DeviceMemoryMeter(self.device)
         self.mover = RowMover(self.device, self.counter)
         self.rng = _RngReplay(self.device)
-        self.halo_stats: dict = {}
         self.chunks: list[Chunk] = make_chunks(indptr, local_indices, settings.chunks)
         row_bytes = x0.shape[1] * x0.element_size()
         self.schedule, self.candidate_volumes = choose_schedule(
@@ -209,19 +207,6 @@ class OffloadEngine:
     def _host_out(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         return host_empty((rows,) + tuple(like.shape[1:]), like.dtype, self.pin)
 
-    def _fill_halo(self, h: torch.Tensor) -> None:
-        """Host halo rows of ``h`` from their owners (collective when comm has > 1 rank)."""
-        if self.halo is None or self.comm is None or self.comm.Get_size() == 1:
-            return
-        t0 = time.perf_counter()
-        halo = exchange_rows(self.comm, self.halo, h[:self.num_solid].numpy())
-        h[self.num_solid:] = torch.from_numpy(halo).view(-1, *h.shape[1:])
-        self._halo_account(t0, self.halo.rows_sent * h[0:1].nbytes)
-
-    def _halo_account(self, t0: float, nbytes: int) -> None:
-        st = self.halo_stats
-        st["halo_s"] = st.get("halo_s", 0.0) + time.perf_counter() - t0
-        st["halo_bytes"] = st.get("halo_bytes", 0) + int(nbytes)
 
     def _count_nodedup(self, x: torch.Tensor, grads: bool = False) -> None:
         """Bytes of one pass over every chunk's whole source set (what no deduplication moves)."""
@@ -242,8 +227,8 @@ class OffloadEngine:
         L = self.ops.num_layers
         for l in range(L):
             self._forward_layer(l, training)
-            if l + 1 < L:
-                self._fill_halo(self.h[l + 1])
+            if l + 1 < L and self.halo is not None:
+                self.halo.fill(l + 1, self.h[l + 1])
         return self.h[L]
 
     def _forward_layer(self, l: int, training: bool) -> None:
@@ -346,10 +331,8 @@ class OffloadEngine:
                 self.meter.release(t.nbytes)
         if not need_src:
             return None
-        if self.halo is not None and self.comm is not None and self.comm.Get_size() > 1:
-            t0 = time.perf_counter()
-            accumulate_adjoint(self.comm, self.halo, g_in[:self.num_solid], g_in[self.num_solid:])
-            self._halo_account(t0, g_in[self.num_solid:].nbytes)
+        if self.halo is not None:
+            self.halo.accumulate(l, g_in[:self.num_solid], g_in[self.num_solid:])
         return g_in[:self.num_solid]
 
     def _gather(self, buf: torch.Tensor, slots: torch.Tensor, identity: bool) -> torch.Tensor:
@@ -390,108 +373,52 @@ class OffloadEngine:
                 gbuf.index_add_(0, slots, gx)
 
 
-def transpose_sum(block, g: torch.Tensor) -> torch.Tensor:
-    """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges.
-
-    The adjoint of an unweighted ``aggregate_sum``: the native kernel over the
-    block's cached transpose on CPU, ``index_add`` elsewhere.
-    """
-    g = g.contiguous()
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
-        from hpcgnn.native import spmm
-
-        t_ptr, t_idx, _ = block.transpose()
-        out = g.new_empty((block.num_src, g.shape[1]))
-        spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
-        return out
-    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices,
-                                                               g.index_select(0, block.edge_dst()))
-
-
 class ModelLayerOps:
     """:class:`LayerOps` over :class:`hpcgnn.nn.models.GNN` (SAGE, GCN, GAT).
 
-    ``degree`` [num_local] is the full-graph degree of every local vertex; GCN
-    uses ``(degree + 1)^-1/2`` as source and destination scales (self loop), so
-    a chunk or a partition computes exactly what the whole graph computes.
-    The cache split (GCN, SAGE): AGGREGATE = the parameter-free neighbour sum /
-    mean at the layer's input width, UPDATE = the linear maps, bias, and the
-    model's between-layer ReLU + dropout. GAT layers always recompute.
+    ``degree`` [num_local] is the full-graph degree of every local vertex; GCN layers get
+    :func:`~hpcgnn.nn.conv.gcn_norm` of it as source and destination scales (per chunk, in its
+    context), so a chunk or a partition computes exactly what the whole graph computes. The
+    cache split is the layers' own (``conv.aggregate`` / ``conv.update_from_aggregate`` /
+    ``conv.aggregate_adjoint``, :mod:`hpcgnn.nn.conv`), followed by the model's between-layer
+    ReLU + dropout (``model.between_layers``); layers that are not ``cacheable`` (GAT) always
+    recompute.
     """
 
     def __init__(self, model, degree: np.ndarray):
-        from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
+        from hpcgnn.nn.conv import GCNConv, gcn_norm
 
         self.model = model
         self.num_layers = model.num_layers
-        self.kinds = []
-        for conv in model.layers:
-            if isinstance(conv, GCNConv):
-                self.kinds.append("gcn")
-            elif isinstance(conv, SAGEConv):
-                self.kinds.append("sage")
-            elif isinstance(conv, GATConv):
-                self.kinds.append("gat")
-            else:
-                raise ValueError(f"ModelLayerOps: unsupported layer {type(conv).__name__}")
-        self.gcn_scale = torch.from_numpy((np.asarray(degree, dtype=np.float64) + 1.0) ** -0.5)
+        self.convs = list(model.layers)
+        self.is_gcn = [isinstance(conv, GCNConv) for conv in self.convs]
+        self.gcn_scale = gcn_norm(degree) if any(self.is_gcn) else None
 
     def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict:
-        if "gcn" not in self.kinds:
+        if self.gcn_scale is None:
             return {}
         s = self.gcn_scale
         return {"src_scale": s[torch.from_numpy(np.asarray(src, dtype=np.int64))].to(device),
                 "dst_scale": s[dst_begin:dst_end].to(device)}
 
+    def _kw(self, layer: int, ctx: dict) -> dict:
+        return ctx if self.is_gcn[layer] else {}
+
     def forward(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
-        kw = ctx if self.kinds[layer] == "gcn" else {}
-        return self.model.layer_forward(layer, block, x, **kw)
+        return self.model.layer_forward(layer, block, x, **self._kw(layer, ctx))
 
     def can_cache(self, layer: int) -> bool:
-        return self.kinds[layer] in ("gcn", "sage")
+        return bool(getattr(self.convs[layer], "cacheable", False))
 
     def update_needs_dst(self, layer: int) -> bool:
-        return self.kinds[layer] == "sage"
-
-    def _scales(self, ctx: dict, x: torch.Tensor):
-        return ctx["src_scale"].to(x.dtype), ctx["dst_scale"].to(x.dtype)
+        return bool(self.convs[layer].update_needs_dst)
 
     def aggregate(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
-        from hpcgnn.nn.aggregate import aggregate_mean, aggregate_sum
-
-        conv = self.model.layers[layer]
-        if self.kinds[layer] == "gcn":
-            s_src, s_dst = self._scales(ctx, x)
-            y = x * s_src.unsqueeze(1)
-            return (aggregate_sum(block, y, row_scale=s_dst, backend=conv.backend)
-                    + y[:block.num_dst] * s_dst.unsqueeze(1))
-        if self.kinds[layer] == "sage":
-            return aggregate_mean(block, x, backend=conv.backend)
-        raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
+        return self.convs[layer].aggregate(block, x, **self._kw(layer, ctx))
 
     def update(self, layer: int, block, x_dst: torch.Tensor | None, agg: torch.Tensor,
                ctx: dict) -> torch.Tensor:
-        conv = self.model.layers[layer]
-        if self.kinds[layer] == "gcn":
-            out = conv.lin(agg)
-            if conv.bias is not None:
-                out = out + conv.bias
-        elif self.kinds[layer] == "sage":
-            out = conv.update(agg, x_dst, projected=False)
-        else:
-            raise ValueError(f"layer {layer} ({self.kinds[layer]}) has no cacheable aggregation")
-        if layer < self.num_layers - 1:  # as GNN.layer_forward: ReLU + dropout between layers
-            out = self.model.dropout.forward_relu(out)
-        return out
+        return self.model.between_layers(layer, self.convs[layer].update_from_aggregate(agg, x_dst))
 
     def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:
-        from hpcgnn.nn.aggregate import mean_scale
-
-        if self.kinds[layer] == "gcn":
-            s_src, s_dst = self._scales(ctx, grad_agg)
-            g = grad_agg * s_dst.unsqueeze(1)
-            gx = transpose_sum(block, g)
-            gx[:block.num_dst] += g
-            return gx * s_src.unsqueeze(1)
-        g = grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1)
-        return transpose_sum(block, g)
+        return self.convs[layer].aggregate_adjoint(block, grad_agg, **self._kw(layer, ctx))

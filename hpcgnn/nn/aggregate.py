@@ -153,6 +153,20 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     return out.reshape(block.num_dst, *feat_shape)
 
 
+def aggregate_sum_adjoint(block, g: torch.Tensor) -> torch.Tensor:
+    """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges, the
+    adjoint of an unweighted :func:`aggregate_sum` (no autograd graph). The native kernel over
+    the block's cached transpose on CPU, ``index_add`` elsewhere."""
+    g = g.contiguous()
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+        t_ptr, t_idx, _ = block.transpose()
+        out = g.new_empty((block.num_src, g.shape[1]))
+        _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
+        return out
+    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices,
+                                                               g.index_select(0, block.edge_dst()))
+
+
 def gather_rows(x: torch.Tensor, index: torch.Tensor, num_valid: int | None = None, *,
                 backend: str = "auto") -> torch.Tensor:
     """Rows ``x[index]`` [len(index), D] (no autograd); with ``num_valid``, rows whose index is

@@ -6,6 +6,12 @@ Layers do not apply the between-layer activation/dropout: :class:`hpcgnn.nn.mode
 does. Linear maps are applied before the aggregation when they shrink the width
 (``out < in``) and after it otherwise, so aggregation always runs at the smaller width
 (both orders are the same function: aggregation is linear).
+
+Layers whose aggregation is linear and parameter-free (SAGE, GCN: ``cacheable``) also expose
+the split that host-offloaded training (:mod:`hpcgnn.engine.offload`) caches and recomputes
+around: ``forward(block, h) == update(aggregate(block, h), h[:num_dst])``, with
+``aggregate_adjoint`` the transpose of ``aggregate``. GCN's normalisation is
+:func:`gcn_norm` of the full graph's degrees.
 """
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ import math
 import torch
 from torch import nn
 
-from hpcgnn.nn.aggregate import aggregate_mean, aggregate_sum, gat_aggregate
+from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, gat_aggregate,
+                                  mean_scale)
 
 GAT_VARIANTS = ("distgnn", "standard")
 
@@ -58,6 +65,31 @@ class SAGEConv(nn.Module):
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         return self.combine(block, self.source_rows(h), h[:block.num_dst])
+
+    # ---- the cache split (see the module docstring) ---------------------------------------
+    cacheable = True
+    update_needs_dst = True   # update reads the destinations' own rows (lin_self)
+
+    def aggregate(self, block, h: torch.Tensor) -> torch.Tensor:
+        """Parameter-free, linear: the neighbour mean of ``h`` at the input width [num_dst, in_dim]."""
+        return aggregate_mean(block, h, backend=self.backend)
+
+    def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
+        """The rest of the layer: ``forward(block, h) == update_from_aggregate(aggregate(block, h),
+        h[:num_dst])``."""
+        return self.update(agg, h_dst, projected=False)
+
+    def aggregate_adjoint(self, block, grad_agg: torch.Tensor) -> torch.Tensor:
+        """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
+        return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1))
+
+
+def gcn_norm(degree) -> torch.Tensor:
+    """GCN's symmetric normalisation with self loops: ``(degree + 1)^-1/2`` (float32) of every
+    vertex's full-graph degree (numpy or torch integers), used as both source and destination
+    scale so that a block, chunk or partition computes what the whole graph computes."""
+    d = torch.as_tensor(degree).to(torch.float64)
+    return (d + 1.0).rsqrt().to(torch.float32)
 
 
 def gcn_default_scales(block, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +152,31 @@ class GCNConv(nn.Module):
             out = self.lin(out)
         return out if self.bias is None else out + self.bias
 
+    # ---- the cache split (see the module docstring) ---------------------------------------
+    cacheable = True
+    update_needs_dst = False
+
+    def aggregate(self, block, h: torch.Tensor, src_scale: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
+        """Parameter-free, linear: ``dst_scale * (sum_u src_scale[u] h_u + src_scale[v] h_v)`` at the
+        input width [num_dst, in_dim]."""
+        s_src = src_scale.to(h.dtype).unsqueeze(1)
+        s_dst = dst_scale.to(h.dtype)
+        y = h * s_src
+        return aggregate_sum(block, y, row_scale=s_dst, backend=self.backend) + y[:block.num_dst] * s_dst.unsqueeze(1)
+
+    def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
+        """``lin(agg) + bias``: ``forward(block, h, s, d) == update_from_aggregate(aggregate(block, h, s, d))``."""
+        out = self.lin(agg)
+        return out if self.bias is None else out + self.bias
+
+    def aggregate_adjoint(self, block, grad_agg: torch.Tensor, src_scale: torch.Tensor,
+                          dst_scale: torch.Tensor) -> torch.Tensor:
+        """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
+        g = grad_agg * dst_scale.to(grad_agg.dtype).unsqueeze(1)
+        gx = aggregate_sum_adjoint(block, g)
+        gx[:block.num_dst] += g
+        return gx * src_scale.to(grad_agg.dtype).unsqueeze(1)
+
 
 class GATConv(nn.Module):
     """Multi-head graph attention; returns [num_dst, heads, out_dim].
@@ -180,3 +237,5 @@ class GATConv(nn.Module):
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         z, el = self.source_rows(h)
         return self.combine(block, z, el, z[:block.num_dst])
+
+    cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer

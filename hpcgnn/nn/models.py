@@ -58,7 +58,11 @@ class GNN(nn.Module):
         out = conv(block, h, **kwargs)
         if isinstance(conv, GATConv):
             out = out.mean(1) if last else out.flatten(1)
-        if not last:
+        return self.between_layers(l, out)
+
+    def between_layers(self, l: int, out: torch.Tensor) -> torch.Tensor:
+        """What follows layer ``l``'s conv: ReLU + dropout, except after the last layer."""
+        if l < len(self.layers) - 1:
             out = self.dropout.forward_relu(out)
         return out
 

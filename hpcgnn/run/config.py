@@ -1,8 +1,10 @@
 """Training configuration: TOML file + ``--set key=value`` overrides, every key validated.
 
-The schema is :data:`SCHEMA`: section -> key -> :class:`Key`. Unknown sections
-or keys, wrong types and out-of-range values raise InputError naming the file
-and the dotted key. The resolved configuration is a plain nested dict (written
+The schema is :func:`schema`: section -> key -> :class:`Key`, made of the core sections
+(:data:`CORE_SCHEMA`: data, model, train, output, runtime) and one section per registered
+engine (:mod:`hpcgnn.engine.registry`), each declared and cross-checked by its engine. Unknown
+sections or keys, wrong types and out-of-range values raise InputError naming the file and the
+dotted key. The resolved configuration is a plain nested dict (written
 verbatim into the run file) wrapped in :class:`Config` for attribute access:
 ``cfg.train.lr``.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hpcgnn.engine.registry import ENGINE_NAMES
 from hpcgnn.errors import InputError
 
 
@@ -29,43 +32,41 @@ class Key:
     choices: tuple = ()
 
 
-def _pos(x) -> bool:
+def positive(x) -> bool:
     return x > 0
 
 
-def _nonneg(x) -> bool:
+def nonneg(x) -> bool:
     return x >= 0
 
 
-def _fanouts(x) -> bool:
-    return len(x) >= 1 and all(isinstance(v, int) and (v == -1 or v > 0) for v in x)
 
-
-SCHEMA: dict[str, dict[str, Key]] = {
+CORE_SCHEMA: dict[str, dict[str, Key]] = {
     "data": {
         "partitions": Key(str, "", "partition directory written by `hpcgnn partition`"),
         "verify": Key(bool, True, "re-hash this rank's partition file at start-up"),
     },
     "model": {
         "arch": Key(str, "sage", "GNN architecture", choices=("sage", "gat", "gcn")),
-        "hidden": Key(int, 256, "hidden width (per head for GAT)", _pos, "> 0"),
-        "layers": Key(int, 3, "number of GNN layers", _pos, "> 0"),
-        "heads": Key(int, 4, "attention heads (GAT)", _pos, "> 0"),
+        "hidden": Key(int, 256, "hidden width (per head for GAT)", positive, "> 0"),
+        "layers": Key(int, 3, "number of GNN layers", positive, "> 0"),
+        "heads": Key(int, 4, "attention heads (GAT)", positive, "> 0"),
         "dropout": Key(float, 0.5, "dropout probability", lambda x: 0 <= x < 1, "in [0, 1)"),
         "gat_variant": Key(str, "distgnn", "GAT form: 'distgnn' (projection+bias+ReLU before "
                            "attention, DistGNN-MB eq. 2) or 'standard'", choices=("distgnn", "standard")),
     },
     "train": {
-        "engine": Key(str, "minibatch", "training engine", choices=("minibatch", "fullgraph")),
-        "epochs": Key(int, 10, "training epochs", _pos, "> 0"),
-        "lr": Key(float, 0.006, "Adam learning rate", _pos, "> 0"),
-        "weight_decay": Key(float, 0.0, "Adam weight decay", _nonneg, ">= 0"),
-        "seed": Key(int, 0, "seed for initialisation, sampling and data order", _nonneg, ">= 0"),
+        "engine": Key(str, "minibatch", "training engine (hpcgnn.engine.registry)",
+                      choices=ENGINE_NAMES),
+        "epochs": Key(int, 10, "training epochs", positive, "> 0"),
+        "lr": Key(float, 0.006, "Adam learning rate", positive, "> 0"),
+        "weight_decay": Key(float, 0.0, "Adam weight decay", nonneg, ">= 0"),
+        "seed": Key(int, 0, "seed for initialisation, sampling and data order", nonneg, ">= 0"),
         "grad_reduce": Key(str, "mean", "gradient allreduce: mean or sum over ranks",
                            choices=("mean", "sum")),
-        "eval_every": Key(int, 1, "evaluate every N epochs (0 = only at the end)", _nonneg, ">= 0"),
+        "eval_every": Key(int, 1, "evaluate every N epochs (0 = only at the end)", nonneg, ">= 0"),
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
-                                _nonneg, ">= 0"),
+                                nonneg, ">= 0"),
         "device": Key(str, "cpu", "compute device: cpu, cuda, or auto", choices=("cpu", "cuda", "auto")),
         "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
                             "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
@@ -75,45 +76,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x)),
                           "[] or [rank, epoch, step] (integers >= 0)"),
     },
-    "minibatch": {
-        "batch_size": Key(int, 1000, "seed vertices per rank per iteration", _pos, "> 0"),
-        "fanouts": Key(list, [5, 10, 15], "neighbours sampled per layer, input side first; -1 = all",
-                       _fanouts, "a list of positive integers or -1"),
-        "eval": Key(str, "full", "evaluation: 'full' (layer-wise, all neighbours) or 'sampled'",
-                    choices=("full", "sampled")),
-        "eval_rows": Key(int, 0, "full evaluation: destination rows per chunk (0 = as many as keep "
-                         "one chunk's temporaries within 256 MiB)", _nonneg, ">= 0"),
-        "eval_halo_rounds": Key(int, 0, "full evaluation: halo exchanges per layer, each with a part of "
-                                "the halo rows (0 = as many as keep one round within 256 MiB)",
-                                _nonneg, ">= 0"),
-        "halo": Key(str, "hec", "halo neighbours: 'hec' (historical embeddings + AEP), 'off' "
-                    "(dropped), 'exact' (fetched synchronously each minibatch)",
-                    choices=("hec", "off", "exact")),
-        "delay": Key(int, 1, "AEP delay d in iterations", _pos, ">= 1"),
-        "nc": Key(int, 2000, "AEP: most vertices pushed per destination per layer per iteration",
-                  _pos, "> 0"),
-        "cs": Key(int, 1_000_000, "HEC lines per layer", _pos, "> 0"),
-        "ls": Key(int, 2, "HEC life span in receive steps (layers > 0)", _nonneg, ">= 0"),
-        "reset_cache_each_epoch": Key(bool, True, "clear the HECs at the start of every epoch"),
-    },
-    "fullgraph": {
-        "offload": Key(bool, False, "keep layer data in host memory and stream chunks (HongTu)"),
-        "chunks": Key(int, 1, "chunks per partition when offloading", _pos, "> 0"),
-        "batch_chunks": Key(int, 1, "chunks scheduled together (deduplication scope)", _pos, "> 0"),
-        "dedup": Key(bool, True, "deduplicate host-to-device transfers"),
-        "order": Key(str, "cost", "chunk order: 'cost' (HongTu cost model) or 'natural'",
-                     choices=("cost", "natural")),
-        "recompute": Key(str, "auto", "backward: 'recompute' from a checkpoint, 'cache' the "
-                         "aggregation, or 'auto' (recompute GAT, cache GCN/SAGE)",
-                         choices=("auto", "recompute", "cache")),
-    },
     "output": {
         "dir": Key(str, "runs/default", "run directory (HDF5 run file, checkpoints)"),
-        "keep_checkpoints": Key(int, 2, "checkpoints kept on disk", _pos, "> 0"),
+        "keep_checkpoints": Key(int, 2, "checkpoints kept on disk", positive, "> 0"),
     },
     "runtime": {
         "threads": Key(int, 0, "torch/OpenMP threads per rank (0 = cores per node / ranks per node)",
-                       _nonneg, ">= 0"),
+                       nonneg, ">= 0"),
         "backend": Key(str, "mpi4py", "collectives: mpi4py, or a torch.distributed backend",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
         "memory_check": Key(bool, True, "refuse to start when the ranks of a node are estimated to "
@@ -122,6 +91,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
                             "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
     },
 }
+
+
+def schema() -> dict[str, dict[str, Key]]:
+    """Every section: the core ones, then each registered engine's."""
+    from hpcgnn.engine.registry import engine_specs
+
+    out = dict(CORE_SCHEMA)
+    for spec in engine_specs():
+        if spec.section:
+            out[spec.section] = dict(spec.keys)
+    return out
 
 
 class Config:
@@ -192,17 +172,18 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         section, key = name.split(".")
         raw.setdefault(section, {})[key] = value
     resolved: dict = {}
+    sections = schema()
     for section, values in raw.items():
-        if section not in SCHEMA:
+        if section not in sections:
             raise InputError(f"{label}: unknown section [{section}], expected one of "
-                             f"{', '.join(SCHEMA)}")
+                             f"{', '.join(sections)}")
         if not isinstance(values, dict):
             raise InputError(f"{label}: '{section}' must be a table")
         for key in values:
-            if key not in SCHEMA[section]:
+            if key not in sections[section]:
                 raise InputError(f"{label}: unknown key {section}.{key}; known keys: "
-                                 f"{', '.join(SCHEMA[section])}")
-    for section, keys in SCHEMA.items():
+                                 f"{', '.join(sections[section])}")
+    for section, keys in sections.items():
         resolved[section] = {}
         for key, spec in keys.items():
             value = raw.get(section, {}).get(key, spec.default)
@@ -210,4 +191,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     if not resolved["data"]["partitions"]:
         raise InputError(f"{label}: data.partitions is not set (a partition directory; "
                          "use --set data.partitions=DIR)")
-    return Config(resolved)
+    cfg = Config(resolved)
+    from hpcgnn.engine.registry import engine_spec
+
+    spec = engine_spec(cfg.train.engine)
+    if spec.validate is not None:
+        spec.validate(cfg, label)
+    return cfg

@@ -27,7 +27,7 @@ aborted, keeps ``running``: no process is left that could write. ``running`` in 
 job that is no longer running therefore means "ended from outside".
 
 ``--resume`` (:class:`RunOutput` with ``resume=True``) compares the configuration with the run's
-(attribute ``config``): a changed setting outside :data:`SAFE_ON_RESUME` is refused with one line
+(attribute ``config``): a changed setting outside :func:`safe_on_resume` is refused with one line
 naming each such setting with its old and new value; changed safe settings are accepted with one
 warning line. A directory without a run starts a new one (one line says so); a run without a
 checkpoint starts again at epoch 1 (one line says so, settings are not compared). See
@@ -70,10 +70,18 @@ SAFE_ON_RESUME = (
     "data.verify",
     "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device",
     "train.debug_record", "train.debug_kill",
-    "minibatch.eval", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
     "output.dir", "output.keep_checkpoints",
     "runtime.threads", "runtime.backend", "runtime.memory_check", "runtime.memory_limit",
 )
+
+
+def safe_on_resume() -> tuple[str, ...]:
+    """:data:`SAFE_ON_RESUME` and the keys each engine declares safe (its spec's)."""
+    from hpcgnn.engine.registry import engine_specs
+
+    return SAFE_ON_RESUME + tuple(k for spec in engine_specs() for k in spec.safe_on_resume)
+
+
 # Attributes of the old run file that describe its end, not the run: not carried into a resume.
 _END_ATTRS = ("format", "version", "created", "status", "ended", "error")
 
@@ -103,10 +111,10 @@ def _setting(value) -> str:
 def config_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
     """(dotted key, old value, new value) of every schema setting that differs; a key missing
     from ``old`` (a run file from before the key existed) counts as its default."""
-    from hpcgnn.run.config import SCHEMA
+    from hpcgnn.run.config import schema
 
     changes = []
-    for section, keys in SCHEMA.items():
+    for section, keys in schema().items():
         for key, spec in keys.items():
             before = (old.get(section) or {}).get(key, spec.default)
             after = (new.get(section) or {}).get(key, spec.default)
@@ -261,7 +269,8 @@ class RunOutput:
             raise InputError(f"{run_file}: attribute 'config' is not JSON; cannot check the "
                              "settings to resume (pass --force to start a new run)") from None
         changes = config_changes(old, self.cfg.to_dict())
-        unsafe = [c for c in changes if c[0] not in SAFE_ON_RESUME]
+        safe = safe_on_resume()
+        unsafe = [c for c in changes if c[0] not in safe]
         if unsafe:
             listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in unsafe)
             raise InputError(f"{run_file}: cannot resume with changed settings: {listed} (resume "

@@ -263,3 +263,56 @@ def test_cuda_rows_with_host_directory():
     assert hit.device.type == "cpu" and hit.all()
     got = hec.load(slots)
     assert got.device.type == "cuda" and torch.equal(bits(got.cpu()), bits(rows.cpu()))
+
+
+def test_row_bound_gives_the_same_cache_as_an_unbounded_one():
+    """max_rows = the number of distinct tags: same hits, same rows, same statistics as a cache
+    with a row for every ring slot, over random re-stores, evictions and expiries; the rows
+    allocated never exceed the bound and grow from a small start."""
+    universe = 40
+    rng = np.random.default_rng(5)
+    ref = HistoricalEmbeddingCache(capacity=5000, dim=3, life_span=3, max_rows=None)
+    lean = HistoricalEmbeddingCache(capacity=5000, dim=3, life_span=3, max_rows=universe)
+    small_ring = [HistoricalEmbeddingCache(capacity=16, dim=3, life_span=3, max_rows=m) for m in (None, 16)]
+    assert ref.rows_allocated == 1024 and lean.rows_allocated == universe
+    for step in range(300):
+        tags = rng.integers(0, universe, size=int(rng.integers(0, 12)))
+        rows = torch.from_numpy(rng.standard_normal((tags.size, 3)).astype(np.float32))
+        for c in (ref, lean, *small_ring):
+            c.store(tags, rows)
+        query = rng.integers(0, universe, size=20)
+        (h1, r1), (h2, r2) = ref.fetch(query), lean.fetch(query)
+        assert torch.equal(h1, h2) and torch.equal(bits(r1), bits(r2))
+        (h3, r3), (h4, r4) = small_ring[0].fetch(query), small_ring[1].fetch(query)
+        assert torch.equal(h3, h4) and torch.equal(bits(r3), bits(r4))
+        assert lean.rows_allocated == universe and small_ring[1].rows_allocated <= 16
+        if step % 97 == 96:
+            for c in (ref, lean, *small_ring):
+                c.clear()
+    s1, s2 = ref.stats(), lean.stats()
+    for key in ("lookups", "hits", "evictions", "replaced", "lines_stored", "age_sum", "age_hist"):
+        assert s1[key] == s2[key], key
+    assert s2["rows_used"] <= universe and s2["max_rows"] == universe
+
+
+def test_rows_grow_lazily_by_doubling_up_to_the_bound():
+    hec = HistoricalEmbeddingCache(capacity=1_000_000, dim=2, life_span=5, max_rows=5000)
+    assert hec.rows_allocated == 1024 and hec.max_rows == 5000
+    hec.store(np.arange(1000), torch.zeros(1000, 2))
+    assert hec.rows_allocated == 1024
+    hec.store(np.arange(1000, 1100), torch.ones(100, 2))
+    assert hec.rows_allocated == 2048
+    hec.store(np.arange(1100, 5000), torch.full((3900, 2), 2.0))
+    assert hec.rows_allocated == 5000
+    hit, rows = hec.fetch([0, 1050, 4999])
+    assert hit.all() and rows[:, 0].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_more_distinct_tags_than_the_row_bound_is_refused():
+    hec = HistoricalEmbeddingCache(capacity=100, dim=1, life_span=1, max_rows=4)
+    hec.store([1, 2, 3], torch.zeros(3, 1))
+    hec.store([3, 2], torch.zeros(2, 1))              # re-stores need no new row
+    with pytest.raises(ValueError, match="max_rows = 4"):
+        hec.store([7, 8], torch.zeros(2, 1))
+    with pytest.raises(InputError, match="max_rows"):
+        HistoricalEmbeddingCache(capacity=10, dim=1, life_span=1, max_rows=0)

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from hpcgnn.engine.minibatch import MinibatchTrainer
+from hpcgnn.engine.minibatch import MinibatchEngine
 from hpcgnn.partition.store import read_meta
 from hpcgnn.run.config import load_config
 from hpcgnn.run.output import RunOutput
@@ -23,7 +23,7 @@ with rt.guard():
                                    f"model.arch={arch}", *sys.argv[6:]])
         out_path = f"{out_prefix}-{arch}.npy"
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=False, force=True)
-        trainer = MinibatchTrainer(cfg, rt, out)
+        trainer = MinibatchEngine(cfg, rt, out)
         logits = trainer.infer_full().numpy()
         ids = trainer.part.to_global(np.arange(trainer.part.num_solid))
         got = rt.comm.gather((ids, logits), root=0)

@@ -109,3 +109,18 @@ def test_graphsage_accuracy_one_rank_and_four_ranks_with_hec(runs):
     hits = np.nansum(r4["per_layer"]["hec_hits"], axis=(0, 1))
     assert (hits > 0).all()                            # historical embeddings were used at every layer
     assert (r4["counters"]["aep_bytes_sent"] > 0).all()
+
+
+def test_hec_rows_bounded_by_the_halo_not_by_cs(runs, cora_parts):
+    """inputs/cora-sage.toml has cs = 1M lines per layer (5.7 GB at layer 0 if allocated up
+    front): each rank's caches hold at most its distinct halo vertices' rows."""
+    from hpcgnn.partition.store import load_partition
+
+    cfg = load_config(CONFIG)
+    assert cfg.minibatch.cs == 1_000_000
+    r4 = read_run(runs[4])
+    rows = r4["per_layer"]["hec_rows_allocated"]               # [epochs, ranks, layers]
+    halo = np.array([load_partition(cora_parts(4), p).num_halo for p in range(4)])
+    assert rows.shape[1:] == (4, cfg.model.layers)
+    assert (rows <= halo[None, :, None]).all() and (rows > 0).all()
+    assert (halo < 2000).all()                                   # far below cs

@@ -163,7 +163,7 @@ def test_cost_model_order_reduces_measured_bytes():
     got = {}
     for order in ("natural", "cost"):
         counter = TransferCounter()
-        e = OffloadEngine(ops, indptr, indices, 8, 28, x0, None, None, "cpu",
+        e = OffloadEngine(ops, indptr, indices, 8, 28, x0, None, "cpu",
                           OffloadSettings(chunks=4, batch_chunks=1, order=order), counter)
         logits = e.forward(training=True)
         e.backward(torch.ones_like(logits))

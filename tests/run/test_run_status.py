@@ -48,8 +48,8 @@ def test_resume_refuses_changed_settings_naming_each_with_old_and_new_value(tmp_
     cases = [(["train.lr=0.02"], "train.lr 0.01 -> 0.02"),
              (["train.seed=7"], "train.seed 0 -> 7"),
              (["minibatch.halo=exact"], 'minibatch.halo "hec" -> "exact"'),
-             (["model.hidden=16", "model.layers=2", "train.epochs=20"],
-              "model.hidden 256 -> 16, model.layers 3 -> 2")]
+             (["model.hidden=16", "model.layers=2", "minibatch.fanouts=[5, 10]", "train.epochs=20"],
+              "model.hidden 256 -> 16, model.layers 3 -> 2, minibatch.fanouts [5, 10, 15] -> [5, 10]")]
     for sets, listed in cases:
         cfg = _cfg(run, "train.lr=0.01", "minibatch.halo=hec", *sets)
         with pytest.raises(InputError) as exc:

@@ -188,6 +188,6 @@ class ExactFetch:
 
 
 def _mix(*parts: int) -> int:
-    from hpcgnn.engine.common import rng_key
+    from hpcgnn.seeding import rng_key
 
     return rng_key(*parts)

@@ -1,0 +1,115 @@
+"""The training loop every engine shares: epochs, evaluation cadence, checkpoints, timing, memory
+telemetry, run output and resume. An engine supplies an :class:`Engine`.
+
+Per epoch ``e`` (1-based; a resumed run starts after its checkpoint's epoch):
+
+1. ``engine.timer.reset()``, torch's RNG seeded from ``(seed, e, rank)``, the model in training
+   mode; ``engine.train_epoch(e)`` runs the epoch's iterations and returns an :class:`EpochResult`
+   (global mean loss, counters, extra timings, per-layer arrays). Its wall-clock time is the
+   ``epoch`` timing.
+2. When due (``train.eval_every``, and always after the last epoch) ``engine.evaluate()`` in the
+   ``eval`` phase (collective; global train/val/test accuracy); otherwise the accuracies are NaN.
+3. One row per rank into the run file: metrics, the timer's phases plus the engine's timings,
+   counters with the epoch's memory peaks (``peak_rss_bytes`` ...).
+4. ``hooks.after_epoch`` (test instrumentation), then a checkpoint when due
+   (``train.checkpoint_every``, and after the last epoch) with ``engine.checkpoint_extra()``.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcgnn.engine.common import PhaseTimer, restore_training_state, save_training_state, seed_torch
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class EpochResult:
+    """What one training epoch reports: ``loss`` (global mean over ranks), ``counters`` (per-rank
+    numbers, e.g. bytes), ``timings`` (seconds, beyond the timer's phases), ``per_layer`` (name ->
+    array with one value per layer)."""
+
+    loss: float
+    counters: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    per_layer: dict = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """One engine on one rank (built collectively by the engine's
+    ``make_engine(cfg, rt, out, hooks)``, see :mod:`hpcgnn.engine.registry`).
+
+    Attributes the loop uses: ``model``, ``optimizer`` (parameters identical on every rank),
+    ``timer`` (a :class:`~hpcgnn.engine.common.PhaseTimer` on the engine's device).
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    timer: PhaseTimer
+
+    @abstractmethod
+    def train_epoch(self, epoch: int) -> EpochResult:
+        """Collective: one epoch of training (iterations, gradient allreduce, optimizer steps)."""
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Collective: ``{train,val,test}_acc`` over the whole graph."""
+
+    def finish_epoch(self, result: EpochResult) -> None:
+        """Called after the epoch's evaluation (when it had one), before it is logged: add what
+        covers both (e.g. bytes moved by training and evaluation) to ``result``."""
+
+    def checkpoint_extra(self, epoch: int) -> dict:
+        """Engine state saved with the checkpoint after ``epoch`` (beyond model, optimizer, RNG)."""
+        return {}
+
+    def restore_extra(self, extra: dict) -> None:
+        """Called on resume with the checkpoint's :meth:`checkpoint_extra`."""
+
+
+def due(epoch: int, every: int, last: int) -> bool:
+    """Whether an every-``every``-epochs action (0 = only at the end) runs after ``epoch``."""
+    return epoch == last or (every > 0 and epoch % every == 0)
+
+
+def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
+    """Collective: train ``cfg.train.epochs`` epochs with ``engine`` (see the module docstring)."""
+    from hpcgnn.engine.hooks import TrainHooks
+
+    hooks = hooks or TrainHooks()
+    start, extra = restore_training_state(out, engine.model, engine.optimizer)
+    if start > 1:
+        engine.restore_extra(extra)
+    epochs = cfg.train.epochs
+    timer = engine.timer
+    for epoch in range(start, epochs + 1):
+        timer.reset()
+        seed_torch(cfg.train.seed, epoch, rt.rank)
+        engine.model.train()
+        t0 = time.perf_counter()
+        result = engine.train_epoch(epoch)
+        epoch_s = time.perf_counter() - t0
+        metrics = {"loss": float(result.loss)}
+        if due(epoch, cfg.train.eval_every, epochs):
+            with timer.phase("eval"):
+                engine.model.eval()
+                try:
+                    metrics.update(engine.evaluate())
+                finally:
+                    engine.model.train()
+        else:
+            metrics.update({f"{s}_acc": float("nan") for s in SPLITS})
+        engine.finish_epoch(result)
+        timings = dict(timer.seconds)
+        timings.update(result.timings)
+        timings["epoch"] = epoch_s
+        mem_counters, mem_labels = timer.memory_record()
+        out.log_epoch(epoch, metrics, timings, {**result.counters, **mem_counters}, result.per_layer,
+                      labels=mem_labels)
+        hooks.after_epoch(epoch, engine)
+        if due(epoch, cfg.train.checkpoint_every, epochs):
+            save_training_state(out, epoch, engine.model, engine.optimizer, engine.checkpoint_extra(epoch))
