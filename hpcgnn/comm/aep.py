@@ -224,6 +224,13 @@ class AsyncEmbeddingPush:
     def outstanding(self) -> int:
         return sum(len(q) for q in self._queues)
 
+    def close(self) -> None:
+        """Collective: release the duplicated communicator (after the last epoch; every posted
+        exchange has been received by then)."""
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
     def assert_drained(self) -> None:
         """Raise if a posted exchange was never received (the epoch schedule is broken)."""
         n = self.outstanding()

@@ -13,6 +13,8 @@ Per epoch ``e`` (1-based; a resumed run starts after its checkpoint's epoch):
    counters with the epoch's memory peaks (``peak_rss_bytes`` ...).
 4. ``hooks.after_epoch`` (test instrumentation), then a checkpoint when due
    (``train.checkpoint_every``, and after the last epoch) with ``engine.checkpoint_extra()``.
+
+After the last epoch ``engine.close()`` releases the engine's communicators.
 """
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ class Engine(ABC):
     def restore_extra(self, extra: dict) -> None:
         """Called on resume with the checkpoint's :meth:`checkpoint_extra`."""
 
+    def close(self) -> None:
+        """Collective: release communicators and other resources after the last epoch."""
+
 
 def due(epoch: int, every: int, last: int) -> bool:
     """Whether an every-``every``-epochs action (0 = only at the end) runs after ``epoch``."""
@@ -113,3 +118,4 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
         hooks.after_epoch(epoch, engine)
         if due(epoch, cfg.train.checkpoint_every, epochs):
             save_training_state(out, epoch, engine.model, engine.optimizer, engine.checkpoint_extra(epoch))
+    engine.close()

@@ -202,6 +202,10 @@ class MinibatchEngine(Engine):
     def checkpoint_extra(self, epoch: int) -> dict:
         return {"next_epoch": epoch + 1, "halo_mode": self.halo_mode}
 
+    def close(self) -> None:
+        if self.aep is not None:
+            self.aep.close()
+
     def train_epoch(self, epoch: int) -> EpochResult:
         cfg, rt, timer = self.cfg, self.rt, self.timer
         if self.aep is not None:
