@@ -233,18 +233,23 @@ class Handle:
         self.tp, self.kind, self.pending, self._place = tp, kind, pending, place
         self.nbytes, self.post_s = nbytes, time.perf_counter() - t_start
         self.done = False
+        self._out = None
 
     def test(self) -> bool:
-        return self.pending.test()
+        return self.done or self.pending.test()
 
     def finish(self):
-        """Wait for the exchange; place the rows; returns what ``place`` returns."""
+        """Wait for the exchange; place the rows; returns what ``place`` returns (once: a
+        second call returns the same without waiting)."""
+        if self.done:
+            return self._out
         t0 = time.perf_counter()
         recv = self.pending.wait()
-        out = self._place(recv)
+        self._out = self._place(recv)
         self.done = True
+        self.pending = None
         self.tp.stats.add(self.kind, self.nbytes, self.post_s + time.perf_counter() - t0, 1)
-        return out
+        return self._out
 
 
 class TPComm:
