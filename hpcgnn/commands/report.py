@@ -18,6 +18,7 @@ from hpcgnn.errors import InputError
 
 PHASES = ("sample", "fetch", "forward", "comm_wait", "push", "cache", "backward", "allreduce",
           "optimizer", "eval")
+PHASES += ("nn", "split", "aggregate", "gather")   # the tensor engine's (NeutronTP)
 
 
 def add_arguments(parser) -> None:
