@@ -46,7 +46,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-scale clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-scale clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -124,6 +124,9 @@ bench-minibatch: $(NATIVE_STAMP)
 
 bench-fullgraph: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.fullgraph --out $(RUNS)/bench/fullgraph.h5
+
+bench-tensor: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
 
 # Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
 # make bench-scale [SCALE=0.25]
