@@ -271,39 +271,3 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         act += 4 * ev * F32                        # logits, attention, their gradients
     est.terms["activations"] = int(act)
     est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
-
-
-def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
-    """The tensor-parallel engine's terms (:mod:`hpcgnn.engine.tensor`): ``partition`` (the
-    rank's own ~V/P vertex rows), ``topology`` (the whole graph on every rank: CSR, the
-    propagation matrix with self loops, its weights and transpose, the layout; chunked, the
-    chunks' transposes) and ``activations`` (vertex-layout MLP tensors of the rank's rows, and
-    the [V, C/P] feature-layout slices of the aggregation: Z_0, two round buffers, the output
-    gradient and the gradient of Z_0, plus the k saved rounds for GAT)."""
-    v, e = int(meta.num_nodes), int(meta.num_edges)
-    parts = max(int(meta.num_parts), 1)
-    t = cfg.tensor
-    m = cfg.model
-    rows = -(-v // parts)
-    est.terms["partition"] = int(rows * (meta.num_features * F32 + I64 + 3))
-    est.shrink["partition"] = "more ranks"
-    ev = e + v
-    topo = (v + 1 + e) * I64                       # the CSR read from the store
-    topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
-    topo += (v + 1 + 2 * ev) * I64                 # transpose (one chunk) ...
-    if t.chunks > 1:                               # ... or the chunks' own transposes
-        topo += 4 * ev * I64
-    topo += 6 * v * I64                            # layout: owner, positions, orders
-    est.terms["topology"] = int(topo)
-    est.shrink["topology"] = "nothing (replicated by design; a smaller graph or more memory per rank)"
-    c = meta.num_classes
-    hid = m.hidden
-    cols = -(-c // parts) if t.mode == "decoupled" else -(-max(hid, c) // parts)
-    k = (t.k or m.layers) if t.mode == "decoupled" else 1
-    slices = 5 + (k if m.arch == "gat" else 0)
-    act = rows * (meta.num_features + SAVED_PER_LAYER * hid * m.layers + 2 * c) * F32
-    act += slices * v * cols * F32
-    if m.arch == "gat":
-        act += 4 * ev * F32                        # logits, attention, their gradients
-    est.terms["activations"] = int(act)
-    est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
