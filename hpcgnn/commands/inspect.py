@@ -48,6 +48,7 @@ def graph_summary(path: Path) -> dict:
         "num_nodes": n, "num_edges": int(attrs["num_edges"]),
         "num_undirected_edges": int(attrs["num_edges"]) // 2,
         "num_features": int(attrs["num_features"]), "num_classes": int(attrs["num_classes"]),
+        "feature_normalization": str(attrs.get("feature_normalization", "none")),
         "split": split, "labelled": int(np.count_nonzero(labels >= 0)),
         "degree": {"mean": float(degree.mean()) if n else 0.0, "max": int(degree.max()) if n else 0,
                    "isolated": int(np.count_nonzero(degree == 0))},
@@ -123,11 +124,13 @@ def summarise(path: str | Path) -> dict:
 def _text(s: dict) -> str:
     if s["kind"] == "graph":
         sp, dg = s["split"], s["degree"]
+        norm = s.get("feature_normalization", "none")
+        norm = "" if norm == "none" else f" ({norm}-normalised)"
         return "\n".join([
             f"graph {s['path']} ({s['name']})",
             f"  vertices {s['num_nodes']:,}  edges {s['num_undirected_edges']:,} undirected "
             f"({s['num_edges']:,} directed)",
-            f"  features {s['num_features']}  classes {s['num_classes']}  labelled {s['labelled']:,}",
+            f"  features {s['num_features']}{norm}  classes {s['num_classes']}  labelled {s['labelled']:,}",
             f"  split train {sp['train']:,}  val {sp['val']:,}  test {sp['test']:,}",
             f"  degree mean {dg['mean']:.2f}  max {dg['max']:,}  isolated {dg['isolated']:,}",
         ])

@@ -9,6 +9,11 @@
     hpcgnn prepare --dataset products-like [--scale 0.1] --out p.h5
     hpcgnn prepare --dataset products-like --feature-noise 1 --feature-flip 0 --edge-flip 0 --p-in 0.7 \
                    --out easy.h5    # the earlier, easy preset
+    hpcgnn prepare --dataset cora --root inputs/data --normalize-features row --out data/cora-rownorm.h5
+
+``--normalize-features row`` divides every feature row by its sum (rows summing to 0 stay), the
+transform the Planetoid/GCN results are published with (hpcgnn/data/features.py); the graph file
+records it in its attribute ``feature_normalization`` ("none" or "row").
 
 The file format is docs/formats.md ("hpcgnn-graph"). An existing --out is
 refused unless --force; the file is written atomically, so a failed run
@@ -21,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpcgnn.data.features import NORMALIZATIONS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, metavar="NAME",
@@ -28,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="FILE.h5", help="graph file to write")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.add_argument("--root", metavar="DIR", help="dataset directory (planetoid: ROOT/<name>/; ogb: ROOT)")
+    parser.add_argument("--normalize-features", choices=NORMALIZATIONS, default="none",
+                        help="row: divide every feature row by its sum, rows summing to 0 left as they "
+                             "are (Planetoid/GCN preprocessing; non-negative features only); "
+                             "default none")
     parser.add_argument("--split", metavar="NAME",
                         help="ogb: split directory under ROOT/split/ (default: the only one)")
     files = parser.add_argument_group("plain files (--dataset files) / synthetic sizes")
@@ -65,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpcgnn.data.datasets import dataset_options, load_dataset
+    from hpcgnn.data.datasets import dataset_options, load_dataset, resolve
     from hpcgnn.data.graph import write_graph
     from hpcgnn.errors import InputError
     from hpcgnn.fileio import check_output
@@ -75,15 +86,26 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{out}: is a directory, expected an output file name")
     start = time.perf_counter()
     options = {key: getattr(args, key, None) for key in dataset_options()}
+    if args.normalize_features == "row" and resolve(args.dataset).name in ("rmat", "sbm", "products-like"):
+        raise InputError(f"--normalize-features row does not apply to --dataset {args.dataset}: its "
+                         "features are Gaussian, with negative entries (row normalisation is for "
+                         "non-negative features such as bag-of-words counts)")
     graph = load_dataset(args.dataset, options, progress=True)
+    if args.normalize_features != "none":
+        from hpcgnn.data.features import normalize_features
+
+        graph.features = normalize_features(graph.features, args.normalize_features,
+                                            where=f"--dataset {args.dataset}")
+    graph.meta["feature_normalization"] = args.normalize_features
     try:
         write_graph(out, graph, force=args.force)
     except OSError as exc:
         raise InputError(f"{out}: cannot write the graph file ({exc.strerror or exc})") from None
     counts = "/".join(f"{int(m.sum()):,}" for m in (graph.train_mask, graph.val_mask, graph.test_mask))
+    norm = "" if args.normalize_features == "none" else f"{args.normalize_features}-normalised features; "
     print(f"wrote {out}: {graph.meta.get('name', args.dataset)}, {graph.num_nodes:,} vertices, "
           f"{graph.num_edges:,} directed edges, {graph.num_features:,} features, {graph.num_classes} classes, "
-          f"train/val/test {counts}; removed {graph.meta.get('self_loops_removed', 0):,} self-loop and "
+          f"train/val/test {counts}; {norm}removed {graph.meta.get('self_loops_removed', 0):,} self-loop and "
           f"{graph.meta.get('duplicates_removed', 0):,} duplicate directed edges "
           f"({time.perf_counter() - start:.1f} s)", file=sys.stdout, flush=True)
     return 0

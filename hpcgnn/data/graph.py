@@ -33,7 +33,8 @@ class Graph:
     features float32 [N, F]
     labels  int64 [N]     class in [0, num_classes) or -1 (unlabelled)
     train_mask / val_mask / test_mask  bool [N], pairwise disjoint
-    meta    name, source (dict), self_loops_removed, duplicates_removed
+    meta    name, source (dict), self_loops_removed, duplicates_removed, feature_normalization
+            ("none" or "row", see hpcgnn/data/features.py)
     """
 
     indptr: np.ndarray
@@ -109,6 +110,7 @@ def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False) -> P
             f.attrs["symmetrized"] = True
             f.attrs["self_loops_removed"] = int(graph.meta.get("self_loops_removed", 0))
             f.attrs["duplicates_removed"] = int(graph.meta.get("duplicates_removed", 0))
+            f.attrs["feature_normalization"] = str(graph.meta.get("feature_normalization", "none"))
             f.attrs["hpcgnn_version"] = __version__
             f.create_dataset("indptr", data=np.ascontiguousarray(graph.indptr, dtype=np.int64))
             f.create_dataset("indices", data=np.ascontiguousarray(graph.indices, dtype=np.int64))
@@ -200,6 +202,10 @@ def _first_nonfinite_row(a: np.ndarray, block: int = 1 << 22) -> int:
     return -1
 
 
+def _text_attr(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
 def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) -> Graph:
     """Read a graph file, checking every dataset's presence, dtype and shape.
 
@@ -228,6 +234,7 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) ->
             "source": json.loads(f.attrs.get("source", "{}")),
             "self_loops_removed": int(f.attrs.get("self_loops_removed", 0)),
             "duplicates_removed": int(f.attrs.get("duplicates_removed", 0)),
+            "feature_normalization": _text_attr(f.attrs.get("feature_normalization", "none")),
         }
         g = Graph(indptr, indices, features, labels, num_classes=int(f.attrs["num_classes"]),
                   meta=meta, **masks)
