@@ -40,7 +40,7 @@ PIP_STAMP    := $(VENV)/.pip-stamp
 TORCH_STAMP  := $(call value_stamp,torch,$(TORCH))
 # cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
 # (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
-DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich pytest pybind11 setuptools wheel
+DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel
 DEPS_STAMP   := $(call value_stamp,deps,$(DEPS))
 ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
@@ -97,7 +97,13 @@ $(DATA)/synthetic-small.h5: $(NATIVE_STAMP)
 	@mkdir -p $(@D)
 	$(HPCGNN) prepare --dataset sbm --nodes 20000 --edges 200000 --features 64 --classes 8 --seed 0 --out $@ --force
 
-data: $(DATA)/cora.h5 $(DATA)/synthetic-small.h5
+# Cora with row-normalised features (the preprocessing of the published GCN results;
+# inputs/cora-gcn-fullgraph.toml trains on it after `make partition GRAPH=data/cora-rownorm.h5`).
+$(DATA)/cora-rownorm.h5: $(NATIVE_STAMP)
+	@mkdir -p $(@D)
+	$(HPCGNN) prepare --dataset cora --root inputs/data --normalize-features row --out $@ --force
+
+data: $(DATA)/cora.h5 $(DATA)/cora-rownorm.h5 $(DATA)/synthetic-small.h5
 
 # make partition GRAPH=data/cora.h5 PARTS=4 [METHOD=metis|random|contiguous]
 partition: $(NATIVE_STAMP)

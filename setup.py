@@ -160,6 +160,7 @@ setup(
         "pymetis",
         "mpi4py",
         "mpich",
+        "matplotlib",
     ],
     extras_require={"test": ["pytest"], "bench": ["torch_geometric"], "metis32": ["cmeel-metis"]},
     ext_modules=native_modules,

@@ -26,7 +26,8 @@ def _index(lines, needle):
 def test_demo_plan_on_a_fresh_checkout(tmp_path):
     lines = _plan(tmp_path, "demo")
     steps = ["-m venv .venv", "pip install -q --disable-pip-version-check torch==2.13.0",
-             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis mpi4py mpich pytest",
+             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis mpi4py mpich "
+             "matplotlib pytest",
              "setup.py -q build_ext --inplace", "mkdir -p data",
              "prepare --dataset cora --root inputs/data --out data/cora.h5",
              "partition data/cora.h5 --parts 2", "inspect data/cora-metis-2",
@@ -43,12 +44,13 @@ def test_test_and_data_plans_on_a_fresh_checkout(tmp_path):
     lines = _plan(tmp_path, "data")
     assert _index(lines, "mkdir -p data") < _index(lines, "--out data/cora.h5")
     assert any("--out data/synthetic-small.h5" in line for line in lines)
+    assert any("--normalize-features row --out data/cora-rownorm.h5" in line for line in lines)
     cuda = _plan(tmp_path, "install", f"TORCH={CUDA_TORCH}")
     assert _pip_installs(cuda) == [["--upgrade", "pip"], CUDA_TORCH.split(), DEPS]
 
 
 CUDA_TORCH = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-DEPS = "numpy h5py pymetis cmeel-metis mpi4py mpich pytest pybind11 setuptools wheel".split()
+DEPS = "numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel".split()
 PIP = "-m pip install -q --disable-pip-version-check"
 
 

@@ -5,11 +5,15 @@ mean over ranks of each timed phase, bytes sent (sum over ranks), for HEC runs t
 every layer's cache (hits / lookups over all ranks), and the largest per-rank peak resident
 memory of the epoch with the rank and phase where it happened; below it, each rank's peak. ``--json`` prints the same as one
 JSON object (NaN as null).
+
+``--plot FILE.png`` also draws the run into an image (panels in :mod:`hpcgnn.run.plot`), written
+atomically; ``--compare RUN2 ...`` overlays further runs' loss and accuracy curves in it.
 """
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +28,12 @@ PHASES += ("nn", "split", "aggregate", "gather")   # the tensor engine's (Neutro
 def add_arguments(parser) -> None:
     parser.add_argument("run", metavar="RUN", help="run directory (or its run.h5)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw the run's curves and breakdowns into FILE (.png, .pdf or .svg): "
+                             "loss, accuracy, per-rank phase times, bytes by kind, HEC hit rate or "
+                             "offload transfers, peak memory (hpcgnn/run/plot.py)")
+    parser.add_argument("--compare", nargs="+", default=[], metavar="RUN2",
+                        help="with --plot: overlay these runs' loss and accuracy curves on RUN's")
 
 
 def _over_ranks(fn, values) -> float | None:
@@ -176,15 +186,42 @@ def format_table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def load_run(path: str | Path) -> dict:
+    """:func:`~hpcgnn.run.output.read_run` of a run directory (or its run file), with one-line
+    errors for a missing path and a directory that holds no run."""
     from hpcgnn.run.output import RUN_FILE, read_run
 
-    path = Path(args.run)
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: run directory not found")
     if path.is_dir() and not (path / RUN_FILE).exists():
         raise InputError(f"{path}: no {RUN_FILE} in this directory (not a run directory)")
-    s = summarise(read_run(path))
+    return read_run(path)
+
+
+def run(args) -> int:
+    if args.compare and not args.plot:
+        raise InputError("--compare needs --plot FILE.png (it overlays the runs' curves in the figure)")
+    if args.plot:
+        from hpcgnn.run.plot import check_plot_path
+
+        check_plot_path(args.plot)            # refuse before reading or drawing anything
+    data = load_run(args.run)
+    others = [load_run(p) for p in args.compare]
+    fig = None
+    if args.plot:
+        from hpcgnn.run.plot import build_figure
+
+        fig = build_figure([data, *others])
+    s = summarise(data)
     if args.json:
         print(json.dumps(s, indent=1, default=_clean))
     else:
         print(format_table(s))
+    if fig is not None:
+        from hpcgnn.run.plot import save_figure
+
+        path = save_figure(fig, args.plot)
+        panels = ", ".join(ax.get_gid() for ax in fig.axes if ax.get_gid())
+        print(f"wrote {path}: {panels}", file=sys.stderr if args.json else sys.stdout, flush=True)
     return 0
