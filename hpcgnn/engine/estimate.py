@@ -107,13 +107,16 @@ def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
     return est
 
 
+def _sizes(cfg, meta, s: dict):
+    """(solid, halo, edges, local rows, layer widths, layers, widest) of partition shapes ``s``."""
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    return ns, nh, ne, ns + nh, widths, cfg.model.layers, max(widths)
+
+
 def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     """The minibatch engine's terms (``hec``, ``activations``, ``eval``) for partition shapes ``s``."""
-    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
-    nl = ns + nh
-    widths = _widths(cfg, meta.num_features, meta.num_classes)
-    layers = cfg.model.layers
-    wmax = max(widths)
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     mb = cfg.minibatch
     parts = meta.num_parts
     if mb.halo == "hec":
@@ -164,11 +167,7 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
 
 def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     """The full-graph engine's terms (``activations``; offloaded also ``chunks``)."""
-    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
-    nl = ns + nh
-    widths = _widths(cfg, meta.num_features, meta.num_classes)
-    layers = cfg.model.layers
-    wmax = max(widths)
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     x0 = nl * widths[0] * F32
     per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
