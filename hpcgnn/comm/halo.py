@@ -102,7 +102,7 @@ def adjoint_rows(comm, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
     """Adjoint exchange: halo gradients back to owners; rows aligned with ``plan.send_index``.
 
     The caller adds the result into its solid rows at ``send_index``
-    (see :func:`accumulate_adjoint`).
+    (see :meth:`HaloProvider.accumulate`).
     """
     if comm is None or comm.Get_size() == 1:
         return np.ascontiguousarray(halo_grads[:0])
