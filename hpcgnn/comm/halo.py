@@ -144,7 +144,8 @@ class HaloProvider(ABC):
     @abstractmethod
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
         """The halo rows [num_halo, ...] of layer ``layer``'s input, given this rank's solid rows
-        [num_solid, ...] of it (host arrays)."""
+        [num_solid, ...] of it (host arrays). Only the rows at ``plan.send_index`` of
+        ``solid_rows`` may be read (from a device-resident layer only those are copied)."""
 
     @abstractmethod
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
@@ -208,7 +209,7 @@ class HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_solid: torch.Tensor, provider: HaloProvider, layer: int) -> torch.Tensor:
         ctx.provider, ctx.layer = provider, layer
-        halo = provider.fetch(layer, h_solid.detach().cpu().contiguous().numpy())
+        halo = provider.fetch(layer, _host_solid_rows(h_solid.detach(), provider.plan.send_index))
         halo_t = torch.from_numpy(halo).to(h_solid.device, h_solid.dtype)
         return torch.cat([h_solid, halo_t.reshape((-1,) + tuple(h_solid.shape[1:]))], dim=0)
 
@@ -218,6 +219,20 @@ class HaloExchange(torch.autograd.Function):
         grad_solid = grad_local[:provider.num_solid].clone()
         provider.accumulate(ctx.layer, grad_solid, grad_local[provider.num_solid:])
         return grad_solid, None, None
+
+
+def _host_solid_rows(h_solid: torch.Tensor, send_index: np.ndarray) -> np.ndarray:
+    """A host array [num_solid, ...] for :meth:`HaloProvider.fetch`: ``h_solid`` itself on the
+    CPU; from a device tensor only the rows at ``send_index`` (the only rows a provider sends)
+    are copied, into an uninitialised array whose other rows are never read (their pages are
+    never touched), so a device-resident layer moves just its boundary rows to the host."""
+    if h_solid.device.type == "cpu":
+        return h_solid.contiguous().numpy()
+    out = np.empty(tuple(h_solid.shape), dtype=torch.empty((), dtype=h_solid.dtype).numpy().dtype)
+    if send_index.size:
+        index = torch.from_numpy(send_index).to(h_solid.device)
+        out[send_index] = h_solid.index_select(0, index).cpu().numpy()
+    return out
 
 
 def _account(stats: dict | None, t0: float, nbytes: int) -> None:
