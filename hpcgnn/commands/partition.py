@@ -16,6 +16,7 @@ per step are in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from hpcgnn.partition.methods import METHODS
 from hpcgnn.partition.metis import DEFAULT_NITER, LIBRARIES
 
 SEED_MAX = 2**31 - 1
-STEPS = ("read", "prepare", "assign", "read_data", "write")
+STEPS = ("read", "prepare", "assign", "read_data", "trim", "write")
 
 
 def add_arguments(parser) -> None:
@@ -58,6 +59,18 @@ def add_arguments(parser) -> None:
                              "in files in a private directory beside --out (METIS 5.2, cmeel-metis): the "
                              "same partition in a fraction of the memory (products-like, 123M edges: 2.5 "
                              "instead of 8.3 GiB). Default: on with cmeel-metis, off with pymetis")
+    parser.add_argument("--rank-speed", default=None, metavar="LIST|FILE|RUN",
+                        help="RAPA: relative throughput of each rank, as a comma list (1,2), a text or JSON "
+                             "file of K numbers, or a finished run (directory or run.h5) whose per-rank "
+                             "compute time gives them; METIS then sizes part r's share of every balanced "
+                             "constraint to speed_r / sum(speeds) (docs/rapa.md)")
+    parser.add_argument("--halo-trim", action="store_true",
+                        help="RAPA: after partitioning, drop the lowest-score halo vertices (and their edges) "
+                             "of partitions whose modelled cost is above the mean (CaPGNN's trimming step; "
+                             "changes the graph the model trains on, docs/rapa.md)")
+    parser.add_argument("--trim-threshold", type=float, default=None, metavar="X",
+                        help="--halo-trim stops when std/mean of the modelled per-rank cost is below X "
+                             "(default 0.01)")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -65,11 +78,15 @@ def add_arguments(parser) -> None:
 def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int = 0,
                    constraints: str = ",".join(CONSTRAINTS), ufactor: int = 30, force: bool = False,
                    progress: bool = True, niter: int = DEFAULT_NITER, metis_library: str = "auto",
-                   metis_ondisk: bool | None = None):
+                   metis_ondisk: bool | None = None, rank_speed: str | None = None,
+                   halo_trim: bool = False, trim_threshold: float | None = None):
     """Partition the graph file ``graph_path`` into the store ``out``.
 
     Returns (StoreSummary, timings): wall seconds of each step in STEPS that ran and of
     ``total``; ``summary.steps`` holds their peak memory too (also recorded in meta.h5).
+    ``rank_speed`` (RAPA, :mod:`hpcgnn.partition.rapa`): relative rank speeds (a comma list,
+    a file or a run); METIS sizes the parts in proportion (equal speeds: today's partition).
+    ``halo_trim``: then apply the halo-trimming step, stopping at ``trim_threshold``.
     Raises InputError on bad arguments or inputs, before any heavy work.
     """
     from hpcgnn.data.graph import read_graph_attrs
@@ -95,6 +112,7 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
     n = int(attrs.get("num_nodes", 0))
     if not 1 <= parts <= n:
         raise InputError(f"--parts {parts}: expected an integer in [1, {n}] ({graph_path} has {n} vertices)")
+    rapa = _rapa_settings(rank_speed, halo_trim, trim_threshold, parts, method)
     library = None
     if method == "metis":
         library = _metis_library(metis_library, bool(metis_ondisk), n, int(attrs.get("num_edges", 0)), len(names))
@@ -106,7 +124,8 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
         source_hash = pool.submit(file_sha256, graph_path, stop=stop)
         try:
             return _partition_graph(graph_path, source_hash, out, parts, method, seed, names, ufactor,
-                                    niter, force, progress, library, bool(metis_ondisk) and method == "metis")
+                                    niter, force, progress, library, bool(metis_ondisk) and method == "metis",
+                                    rapa)
         finally:
             stop.set()  # after a failure, do not wait for the hash of a large file
 
@@ -125,8 +144,29 @@ def _metis_library(name: str, ondisk: bool, num_nodes: int, num_edges: int, ncon
     return library
 
 
+def _rapa_settings(rank_speed, halo_trim: bool, trim_threshold, parts: int, method: str) -> dict | None:
+    """Validated RAPA options: {speeds, source, fractions, trim, threshold}, or None without them."""
+    from hpcgnn.partition import rapa
+
+    if trim_threshold is not None and not halo_trim:
+        raise InputError("--trim-threshold needs --halo-trim")
+    threshold = rapa.DEFAULT_TRIM_THRESHOLD if trim_threshold is None else float(trim_threshold)
+    if not rapa.is_valid_threshold(threshold):
+        raise InputError(f"--trim-threshold {trim_threshold}: expected a number in (0, 1)")
+    if rank_speed is None and not halo_trim:
+        return None
+    if rank_speed is not None:
+        if method != "metis":
+            raise InputError(f"--rank-speed needs --method metis (METIS target part weights), not {method}")
+        speeds, source = rapa.read_rank_speed(rank_speed, parts)
+    else:
+        speeds, source = np.ones(parts), "equal (no --rank-speed)"
+    return {"speeds": speeds, "source": source, "fractions": rapa.target_fractions(speeds),
+            "trim": bool(halo_trim), "threshold": threshold}
+
+
 def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, seed, names, ufactor, niter,
-                     force, progress, library, ondisk: bool):
+                     force, progress, library, ondisk: bool, rapa_opts: dict | None = None):
     """Read the topology, assign, read the vertex data, write: one step at a time, each measured.
 
     ``source_hash`` is a future of the graph file's sha256.
@@ -134,6 +174,7 @@ def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, se
     from hpcgnn.data.graph import read_graph, read_graph_attrs, read_topology
     from hpcgnn.partition.memory import StepMeter
     from hpcgnn.partition.methods import assign_parts, metis_weights
+    from hpcgnn.partition import rapa
     from hpcgnn.partition.metis import part_graph_kway
     from hpcgnn.partition.writer import write_store
     from hpcgnn.progress import Progress
@@ -151,10 +192,13 @@ def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, se
             with meter.step("prepare"):
                 metis_indptr = indptr.astype(library.idx_dtype)
                 vwgt, used = metis_weights(indptr, train_mask, names, library.idx_dtype)
+                tpwgts = None   # equal speeds: METIS' own equal targets, today's partition exactly
+                if rapa_opts is not None and not rapa.equal_speeds(rapa_opts["speeds"]):
+                    tpwgts = rapa.tpwgts_matrix(rapa_opts["fractions"], 1 if vwgt is None else vwgt.shape[1])
             with meter.step("assign"), Progress(f"partition: metis into {parts} parts", enabled=progress) as bar:
                 part, _ = part_graph_kway(metis_indptr, indices, parts, vwgt, seed=seed, ufactor=ufactor,
                                           niter=niter, library=library,
-                                          ondisk=out.resolve().parent if ondisk else None)
+                                          ondisk=out.resolve().parent if ondisk else None, tpwgts=tpwgts)
                 del metis_indptr, vwgt
                 bar.update(n)
         else:
@@ -164,6 +208,16 @@ def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, se
             graph = read_graph(graph_path, topology=(indptr, indices, train_mask))
             bar.update(n)
         del indptr, indices, train_mask  # the graph holds them
+        halo_drop, extra = None, None
+        if rapa_opts is not None:
+            extra = {"rank_speed": rapa_opts["speeds"].tolist(), "rank_speed_source": rapa_opts["source"],
+                     "target_fractions": rapa_opts["fractions"].tolist()}
+            if rapa_opts["trim"]:
+                with meter.step("trim"):
+                    trim = rapa.trim_halos(graph.indptr, graph.indices, part, parts, rapa_opts["speeds"],
+                                           rapa_opts["threshold"])
+                halo_drop = trim.dropped
+                extra["halo_trim"] = trim.summary()
         metis_options = None
         if method == "metis":
             metis_options = {"ufactor": ufactor, "niter": niter, "metis_ondisk": int(ondisk)}
@@ -171,7 +225,8 @@ def _partition_graph(graph_path: Path, source_hash, out: Path, parts, method, se
                               source_graph=str(graph_path), source_hash=source_hash.result(),
                               metis_options=metis_options,
                               metis_library=library.describe() if library is not None else None,
-                              force=force, progress=progress, meter=meter)
+                              force=force, progress=progress, meter=meter, halo_drop=halo_drop,
+                              extra_attrs=extra)
     return summary, {r.name: r.seconds for r in summary.steps}
 
 
@@ -180,13 +235,17 @@ def run(args) -> int:
 
     summary, t = partition_file(args.graph, args.out, args.parts, args.method, args.seed, args.constraints,
                                 args.ufactor, args.force, progress=not args.quiet, niter=args.niter,
-                                metis_library=args.metis_library, metis_ondisk=args.metis_ondisk)
+                                metis_library=args.metis_library, metis_ondisk=args.metis_ondisk,
+                                rank_speed=args.rank_speed, halo_trim=args.halo_trim,
+                                trim_threshold=args.trim_threshold)
     bal = ", ".join(f"{k} {v:.3f}" for k, v in summary.balance.items())
     cut_pct = 100 * summary.edge_cut / max(summary.num_edges // 2, 1)
     print(f"wrote {summary.path}: {summary.num_parts} partitions ({args.method}, seed {args.seed}), "
           f"edge cut {summary.edge_cut} ({cut_pct:.1f}%), balance max/mean: {bal}; "
           f"halo {int(summary.halo_counts.sum())} vertices; {t['total']:.1f}s", file=sys.stdout)
     print(format_table(summary.steps), file=sys.stdout)
+    if args.rank_speed is not None or args.halo_trim:
+        print(_rapa_text(summary), file=sys.stdout)
     for what, name in (("vertices", "vertices"), ("train", "training vertices")):
         empty = np.flatnonzero(summary.part_weights[what] == 0)
         if empty.size and (what == "vertices" or summary.part_weights[what].any()):
@@ -195,3 +254,25 @@ def run(args) -> int:
             print(f"hpcgnn partition: warning: partition{'s' if plural else ''} {ids} "
                   f"{'have' if plural else 'has'} no {name}", file=sys.stderr)
     return 0
+
+
+def _rapa_text(summary) -> str:
+    """RAPA lines: speeds, target vs achieved shares, trimming, predicted straggler."""
+    from hpcgnn.partition import rapa
+    from hpcgnn.partition.store import read_meta
+
+    meta = read_meta(summary.path)
+    speeds, _ = rapa.store_speeds(meta)
+    frac = rapa.target_fractions(speeds)
+    w = summary.part_weights
+    share = lambda a: ", ".join(f"{x:.3f}" for x in np.asarray(a, float) / max(float(np.sum(a)), 1.0))  # noqa: E731
+    lines = [f"RAPA: rank speeds {', '.join(f'{x:g}' for x in speeds)} ({meta.attrs.get('rank_speed_source')}); "
+             f"target shares {', '.join(f'{x:.3f}' for x in frac)}",
+             f"  achieved shares: train {share(w['train'])}; edges {share(w['edges'])}; "
+             f"vertices {share(w['vertices'])}"]
+    if "halo_trim" in meta.attrs:
+        t = json.loads(meta.attrs["halo_trim"])
+        lines.append(f"  halo trimming (threshold {t['threshold']:g}): removed halos {t['removed_halos']}, "
+                     f"edges {t['removed_edges']}; cost std/mean {t['cv_before']:.4f} -> {t['cv_after']:.4f}")
+    lines.append("  " + rapa.describe_prediction(rapa.part_work_of_store(meta), speeds))
+    return "\n".join(lines)

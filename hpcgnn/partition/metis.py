@@ -62,6 +62,7 @@ class MetisLibrary:
     noptions: int
     option_index: dict = field(hash=False, compare=False)
     lib: ctypes.CDLL = field(hash=False, compare=False, repr=False)
+    real_dtype: np.dtype = field(default=np.dtype(np.float32), compare=False)  # real_t (tpwgts)
 
     def describe(self) -> str:
         return (f"METIS {self.metis_version} from {self.name} {self.package_version} "
@@ -89,6 +90,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     setdef.restype = ctypes.c_int
     setdef.argtypes = [ctypes.c_void_p]
     return lib
+
+
+def _real_width(text: str) -> int:
+    """REALTYPEWIDTH of a metis.h (32 when it does not say)."""
+    m = re.search(r"^\s*#define\s+REALTYPEWIDTH\s+(\d+)", text, re.M)
+    return int(m.group(1)) if m else 32
 
 
 def _header_facts(text: str) -> tuple[int, str, int, dict]:
@@ -127,8 +134,11 @@ def _load_cmeel() -> MetisLibrary:
         raise RuntimeError(f"cannot load {lib_path} ({exc}); is cmeel-gklib installed?") from None
     if width not in (32, 64):
         raise RuntimeError(f"{header}: IDXTYPEWIDTH {width}")
+    real = _real_width(header.read_text())
+    if real not in (32, 64):
+        raise RuntimeError(f"{header}: REALTYPEWIDTH {real}")
     return MetisLibrary("cmeel-metis", dist.version, version, np.dtype(f"int{width}"), noptions, options,
-                        _bind(lib))
+                        _bind(lib), np.dtype(f"float{real}"))
 
 
 def _load_pymetis() -> MetisLibrary:
@@ -193,7 +203,7 @@ def _ptr(a: np.ndarray | None):
 
 
 def _call(library: MetisLibrary, indptr, indices, vwgt, nparts, seed, ufactor, niter=DEFAULT_NITER,
-          ondisk: bool = False):
+          ondisk: bool = False, tpwgts=None):
     idx = library.idx_dtype
     n = indptr.shape[0] - 1
     ncon = 1 if vwgt is None else vwgt.shape[1]
@@ -213,7 +223,7 @@ def _call(library: MetisLibrary, indptr, indices, vwgt, nparts, seed, ufactor, n
     edgecut = np.zeros(1, dtype=idx)
     part = np.zeros(n, dtype=idx)
     rc = library.lib.METIS_PartGraphKway(_ptr(nvtxs), _ptr(ncon_a), _ptr(indptr), _ptr(indices), _ptr(vwgt),
-                                         None, None, _ptr(nparts_a), None, None, _ptr(options),
+                                         None, None, _ptr(nparts_a), _ptr(tpwgts), None, _ptr(options),
                                          _ptr(edgecut), _ptr(part))
     return rc, part, int(edgecut[0])
 
@@ -236,6 +246,13 @@ def _probe(library: MetisLibrary) -> None:
     if rc != METIS_OK or cut != 1 or sorted(np.bincount(part, minlength=2)) != [4, 4]:
         raise RuntimeError(f"{library.describe()} failed its self-test (rc={rc}, cut={cut}); "
                            "its idx_t or API differs from what its headers say")
+    # Target weights 1/4, 3/4 of both constraints: a 2 / 6 split checks real_t's width.
+    tp = np.ascontiguousarray(np.array([[0.25, 0.25], [0.75, 0.75]]), dtype=library.real_dtype)
+    rc, part, _ = _call(library, indptr, indices, vwgt, 2, 0, 30, tpwgts=tp)
+    if rc != METIS_OK or np.bincount(part, minlength=2).tolist() != [2, 6]:
+        raise RuntimeError(f"{library.describe()} failed its target-weight self-test (rc={rc}, sizes "
+                           f"{np.bincount(part, minlength=2).tolist()}); its real_t differs from "
+                           f"{np.dtype(library.real_dtype).name}")
 
 
 @dataclass
@@ -258,7 +275,8 @@ class _Cwd:
 def part_graph_kway(indptr: np.ndarray, indices: np.ndarray, nparts: int,
                     vwgt: np.ndarray | None = None, seed: int = 0, ufactor: int = 30,
                     niter: int = DEFAULT_NITER, *, library: MetisLibrary | None = None,
-                    ondisk: str | os.PathLike | None = None) -> tuple[np.ndarray, int]:
+                    ondisk: str | os.PathLike | None = None,
+                    tpwgts: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Min-edge-cut k-way partition of a symmetric CSR graph without self-loops.
 
     ``vwgt`` is a C-contiguous integer array [N, ncon] of vertex weights (one balance constraint
@@ -268,7 +286,9 @@ def part_graph_kway(indptr: np.ndarray, indices: np.ndarray, nparts: int,
     (default: :func:`load_library` "auto"); arrays not already of its ``idx_t`` dtype are
     copied, so pass them in that dtype to save memory. ``ondisk``: a directory in which METIS
     keeps its coarsened graphs while it does not need them (METIS 5.2 builds only; a private
-    subdirectory is made and removed). Returns (part int64 [N] in [0, nparts), METIS' edge cut).
+    subdirectory is made and removed). ``tpwgts``: target fraction of every constraint's total
+    weight for each part, float [nparts, ncon] (columns sum to 1; METIS ``tpwgts``); None = equal
+    parts, exactly as METIS' own default. Returns (part int64 [N] in [0, nparts), METIS' edge cut).
     Raises RuntimeError if METIS reports an error.
     """
     library = library or load_library("auto")
@@ -287,18 +307,25 @@ def part_graph_kway(indptr: np.ndarray, indices: np.ndarray, nparts: int,
         raise ValueError(f"{library.describe()} cannot index this graph ({n} vertices, {indices.shape[0]} edges)")
     if ondisk is not None and not library.supports_ondisk:
         raise ValueError(f"{library.describe()} cannot keep its coarsened graphs on disk")
+    if tpwgts is not None:
+        tpwgts = np.ascontiguousarray(tpwgts, dtype=library.real_dtype)
+        if tpwgts.shape != (nparts, ncon) or not np.all(tpwgts > 0) or \
+                not np.allclose(tpwgts.sum(axis=0, dtype=np.float64), 1.0, atol=1e-4):
+            raise ValueError(f"tpwgts has shape {tpwgts.shape} or values outside (0, 1] not summing to 1 "
+                             f"per constraint, expected ({nparts}, {ncon})")
     indptr = np.ascontiguousarray(indptr, dtype=idx)
     indices = np.ascontiguousarray(indices, dtype=idx)
     if vwgt is not None:
         vwgt = np.ascontiguousarray(vwgt, dtype=idx)
     if ondisk is None:
-        rc, part, cut = _call(library, indptr, indices, vwgt, int(nparts), int(seed), int(ufactor), int(niter))
+        rc, part, cut = _call(library, indptr, indices, vwgt, int(nparts), int(seed), int(ufactor), int(niter),
+                              tpwgts=tpwgts)
     else:
         scratch = Path(tempfile.mkdtemp(prefix=".hpcgnn-metis.", dir=ondisk))
         try:
             with _Cwd(scratch):
                 rc, part, cut = _call(library, indptr, indices, vwgt, int(nparts), int(seed), int(ufactor),
-                                      int(niter), ondisk=True)
+                                      int(niter), ondisk=True, tpwgts=tpwgts)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     if rc != METIS_OK:

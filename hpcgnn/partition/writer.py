@@ -100,23 +100,53 @@ def _create(f: h5py.File, name: str, data: np.ndarray) -> None:
     f.create_dataset(name, data=data, track_times=False)
 
 
+def _drop_halos(indptr, indices, halo_ids, send_indptr, send_ids, halo_drop: list, part_id: int):
+    """Partition ``part_id``'s arrays without the halo vertices ``halo_drop[part_id]`` (new IDs,
+    sorted) and their in-edges, and without the rows its send lists would send to the halo
+    vertices other partitions dropped (RAPA halo trimming, :mod:`hpcgnn.partition.rapa`)."""
+    mine = halo_drop[part_id]
+    if mine.size:
+        keep = ~np.isin(indices, mine, assume_unique=False)
+        rows = np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
+        indptr = np.zeros_like(indptr)
+        np.cumsum(np.bincount(rows[keep], minlength=indptr.shape[0] - 1), out=indptr[1:])
+        indices = indices[keep]
+        halo_ids = halo_ids[~np.isin(halo_ids, mine)]
+    k = send_indptr.shape[0] - 1
+    keep = np.ones(send_ids.shape[0], dtype=bool)
+    for q in range(k):   # one vectorised test per peer
+        b, e = int(send_indptr[q]), int(send_indptr[q + 1])
+        if e > b and halo_drop[q].size:
+            keep[b:e] = ~np.isin(send_ids[b:e], halo_drop[q])
+    dest = np.repeat(np.arange(k, dtype=np.int64), np.diff(send_indptr))
+    counts = np.bincount(dest[keep], minlength=k)
+    send_indptr = np.zeros_like(send_indptr)
+    np.cumsum(counts, out=send_indptr[1:])
+    return indptr, indices, halo_ids, send_indptr, send_ids[keep]
+
+
 def _part_arrays(graph: Graph, csr: tuple[np.ndarray, np.ndarray], part_id: int,
                  new_to_orig: np.ndarray, orig_to_new: np.ndarray, part_offsets: np.ndarray,
-                 degree: np.ndarray) -> tuple[dict, int]:
-    """({dataset: array} of partition ``part_id`` in PART_DATASETS dtypes, in-edges cut)."""
+                 degree: np.ndarray, halo_drop: list | None = None) -> tuple[dict, int]:
+    """({dataset: array} of partition ``part_id`` in PART_DATASETS dtypes, in-edges cut before
+    trimming); ``halo_drop``: per partition, sorted new IDs of halo vertices it drops."""
     from hpcgnn.native import partition as native
 
     b, e = int(part_offsets[part_id]), int(part_offsets[part_id + 1])
     rows = new_to_orig[b:e]
     indptr, indices, halo_ids, send_indptr, send_ids, cut_entries = native.extract_part(
         csr[0], csr[1], rows, orig_to_new, part_offsets, part_id)
+    solid_degree = np.diff(indptr)
+    if halo_drop is not None:
+        indptr, indices, halo_ids, send_indptr, send_ids = _drop_halos(
+            indptr, indices, halo_ids, send_indptr, send_ids, halo_drop, part_id)
     data = {
         "indptr": indptr,
         "indices": indices,
         "halo_ids": halo_ids,
         "halo_owner": (np.searchsorted(part_offsets, halo_ids, side="right") - 1).astype(np.int32),
         "halo_degree": degree[new_to_orig[halo_ids]],
-        "degree": np.diff(indptr),
+        "degree": solid_degree,        # the full graph's degree, also after halo trimming
         "features": np.asarray(graph.features[rows], dtype=np.float32),
         "labels": np.asarray(graph.labels[rows], dtype=np.int64),
         **{name: np.asarray(getattr(graph, name)[rows], dtype=bool) for name in MASKS},
@@ -139,7 +169,8 @@ def _write_part(path: Path, data: dict, attrs: dict) -> None:
 def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_parts: int, *,
                 method: str, seed: int, constraints, source_graph: str, source_hash: str,
                 metis_options: dict | None = None, metis_library: str | None = None,
-                force: bool = False, progress: bool = True, meter: StepMeter | None = None) -> StoreSummary:
+                force: bool = False, progress: bool = True, meter: StepMeter | None = None,
+                halo_drop: list | None = None, extra_attrs: dict | None = None) -> StoreSummary:
     """Renumber ``graph`` by the assignment ``part`` and write the store to directory ``out``.
 
     ``metis_options`` ({"ufactor": int, "niter": int, ...} for METIS assignments) become
@@ -148,6 +179,11 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
     ``meter``: the caller's :class:`StepMeter` with its finished steps (read, assign, ...); this
     function measures its own work as step ``write`` and records every step in ``meta.h5``.
 
+    ``halo_drop``: per partition, the original IDs of halo vertices it drops with their in-edges
+    (RAPA halo trimming, :func:`hpcgnn.partition.rapa.trim_halos`); the owners' send lists drop
+    them too, and ``degree`` stays the full graph's. ``extra_attrs``: more ``meta.h5``
+    attributes (str/int/float; dicts and lists as JSON), outside the content hash.
+
     ``out`` must not exist unless ``force``; nothing is left behind if writing fails.
     """
     own_meter = meter is None
@@ -155,7 +191,8 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
     try:
         return _write_store(out, graph, part, num_parts, method=method, seed=seed, constraints=constraints,
                             source_graph=source_graph, source_hash=source_hash, metis_options=metis_options,
-                            metis_library=metis_library, force=force, progress=progress, meter=meter)
+                            metis_library=metis_library, force=force, progress=progress, meter=meter,
+                            halo_drop=halo_drop, extra_attrs=extra_attrs)
     finally:
         if own_meter:
             meter.close()
@@ -171,7 +208,7 @@ def _record_steps(f: h5py.File, records: list[StepRecord]) -> None:
 
 def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method, seed, constraints,
                  source_graph, source_hash, metis_options, metis_library, force, progress,
-                 meter: StepMeter) -> StoreSummary:
+                 meter: StepMeter, halo_drop=None, extra_attrs=None) -> StoreSummary:
     out = check_output(out, force)
     k = int(num_parts)
     part = np.asarray(part, dtype=np.int64)
@@ -186,10 +223,14 @@ def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method,
         with meter.step("write"):
             degree = graph.degree()
             new_to_orig, orig_to_new, part_offsets = renumber(part, k)
+            if halo_drop is not None:
+                if len(halo_drop) != k:
+                    raise ValueError(f"halo_drop has {len(halo_drop)} entries, expected {k}")
+                halo_drop = [np.sort(orig_to_new[np.asarray(d, dtype=np.int64)]) for d in halo_drop]
             weights = part_weights(part, k, degree, graph.train_mask)
             bal = {name: imbalance(w) for name, w in weights.items()}
             halo_counts, part_hashes, edge_cut = _write_parts(tmp, graph, csr, k, new_to_orig, orig_to_new,
-                                                              part_offsets, degree, progress)
+                                                              part_offsets, degree, progress, halo_drop)
             with h5py.File(tmp / META_FILE, "w") as f:
                 meta = {"part_offsets": part_offsets, "new_to_orig": new_to_orig, "halo_counts": halo_counts}
                 for name in META_DATASETS:
@@ -213,6 +254,9 @@ def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method,
                     attrs["metis_library"] = metis_library
                 for key, value in (metis_options or {}).items():
                     attrs[key] = int(value)
+                for key, value in (extra_attrs or {}).items():
+                    attrs[key] = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list, tuple)) \
+                        else value
                 for key, value in attrs.items():
                     f.attrs[key] = value
             for p in range(k):
@@ -229,7 +273,7 @@ def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method,
 
 
 def _write_parts(tmp: Path, graph: Graph, csr, k: int, new_to_orig, orig_to_new, part_offsets, degree,
-                 progress: bool) -> tuple[np.ndarray, list, int]:
+                 progress: bool, halo_drop=None) -> tuple[np.ndarray, list, int]:
     """Cut out and write every partition file; (halo counts, part hashes, edge cut).
 
     Pipeline: partition p's digest is computed in a thread (hashlib releases the GIL) while
@@ -242,7 +286,7 @@ def _write_parts(tmp: Path, graph: Graph, csr, k: int, new_to_orig, orig_to_new,
             ThreadPoolExecutor(max_workers=1) as pool:
         pending, synced = None, []
         for p in range(k):
-            data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree)
+            data, cut = _part_arrays(graph, csr, p, new_to_orig, orig_to_new, part_offsets, degree, halo_drop)
             digest = pool.submit(datasets_digest, data, PART_DATASETS)
             halo_counts[p] = data["halo_ids"].shape[0]
             cut_entries += cut
