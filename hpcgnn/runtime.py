@@ -205,6 +205,18 @@ class Runtime:
         rt.set_threads(threads)
         return rt
 
+    def configured_threads(self, setting) -> int | None:
+        """This rank's thread count from ``runtime.threads``: an int (0 = keep the start-up
+        choice, None is returned) or a per-rank list (entry ``rank``; ranks with unequal speed on
+        one machine, docs/rapa.md). InputError (same on every rank) when a list's length is not
+        the world size."""
+        if isinstance(setting, (list, tuple)):
+            if len(setting) != self.size:
+                raise InputError(f"runtime.threads = {list(setting)} has {len(setting)} entries but the job has "
+                                 f"{self.size} ranks, expected one thread count per rank")
+            return int(setting[self.rank])
+        return int(setting) if int(setting) > 0 else None
+
     def set_threads(self, threads: int) -> None:
         import torch
 

@@ -52,8 +52,9 @@ def _train(args) -> int:
     rt = Runtime.start()
     with rt.guard():
         cfg = _collective(rt, lambda: load_config(args.config, args.set))
-        if cfg.runtime.threads > 0 and not os.environ.get("HPCGNN_THREADS"):
-            rt.set_threads(cfg.runtime.threads)
+        threads = _collective(rt, lambda: rt.configured_threads(cfg.runtime.threads))
+        if threads and not os.environ.get("HPCGNN_THREADS"):
+            rt.set_threads(threads)
         meta = _collective(rt, lambda: read_meta(cfg.data.partitions))
         if meta.num_parts != rt.size:
             rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
@@ -63,6 +64,7 @@ def _train(args) -> int:
 
         check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
+        out.set_attrs(rank_threads=rt.comm.allgather(rt.threads))   # per rank, as they ran
         from hpcgnn.engine.hooks import make_hooks
         from hpcgnn.engine.loop import fit
         from hpcgnn.engine.registry import engine_spec, resolve

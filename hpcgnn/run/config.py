@@ -40,6 +40,16 @@ def nonneg(x) -> bool:
     return x >= 0
 
 
+def _threads_ok(x) -> bool:
+    """runtime.threads: an int >= 0, or a non-empty list of ints >= 1 (its length is checked
+    against the world size at start-up, :meth:`hpcgnn.runtime.Runtime.configured_threads`)."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+    if isinstance(x, list):
+        return len(x) > 0 and all(is_int(v) and v >= 1 for v in x)
+    return is_int(x) and x >= 0
+
+
 
 CORE_SCHEMA: dict[str, dict[str, Key]] = {
     "data": {
@@ -81,8 +91,10 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "keep_checkpoints": Key(int, 2, "checkpoints kept on disk", positive, "> 0"),
     },
     "runtime": {
-        "threads": Key(int, 0, "torch/OpenMP threads per rank (0 = cores per node / ranks per node)",
-                       nonneg, ">= 0"),
+        "threads": Key((int, list), 0, "torch/OpenMP threads per rank (0 = cores per node / ranks per "
+                       "node), or a list with one count per rank, e.g. [1, 2] (unequal rank speeds on one "
+                       "machine, docs/rapa.md)", lambda x: _threads_ok(x),
+                       "an integer >= 0 or a list of integers >= 1, one per rank"),
         "backend": Key(str, "mpi4py", "collectives: mpi4py, or a torch.distributed backend",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
         "memory_check": Key(bool, True, "refuse to start when the ranks of a node are estimated to "
