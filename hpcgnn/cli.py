@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "inspect": "summarise a graph file or a partition directory",
     "train": "train a GNN on a partition store (run under mpiexec/srun)",
     "report": "summarise a run directory",
+    "plan": "predict memory and epoch time of every engine setting; recommend one",
 }
 
 

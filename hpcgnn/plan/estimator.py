@@ -1,0 +1,366 @@
+"""Per-candidate predictions: each rank's peak host and device memory, bytes sent per epoch and
+the epoch time from a cost model with a machine's :class:`~hpcgnn.plan.calibrate.Calibration`.
+
+Memory is the project's pre-run estimate (:func:`hpcgnn.engine.estimate.estimate_rank_memory`,
+every engine's ``memory_terms``) with the calibrated ``baseline``; on a CUDA device the terms
+are split into what lives on the GPU and what stays in host memory (:func:`device_split`).
+
+Time (seconds per training epoch, evaluation not included) is the slowest rank's sum of
+
+* ``agg``: aggregation, gathered bytes (edges x width x 4, forward and where needed backward)
+  over the SpMM rate at that width (:meth:`Calibration.agg_rate`);
+* ``gemm``: dense layers, 2 x rows x in x out flops per GEMM (forward, and weight + input
+  gradients in backward) over the GEMM rate;
+* ``elem``: elementwise passes over the tensors kept for backward, over the stream rate;
+* ``move``: rows gathered or scattered between buffers (offload transfers, sampled inputs,
+  HEC lookups and fills, gradient flushes) over the gather rate (host-to-device rate on CUDA);
+* ``comm``: bytes this rank sends (halo rows, layout all-to-alls, AEP pushes, gradient
+  allreduce) over the all-to-all rate, plus the latency of every collective;
+* ``overhead``: small-kernel launches (per iteration, per chunk) times the per-op overhead.
+
+Node-wide rates are shared by the ``ranks_per_node`` ranks of a node (all work of a rank is
+charged at rate / ranks_per_node). Time models are :data:`TIME_MODELS` (engine -> function);
+an engine without one is reported, not ranked.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from hpcgnn.engine.estimate import F32, I64, SAVED_PER_LAYER, _distinct, _widths
+
+# small torch operations per layer per chunk (offload) / per layer per iteration (minibatch) /
+# per layer per epoch (full graph), forward and backward together: counted from the engines'
+# code paths, used only with the calibrated per-op overhead
+OPS_PER_LAYER = 60
+CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
+
+
+@dataclass
+class Prediction:
+    """What the estimator says about one candidate on one topology (bytes, seconds)."""
+
+    host_peak: int = 0                 # largest rank's peak resident bytes
+    host_node: int = 0                 # bytes of the fullest node (its ranks' peaks summed)
+    device_peak: int = 0               # largest rank's device bytes (0 on cpu)
+    worst_rank: int = 0
+    terms: dict = field(default_factory=dict)      # the worst rank's memory terms
+    largest: tuple = ("", 0)
+    shrink: str = ""
+    bytes_per_epoch: float = 0.0       # bytes sent by the busiest rank per epoch
+    epoch_s: float = math.nan
+    parts: dict = field(default_factory=dict)      # the slowest rank's time by component
+    notes: list = field(default_factory=list)
+
+
+# ---- shapes ----------------------------------------------------------------------------------
+
+def store_shapes(meta) -> list[dict]:
+    """Every partition's sizes (:func:`hpcgnn.engine.estimate.part_shapes`) of the store."""
+    from hpcgnn.engine.estimate import part_shapes
+
+    return [part_shapes(meta.path, p) for p in range(meta.num_parts)]
+
+
+def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
+    """Partition sizes for ``ranks`` partitions extrapolated from a store of ``meta.num_parts``.
+
+    Solid vertices, edges and training vertices divide evenly (times the store's max/mean
+    imbalance). Cut edges per rank follow the random-partition scaling of the store's cut
+    fraction c(N) = c(P) (1 - 1/N) / (1 - 1/P) (with P = 1: 1 - 1/N, an upper bound), and halo
+    vertices = cut edges x the store's distinct-halo-per-cut-edge ratio (random model
+    :func:`_distinct` when the store has no cut). ``file_bytes`` keeps the store's bytes per
+    solid vertex, edge and halo vertex. Exact when ``ranks == meta.num_parts``."""
+    p = meta.num_parts
+    if ranks == p:
+        return shapes
+    v, e = meta.num_nodes, meta.num_edges
+    ns = np.array([s["num_solid"] for s in shapes], float)
+    ne = np.array([s["num_edges"] for s in shapes], float)
+    nh = np.array([s["num_halo"] for s in shapes], float)
+    imb_v, imb_e = ns.max() / max(ns.mean(), 1), ne.max() / max(ne.mean(), 1)
+    train = sum(s["num_train"] for s in shapes)
+    other = sum(s["file_bytes"] for s in shapes) - 8 * ne.sum() - 24 * nh.sum()
+    per_solid = other / max(ns.sum(), 1)
+    cut_frac_p = 2 * meta.edge_cut / max(e, 1)                  # directed edges crossing parts
+    cut_frac = cut_frac_p * (1 - 1 / ranks) / (1 - 1 / p) if p > 1 else (1 - 1 / ranks)
+    cut_frac = min(cut_frac, 1 - 1 / ranks)
+    ns_n, ne_n = v / ranks * imb_v, e / ranks * imb_e
+    cut_rank = ne_n * cut_frac
+    if p > 1 and cut_frac_p > 0:
+        ratio = nh.sum() / (cut_frac_p * e)
+        nh_n = min(v - ns_n, cut_rank * ratio)
+    else:
+        nh_n = _distinct(v - ns_n, cut_rank)
+    s = {"num_solid": int(ns_n), "num_halo": int(nh_n), "num_edges": int(ne_n),
+         "num_train": int(math.ceil(train / ranks * imb_v)),
+         "file_bytes": int(per_solid * ns_n + 8 * ne_n + 24 * nh_n)}
+    return [dict(s) for _ in range(ranks)]
+
+
+def plan_meta(meta, ranks: int):
+    """The store's metadata as the estimate reads it, with ``num_parts = ranks``."""
+    return SimpleNamespace(path=meta.path, num_parts=ranks, num_nodes=meta.num_nodes,
+                           num_edges=meta.num_edges, num_features=meta.num_features,
+                           num_classes=meta.num_classes)
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+def device_split(cfg, meta, s: dict, est) -> int:
+    """Bytes of ``est`` on the GPU when ``train.device`` is CUDA, without the CUDA context: the
+    minibatch engine keeps its partition's features, HECs and activations there; full graph in
+    memory the partition and its activations; offloaded only one batch of chunks (a layer's
+    rows x batch_chunks / chunks) and the chunks' topology. Host memory keeps the rest and the
+    partition as loaded."""
+    t = est.terms
+    if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
+        widths = _widths(cfg, meta.num_features, meta.num_classes)
+        ns, nl = s["num_solid"], s["num_solid"] + s["num_halo"]
+        per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
+                     for l in range(cfg.model.layers)]
+        return int(t.get("chunks", 0) + max(per_layer) * cfg.fullgraph.batch_chunks / max(cfg.fullgraph.chunks, 1))
+    return int(sum(v for k, v in t.items() if k != "baseline"))
+
+
+def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) -> None:
+    """Fill ``pred``'s memory fields: the largest rank's peak and terms, the fullest node."""
+    from hpcgnn.engine.estimate import estimate_rank_memory
+
+    pm = plan_meta(meta, topo.ranks)
+    hosts, devs, ests = [], [], []
+    for r, s in enumerate(shapes):
+        est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s)
+        host, dev = est.total, 0
+        if topo.device == "cuda":
+            on_dev = device_split(cfg, meta, s, est)
+            offloaded = cfg.train.engine == "fullgraph" and cfg.fullgraph.offload
+            host = est.total if offloaded else est.terms["baseline"] + est.terms.get("partition", 0)
+            dev = on_dev + CUDA_CONTEXT
+        hosts.append(int(host))
+        devs.append(int(dev))
+        ests.append(est)
+    worst = int(np.argmax(hosts))
+    pred.host_peak = hosts[worst]
+    pred.device_peak = max(devs)
+    rpn = topo.ranks_per_node
+    pred.host_node = int(max(sum(hosts[i:i + rpn]) for i in range(0, len(hosts), rpn)))
+    pred.worst_rank = worst
+    pred.terms = dict(ests[worst].terms)
+    pred.largest = ests[worst].largest()
+    pred.shrink = ests[worst].shrink.get(pred.largest[0], "")
+
+
+# ---- time ------------------------------------------------------------------------------------
+
+class _Cost:
+    """Accumulates one rank's seconds by component with the shared node-wide rates."""
+
+    def __init__(self, cal, share: int, device: str):
+        self.cal, self.share, self.device = cal, max(share, 1), device
+        self.parts = {"agg": 0.0, "gemm": 0.0, "elem": 0.0, "move": 0.0, "comm": 0.0, "overhead": 0.0}
+        self.sent = 0.0
+
+    def agg(self, edges: float, width: float, times: int = 1) -> None:
+        self.parts["agg"] += times * edges * width * F32 / (self.cal.agg_rate(width) / self.share)
+
+    def gemm(self, rows: float, a: float, b: float, times: int = 1) -> None:
+        self.parts["gemm"] += times * 2.0 * rows * a * b / (self.cal.gemm_flops / self.share)
+
+    def elem(self, nbytes: float) -> None:
+        self.parts["elem"] += nbytes / (self.cal.stream / self.share)
+
+    def move(self, nbytes: float, host_device: bool = False) -> None:
+        rate = self.cal.h2d if (host_device and self.device == "cuda") else self.cal.gather / self.share
+        self.parts["move"] += nbytes / rate
+
+    def comm(self, nbytes: float, calls: int = 1) -> None:
+        self.sent += nbytes
+        self.parts["comm"] += nbytes / self.cal.alltoall + calls * self.cal.alltoall_latency_s
+
+    def ops(self, count: float) -> None:
+        self.parts["overhead"] += count * self.cal.op_overhead_s
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.parts.values()))
+
+
+def _lin_count(arch: str) -> int:
+    return 2 if arch == "sage" else 1
+
+
+def _agg_width(arch: str, w_in: int, w_out: int) -> tuple[int, bool]:
+    """(width aggregated, projected first) of a layer: SAGE/GCN project before aggregating when
+    that narrows the rows; GAT aggregates its projection."""
+    if arch == "gat":
+        return w_out, True
+    return (w_out, True) if w_out < w_in else (w_in, False)
+
+
+def _param_bytes(cfg, widths) -> int:
+    lin = _lin_count(cfg.model.arch)
+    return int(sum(lin * widths[l] * widths[l + 1] + widths[l + 1] for l in range(cfg.model.layers)) * F32)
+
+
+def _dense_layers(c: _Cost, cfg, widths, rows_out: list[float], rows_in: list[float], edges: list[float]) -> None:
+    """Aggregation, GEMMs and elementwise passes of a message-passing stack: layer l has
+    ``rows_in[l]`` source rows, ``rows_out[l]`` destinations and ``edges[l]`` edges; forward
+    and backward (no input gradient of layer 0)."""
+    arch = cfg.model.arch
+    lin = _lin_count(arch)
+    for l in range(cfg.model.layers):
+        w_in, w_out = widths[l], widths[l + 1]
+        aw, first = _agg_width(arch, w_in, w_out)
+        back_agg = l > 0 or first
+        c.agg(edges[l], aw, 2 if back_agg else 1)
+        proj_rows = rows_in[l] if first else rows_out[l]
+        c.gemm(proj_rows, w_in, w_out, 3 if l > 0 else 2)
+        if lin == 2:
+            c.gemm(rows_out[l], w_in, w_out, 3 if l > 0 else 2)
+        if arch == "gat":
+            heads = cfg.model.heads
+            c.elem(edges[l] * heads * F32 * 8)       # logits, softmax and their gradients
+        c.elem(SAVED_PER_LAYER * rows_out[l] * max(w_in, w_out) * F32 * 2)
+
+
+def _allreduce(c: _Cost, cfg, widths, ranks: int, times: float = 1) -> None:
+    pb = _param_bytes(cfg, widths)
+    if ranks > 1:
+        c.comm(times * pb * 2 * (ranks - 1) / ranks, calls=int(times))
+    c.elem(times * pb * 10)                          # Adam: parameters, moments, gradients
+
+
+def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
+    """One rank of the exact full-graph engine, in memory or offloaded in k chunks."""
+    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    layers = cfg.model.layers
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl = ns + nh
+    c = _Cost(cal, topo.ranks_per_node, topo.device)
+    _dense_layers(c, cfg, widths, [ns] * layers, [nl] * layers, [ne] * layers)
+    for l in range(1, layers):                       # halo rows forward, their gradients back
+        if topo.ranks > 1:
+            c.comm(2 * nh * widths[l] * F32, calls=2)
+    fg = cfg.fullgraph
+    if fg.offload:
+        k = max(fg.chunks, 1)
+        recompute = fg.recompute == "recompute" or (fg.recompute == "auto" and cfg.model.arch == "gat")
+        rows = k * _distinct(nl, ne / k) if k > 1 else nl       # source rows moved per layer
+        for l in range(layers):
+            w_in, w_out = widths[l], widths[l + 1]
+            aw, _ = _agg_width(cfg.model.arch, w_in, w_out)
+            c.move(rows * w_in * F32, host_device=True)          # forward: sources in
+            c.move(ns * w_out * F32, host_device=True)           # outputs back to host
+            if recompute:
+                c.move(rows * w_in * F32, host_device=True)
+                c.agg(ne, aw)
+                c.gemm(rows, w_in, w_out)
+            else:
+                c.move(2 * ns * aw * F32, host_device=True)      # cached aggregate out and in
+                c.gemm(ns, w_in, w_out)                          # UPDATE re-run
+            if l > 0:
+                c.move(2 * rows * w_in * F32, host_device=True)  # gradient flush: read + add
+        c.ops(k * layers * OPS_PER_LAYER)
+    c.ops(layers * OPS_PER_LAYER)
+    _allreduce(c, cfg, widths, topo.ranks)
+    return c
+
+
+def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
+    """One rank of the DistGNN-MB engine: iterations of sampled minibatches; HEC + AEP pushes,
+    or the exact halo fetched synchronously each iteration."""
+    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    layers = cfg.model.layers
+    mb = cfg.minibatch
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl = ns + nh
+    c = _Cost(cal, topo.ranks_per_node, topo.device)
+    iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
+    avg = ne / max(ns, 1)
+    rows = [float(min(mb.batch_size, max(ns, 1)))]
+    fans = []
+    for fan in reversed(list(mb.fanouts)):
+        f = avg if fan < 0 else min(fan, avg)
+        fans.append(f)
+        rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
+    rows, fans = rows[::-1], fans[::-1]               # rows[l] = input rows of layer l
+    edges = [rows[l + 1] * fans[l] for l in range(layers)]
+    it = _Cost(cal, topo.ranks_per_node, topo.device)
+    _dense_layers(it, cfg, widths, rows[1:], rows[:-1], edges)
+    it.move(sum(edges) * 3 * I64)                     # sampling: neighbour draws, block CSRs
+    it.move(rows[0] * widths[0] * F32)                # input rows gathered
+    halo_frac = nh / max(nl, 1)
+    if topo.ranks > 1:
+        if mb.halo == "hec":
+            push = min(mb.nc, nh / max(topo.ranks - 1, 1)) * (topo.ranks - 1)
+            for l in range(layers):
+                it.comm(push * widths[l] * F32 + push * I64, calls=1)
+                it.move(rows[l] * halo_frac * widths[l] * F32 * 2)     # HEC lookup + fill
+        elif mb.halo == "exact":
+            for l in range(layers):
+                remote = rows[l + 1] * halo_frac
+                it.comm(remote * fans[l] * I64 * 2, calls=2)            # remote sampling
+            it.comm(rows[0] * halo_frac * (widths[0] * F32 + I64), calls=2)  # remote input rows
+    it.ops(layers * OPS_PER_LAYER)
+    _allreduce(it, cfg, widths, topo.ranks)
+    for k, v in it.parts.items():
+        c.parts[k] += iters * v
+    c.sent = iters * it.sent
+    return c
+
+
+def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
+    """One rank of the NeutronTP engine: NN layers on V/P rows with full width; the aggregation
+    on all V rows with C/P (decoupled) or width/P (coupled) columns; split/gather all-to-alls."""
+    v, e = meta.num_nodes, meta.num_edges
+    p = topo.ranks
+    m, t = cfg.model, cfg.tensor
+    widths = [meta.num_features] + [m.hidden] * (m.layers - 1) + [meta.num_classes]
+    rows = v / p
+    ev = e + v
+    c = _Cost(cal, topo.ranks_per_node, topo.device)
+    frac = (p - 1) / p
+    for l in range(m.layers):
+        c.gemm(rows, widths[l], widths[l + 1], 3 if l > 0 else 2)
+        c.elem(SAVED_PER_LAYER * rows * max(widths[l], widths[l + 1]) * F32 * 2)
+    if t.mode == "decoupled":
+        cols = meta.num_classes / p
+        k = t.k or m.layers
+        c.agg(ev, cols, 2 * k)
+        c.elem(2 * k * v * cols * F32 * 3)            # teleport/scale passes of the rounds
+        c.comm(4 * rows * meta.num_classes * F32 * frac, calls=4)
+        if m.arch == "gat":
+            c.elem(4 * ev * F32 * 3)
+    else:
+        for l in range(m.layers):
+            aw = min(widths[l], widths[l + 1]) / p
+            times = 2 if l > 0 or widths[l + 1] < widths[l] else 1
+            c.agg(ev, aw, times)
+            c.comm(times * 2 * rows * aw * p * F32 * frac, calls=2 * times)
+    c.ops(m.layers * OPS_PER_LAYER * max(t.chunks, 1))
+    _allreduce(c, cfg, widths, p)
+    return c
+
+
+TIME_MODELS = {"minibatch": minibatch_time, "fullgraph": fullgraph_time, "tensor": tensor_time}
+
+
+def estimate(cfg, meta, shapes: list[dict], topo, cal) -> Prediction:
+    """Memory and time of one resolved configuration ``cfg`` on ``topo`` (partition shapes
+    ``shapes``, one per rank: :func:`scaled_shapes`)."""
+    pred = Prediction()
+    estimate_memory(cfg, meta, shapes, topo, cal, pred)
+    model = TIME_MODELS.get(cfg.train.engine)
+    if model is None:
+        pred.notes.append(f"no time model for engine {cfg.train.engine!r} (hpcgnn/plan/estimator.py TIME_MODELS)")
+        return pred
+    per_rank = [model(cfg, meta, s, topo, cal) for s in (shapes if cfg.train.engine != "tensor" else shapes[:1])]
+    slow = max(per_rank, key=lambda x: x.total)
+    pred.epoch_s = slow.total
+    pred.parts = dict(slow.parts)
+    pred.bytes_per_epoch = float(max(x.sent for x in per_rank))
+    return pred
