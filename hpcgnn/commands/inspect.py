@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
                              "this training configuration")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a configuration key of --config (repeatable)")
+    parser.add_argument("--rank-speed", default=None, metavar="LIST|FILE|RUN",
+                        help="with a partition directory: predict the per-rank work and the straggler for "
+                             "these rank speeds (as for `partition --rank-speed`) instead of the recorded ones")
 
 
 def graph_summary(path: Path) -> dict:
@@ -58,7 +61,7 @@ def graph_summary(path: Path) -> dict:
     }
 
 
-def partition_summary(directory: Path) -> dict:
+def partition_summary(directory: Path, rank_speed: str | None = None) -> dict:
     """Edge cut, per-constraint balance, per-partition sizes and replication of a store."""
     from hpcgnn.fileio import open_h5, read_dataset
     from hpcgnn.partition.store import PART_FORMAT, part_file_name, read_meta
@@ -79,7 +82,7 @@ def partition_summary(directory: Path) -> dict:
             })
     a = meta.attrs
     undirected = meta.num_edges // 2
-    return {
+    summary = {
         "kind": "partitions", "path": str(directory), "num_parts": meta.num_parts,
         "method": meta.method, "seed": meta.seed, "num_nodes": meta.num_nodes,
         "num_edges": meta.num_edges, "num_features": meta.num_features,
@@ -94,17 +97,46 @@ def partition_summary(directory: Path) -> dict:
         "source_graph": a.get("source_graph"), "source_hash": a.get("source_hash"),
         "tool_versions": json.loads(a.get("tool_versions", "{}")),
     }
+    summary["rank_work"] = rank_work(meta, parts, rank_speed)
+    return summary
 
 
-def summarise(path: str | Path) -> dict:
-    """The summary of a graph file, a partition directory, or a store's meta.h5."""
+def rank_work(meta, parts: list, rank_speed: str | None = None) -> dict:
+    """Expected per-rank work (RAPA's model, :mod:`hpcgnn.partition.rapa`): W = in-edges +
+    solid vertices + halo rows of each part, divided by the rank speed recorded by
+    ``partition --rank-speed`` (1 for every rank without it) or given as ``rank_speed`` (a
+    ``--rank-speed`` spec), relative to the mean; the rank with the largest is the predicted
+    straggler."""
+    from hpcgnn.partition import rapa
+
+    speeds, recorded = rapa.store_speeds(meta)
+    source = meta.attrs.get("rank_speed_source")
+    if rank_speed is not None:
+        speeds, source = rapa.read_rank_speed(rank_speed, meta.num_parts)
+        recorded = True
+    work = rapa.part_work([p["num_edges"] for p in parts], [p["num_solid"] for p in parts],
+                          [p["num_halo"] for p in parts])
+    pred = rapa.predict(work, speeds)
+    out = {"speeds": speeds.tolist(), "speeds_recorded": recorded,
+           "speed_source": source,
+           "target_fractions": rapa.target_fractions(speeds).tolist(), "work": work.tolist(),
+           "relative_time": pred["relative_time"], "predicted_straggler": pred["straggler"],
+           "max_over_mean": pred["max_over_mean"]}
+    if "halo_trim" in meta.attrs:
+        out["halo_trim"] = json.loads(meta.attrs["halo_trim"])
+    return out
+
+
+def summarise(path: str | Path, rank_speed: str | None = None) -> dict:
+    """The summary of a graph file, a partition directory, or a store's meta.h5 (``rank_speed``:
+    see :func:`rank_work`)."""
     path = Path(path)
     if path.is_dir():
         from hpcgnn.partition.store import META_FILE
 
         if not (path / META_FILE).exists():
             raise InputError(f"{path}: directory has no {META_FILE}, expected a partition directory")
-        return partition_summary(path)
+        return partition_summary(path, rank_speed)
     if not path.exists():
         raise InputError(f"{path}: file not found")
     from hpcgnn.fileio import open_h5
@@ -114,7 +146,9 @@ def summarise(path: str | Path) -> dict:
         fmt = f.attrs.get("format")
         fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
     if fmt == META_FORMAT:
-        return partition_summary(path.parent)
+        return partition_summary(path.parent, rank_speed)
+    if rank_speed is not None:
+        raise InputError(f"{path}: --rank-speed needs a partition directory, not a graph file")
     if fmt != "hpcgnn-graph":
         raise InputError(f"{path}: attribute 'format' is {fmt!r}, expected a graph file ('hpcgnn-graph') "
                          "or a partition directory")
@@ -147,6 +181,20 @@ def _text(s: dict) -> str:
     for p in s["parts"]:
         lines.append(f"  {p['part_id']:>5} {p['num_solid']:>12,} {p['num_halo']:>12,} {p['num_edges']:>14,} "
                      f"{p['num_train']:>10,} {p['num_send']:>12,}")
+    w = s.get("rank_work")
+    if w:
+        src = f"rank speeds {', '.join(f'{x:.4g}' for x in w['speeds'])} ({w['speed_source']})" \
+            if w["speeds_recorded"] else "equal rank speeds (none recorded)"
+        lines.append(f"  expected per-rank work (in-edges + solid + halo) / speed, {src}:")
+        lines.append(f"  {'rank':>5} {'work':>14} {'speed':>8} {'time/mean':>10}")
+        for r, (x, sp, t) in enumerate(zip(w["work"], w["speeds"], w["relative_time"])):
+            lines.append(f"  {r:>5} {x:>14,.0f} {sp:>8.3g} {t:>10.3f}")
+        lines.append(f"  predicted straggler: rank {w['predicted_straggler']} "
+                     f"({w['max_over_mean']:.3f} x the mean)")
+        if "halo_trim" in w:
+            t = w["halo_trim"]
+            lines.append(f"  halo trimming (threshold {t['threshold']:g}): removed halos {t['removed_halos']}, "
+                         f"in-edges {t['removed_edges']}")
     return "\n".join(lines)
 
 
@@ -193,7 +241,7 @@ def _memory_text(m: dict) -> str:
 
 
 def run(args) -> int:
-    summary = summarise(args.path)
+    summary = summarise(args.path, getattr(args, "rank_speed", None))
     if args.config:
         if not Path(args.path).is_dir():
             raise InputError(f"{args.path}: --config needs a partition directory, not a graph file")
