@@ -13,6 +13,15 @@ step equals single-process full-graph training up to floating-point order.
 With ``fullgraph.offload`` the rank runs :class:`~hpcgnn.engine.offload.OffloadEngine`
 instead (HongTu: host-resident layer data, chunks streamed through the device).
 
+With ``fullgraph.halo = "cached"`` and/or ``fullgraph.pipeline`` the in-memory runner fetches
+halo rows through a :class:`~hpcgnn.comm.halo_cached.CachedHalo` (CaPGNN's JACA cache with the
+hard staleness bound ``fullgraph.staleness``, PipeGCN-style pipelining; docs/capgnn.md). With
+the cache on, layer 0's halo features are not fetched at start-up but through the cache (each
+cached row sent once, the rest every epoch); evaluation stays exact. Its per-layer figures
+(ages of the halo rows used, tier hits, bytes with and without the cache) go into the run file
+as ``per_layer/halo_*`` and counters ``halo_fwd_bytes``, ``halo_fwd_nocache_bytes``, ... The
+cache is soft state: a resumed run starts it cold (first epoch fetches fresh).
+
 Per epoch the run file gets timings (forward, backward, allreduce, update, eval, halo) and
 counters per rank: ``halo_bytes`` (sent), ``peak_device_bytes`` and, offloaded, the
 host<->device bytes by kind (``h2d_rows_bytes`` = source rows of the chunks,
@@ -30,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn.comm.halo import ExactHalo, HaloPlan, HaloProvider
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
@@ -56,15 +66,17 @@ class LocalGraph:
     masks: dict
 
 
-def build_local_graph(part, comm) -> LocalGraph:
+def build_local_graph(part, comm, fetch_halo: bool = True) -> LocalGraph:
     """Collective: the rank's block structure, and its features with the halo rows fetched once
-    (layer 0's input never changes)."""
+    (layer 0's input never changes; ``fetch_halo`` False leaves them zero: a halo cache fetches
+    them)."""
     plan = HaloPlan.from_partition(part, comm)
     feats = np.ascontiguousarray(part.features, dtype=np.float32)
     x0 = torch.empty((part.num_local, feats.shape[1]), dtype=torch.float32)
     x0[:part.num_solid] = torch.from_numpy(feats)
     x0[part.num_solid:] = 0.0       # stays zero without peers (comm None: the caller fills it)
-    ExactHalo(comm, plan).fill(0, x0)
+    if fetch_halo:
+        ExactHalo(comm, plan).fill(0, x0)
     indptr, local_indices = part.local_csr()
     return LocalGraph(num_solid=part.num_solid, num_local=part.num_local, indptr=indptr,
                       local_indices=local_indices, halo=plan, x0=x0, degree=part.local_degree(),
@@ -96,6 +108,8 @@ class InMemoryFullGraph:
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
         self.meter = DeviceMemoryMeter(self.device)
+        # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
+        self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
 
     def logits(self) -> torch.Tensor:
         """Forward over all layers: [num_solid, C] (autograd graph when grad is enabled)."""
@@ -103,6 +117,8 @@ class InMemoryFullGraph:
         for l in range(self.ops.num_layers):
             if l > 0:
                 h = self.halo.exchange(l, h)
+            elif self.fetch_x0:
+                h = self.halo.exchange(0, h[:self.graph.num_solid])
             h = self.ops.forward(l, self.block, h, self.ctx)
         return h
 
@@ -120,18 +136,40 @@ class InMemoryFullGraph:
 
     @torch.no_grad()
     def predict(self) -> torch.Tensor:
+        """Logits [num_solid, C]; exact (a cached provider exchanges hidden layers exactly)."""
+        if isinstance(self.halo, CachedHalo):
+            with self.halo.exact_mode():
+                return self.logits().cpu()
         return self.logits().cpu()
 
+    def begin_epoch(self, epoch: int) -> None:
+        if isinstance(self.halo, CachedHalo):
+            self.halo.begin_epoch(epoch)
+
     def counters(self) -> dict:
-        return {"halo_bytes": float(self.halo.stats.get("halo_bytes", 0)),
-                "peak_device_bytes": float(self.meter.peak_bytes)}
+        out = {"halo_bytes": float(self.halo.stats.get("halo_bytes", 0)),
+               "peak_device_bytes": float(self.meter.peak_bytes)}
+        if isinstance(self.halo, CachedHalo):
+            out.update(self.halo.epoch_report()[0])
+            out["halo_adjoint_bytes"] = float(self.halo.stats.get("halo_adjoint_bytes", 0))
+        return out
+
+    def per_layer(self) -> dict:
+        return self.halo.epoch_report()[1] if isinstance(self.halo, CachedHalo) else {}
 
     def timings(self) -> dict:
-        return {"halo": float(self.halo.stats.get("halo_s", 0.0))}
+        out = {"halo": float(self.halo.stats.get("halo_s", 0.0))}
+        if isinstance(self.halo, CachedHalo):
+            out["halo_wait"] = float(self.halo.stats.get("halo_wait_s", 0.0))
+        return out
 
     def reset_stats(self) -> None:
         self.halo.reset_stats()
         self.meter.reset()
+
+    def close(self) -> None:
+        if isinstance(self.halo, CachedHalo):
+            self.halo.close()
 
 
 class OffloadedFullGraph:
@@ -139,6 +177,7 @@ class OffloadedFullGraph:
 
     def __init__(self, model, graph: LocalGraph, comm, device, settings: OffloadSettings,
                  halo: HaloProvider | None = None):
+        # (the halo cache and the pipeline are refused with offload: specs/fullgraph.validate)
         self.model, self.graph = model, graph
         self.halo = halo if halo is not None else ExactHalo(comm, graph.halo)
         self.device = torch.device(device)
@@ -177,6 +216,15 @@ class OffloadedFullGraph:
         self.halo.reset_stats()
         self.meter.reset()
 
+    def begin_epoch(self, epoch: int) -> None:
+        pass
+
+    def per_layer(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
     def plan_attrs(self) -> dict:
         """Chunking and schedule facts for the run file (this rank)."""
         e = self.engine
@@ -186,13 +234,35 @@ class OffloadedFullGraph:
                 "predicted_h2d_rows_per_layer_pass": e.predicted_h2d_rows()}
 
 
-def make_runner(cfg, model, graph: LocalGraph, comm, device):
-    """The in-memory or the offloaded runner, as ``cfg.fullgraph.offload`` says."""
+def uses_cached_halo(cfg) -> bool:
+    """Whether the config asks for :class:`~hpcgnn.comm.halo_cached.CachedHalo`."""
+    return cfg.fullgraph.halo == "cached" or cfg.fullgraph.pipeline
+
+
+def cache_settings(cfg) -> CacheSettings:
+    """The ``[fullgraph]`` cache keys as :class:`~hpcgnn.comm.halo_cached.CacheSettings`."""
+    from hpcgnn.engine.specs.fullgraph import cache_bytes
+
+    fg = cfg.fullgraph
+    return CacheSettings(cache=fg.halo == "cached", staleness=fg.staleness, pipeline=fg.pipeline,
+                         budget_bytes=cache_bytes(fg.cache_memory, "fullgraph.cache_memory"),
+                         device_bytes=cache_bytes(fg.cache_device_memory, "fullgraph.cache_device_memory"))
+
+
+def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | None = None):
+    """The in-memory or the offloaded runner, as ``cfg.fullgraph.offload`` says (in memory with a
+    :class:`~hpcgnn.comm.halo_cached.CachedHalo` when the config asks for one; collective then)."""
     fg = cfg.fullgraph
     if fg.offload:
         settings = OffloadSettings(chunks=fg.chunks, batch_chunks=fg.batch_chunks, dedup=fg.dedup,
                                    order=fg.order, recompute=fg.recompute)
         return OffloadedFullGraph(model, graph, comm, device, settings)
+    if uses_cached_halo(cfg):
+        from hpcgnn.engine.estimate import _widths
+
+        widths = _widths(cfg, int(graph.x0.shape[1]), int(num_classes or 1))[:cfg.model.layers]
+        halo = CachedHalo(comm, graph.halo, cache_settings(cfg), widths, device)
+        return InMemoryFullGraph(model, graph, comm, device, halo=halo)
     return InMemoryFullGraph(model, graph, comm, device)
 
 
@@ -218,12 +288,13 @@ class FullGraphEngine(Engine):
         self.device = device
         self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         t0 = time.perf_counter()
-        self.graph = graph = build_local_graph(part, rt.comm)
+        self.graph = graph = build_local_graph(part, rt.comm,
+                                               fetch_halo=cfg.fullgraph.halo != "cached")
         self.model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
         self.optimizer = build_optimizer(cfg, self.model)
         error, runner = None, None
         try:
-            runner = make_runner(cfg, self.model, graph, rt.comm, device)
+            runner = make_runner(cfg, self.model, graph, rt.comm, device, out.meta.num_classes)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
@@ -235,7 +306,10 @@ class FullGraphEngine(Engine):
         setup_s = time.perf_counter() - t0
         plan = runner.plan_attrs() if isinstance(runner, OffloadedFullGraph) else {}
         plans = rt.comm.gather(plan, root=0)
+        fg = cfg.fullgraph
         out.set_attrs(fullgraph_mode="offload" if cfg.fullgraph.offload else "in-memory",
+                      fullgraph_halo=fg.halo, fullgraph_pipeline=bool(fg.pipeline),
+                      fullgraph_staleness=int(fg.staleness),
                       fullgraph_grad_reduce="sum of partial gradients of the global mean loss",
                       device=str(device), setup_seconds=setup_s,
                       **({"fullgraph_plans": plans} if cfg.fullgraph.offload and rt.is_root else {}))
@@ -245,6 +319,7 @@ class FullGraphEngine(Engine):
 
         timer, runner = self.timer, self.runner
         runner.reset_stats()
+        runner.begin_epoch(epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.before_step(epoch, 0)
         loss_local = runner.train_step(timer, self.n_train)
@@ -261,6 +336,11 @@ class FullGraphEngine(Engine):
         evaluated."""
         result.counters.update(self.runner.counters())
         result.timings.update(self.runner.timings())
+        result.per_layer.update(self.runner.per_layer())
+
+    def close(self) -> None:
+        """Collective: a cached halo completes its pipelined messages and frees its communicator."""
+        self.runner.close()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from hpcgnn.engine.registry import EngineSpec
-from hpcgnn.run.config import Key, positive
+from hpcgnn.errors import InputError
+from hpcgnn.run.config import Key, nonneg, positive
 
 KEYS = {
     "offload": Key(bool, False, "keep layer data in host memory and stream chunks (HongTu)"),
@@ -14,7 +15,40 @@ KEYS = {
     "recompute": Key(str, "auto", "backward: 'recompute' from a checkpoint, 'cache' the "
                      "aggregation, or 'auto' (recompute GAT, cache GCN/SAGE)",
                      choices=("auto", "recompute", "cache")),
+    "halo": Key(str, "exact", "halo rows of hidden layers: 'exact' (every layer of every epoch "
+                "exchanged) or 'cached' (CaPGNN JACA cache, rows at most fullgraph.staleness "
+                "epochs old; docs/capgnn.md)", choices=("exact", "cached")),
+    "staleness": Key(int, 1, "the hard bound S on the age (epochs) of a cached or pipelined halo "
+                     "row (0 = always fresh)", nonneg, ">= 0"),
+    "pipeline": Key(bool, False, "layer l of epoch t uses halo rows sent during epoch t-1 while "
+                    "epoch t's exchange runs non-blocking (PipeGCN; needs staleness >= 1)"),
+    "cache_memory": Key(str, "all", "halo cache budget per rank, both tiers: 'all' (every halo "
+                        "row) or a size such as '512MiB'"),
+    "cache_device_memory": Key(str, "all", "of that budget, the device tier: 'all' or a size "
+                               "(the rest is the host tier)"),
 }
+
+
+def cache_bytes(text: str, what: str) -> int | None:
+    """A cache budget key's value: None for 'all', else bytes (InputError naming ``what``)."""
+    from hpcgnn.run.memory import parse_size
+
+    return None if str(text).strip().lower() == "all" else parse_size(text, what)
+
+
+def validate(cfg, label: str) -> None:
+    """The cache and the pipeline run in memory only; the pipeline needs staleness >= 1."""
+    fg = cfg.fullgraph
+    if fg.offload and (fg.halo == "cached" or fg.pipeline):
+        raise InputError(f"{label}: fullgraph.offload = true with fullgraph.halo = {fg.halo!r} / "
+                         f"fullgraph.pipeline = {str(fg.pipeline).lower()}: the halo cache and the "
+                         "pipeline run in memory only (set fullgraph.offload = false or halo = 'exact', "
+                         "pipeline = false)")
+    if fg.pipeline and fg.staleness < 1:
+        raise InputError(f"{label}: fullgraph.staleness = {fg.staleness} with fullgraph.pipeline = true: "
+                         "pipelined halo rows are one epoch old (set fullgraph.staleness >= 1)")
+    cache_bytes(fg.cache_memory, f"{label}: fullgraph.cache_memory")
+    cache_bytes(fg.cache_device_memory, f"{label}: fullgraph.cache_device_memory")
 
 SPEC = EngineSpec(
     name="fullgraph",
@@ -23,4 +57,5 @@ SPEC = EngineSpec(
     keys=KEYS,
     factory="hpcgnn.engine.fullgraph:make_engine",
     memory_terms="hpcgnn.engine.estimate:fullgraph_terms",
+    validate=validate,
 )

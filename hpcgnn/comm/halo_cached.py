@@ -1,0 +1,400 @@
+"""CaPGNN's JACA halo cache with a hard staleness bound, and a PipeGCN-style pipelined exchange.
+
+:class:`CachedHalo` is a :class:`~hpcgnn.comm.halo.HaloProvider` for the in-memory full-graph
+engine (``fullgraph.halo = "cached"`` and/or ``fullgraph.pipeline = true``).
+
+Cache (receiver side, :class:`ReceiverCache`). Every rank caches remote halo rows of every layer
+input in two tiers: a *device* tier (on the training device; on a CPU run a separately budgeted
+host buffer, so the same code and counters run) and a *host* tier. Admission is decided once at
+start-up, per halo vertex for all layers together (``4 * sum(layer input widths)`` bytes a row):
+halo vertices in decreasing duplication count (the number of partitions that hold the vertex as
+halo, CaPGNN's priority), ties by global ID; the first ones fill the device budget, the next ones
+the host budget, the rest are never cached. Membership is frozen (JACA never evicts); values are
+overwritten whenever a row arrives.
+
+Protocol (sender side, :class:`SenderState`). At start-up every receiver tells each owner which of
+the rows it sends are cached there (one all-to-all of a byte per halo row), so both sides agree
+deterministically. The owner keeps, per (receiver, row) = per entry of its send list and layer,
+the epoch it last sent the row. At epoch ``t`` with staleness bound ``S`` and pipeline lag
+``lag`` (0 blocking, 1 pipelined: a message sent at ``t`` is used at ``t + 1``) it sends a row
+when the receiver does not cache it or when ``last_sent < t + lag - S`` (the cached copy would be
+older than ``S`` when used), and updates ``last_sent``. Layer 0 (the input features never change)
+sends a cached row once, ever. A message is the rows plus their int32 positions in the
+sender's segment for that receiver (point-to-point, :class:`~hpcgnn.comm.alltoall.PendingCappedExchange`:
+no count exchange); the receiver trusts the positions. So **every row used at epoch t was
+written at an epoch >= t - S** (a hard bound; :meth:`ReceiverCache.assemble` raises if it ever
+would not hold), S = 0 without pipeline is the exact exchange, and the pipeline (which needs
+S >= 1) uses rows exactly one epoch old for the rows the receiver does not cache.
+
+Pipeline. Layer ``l`` of epoch ``t`` waits for the message started at layer ``l`` of epoch
+``t - 1`` (its rows are one epoch old), then starts epoch ``t``'s message non-blocking and
+returns; the message travels while the rest of the forward, the backward, the gradient allreduce
+and the update run. The first epoch (after start-up or a resume: the cache is soft state, never
+checkpointed) fetches blocking (age 0) and starts the pipeline.
+
+Gradients (:meth:`CachedHalo.adjoint`) are always exact: the blocking exact adjoint exchange.
+Evaluation (:meth:`CachedHalo.exact_mode`) is exact too: hidden layers use a blocking exact
+exchange that neither reads nor writes the cache; layer 0 reads the cache (exact: features are
+constant).
+
+Measured staleness, per training epoch (:meth:`CachedHalo.epoch_report`): per layer the
+histogram of the ages of the halo rows used (0 = sent this epoch), rows taken from each tier,
+bytes sent (rows + indices) and what the uncached exchange of the same layer would send.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcgnn.comm.alltoall import PendingCappedExchange, alltoallv
+from hpcgnn.comm.halo import HaloPlan, HaloProvider, adjoint_rows, exchange_rows
+
+NEVER = np.iinfo(np.int64).min // 4   # "never sent / never written" epoch
+TIER_NONE, TIER_DEVICE, TIER_HOST = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """``cache``: admit rows at all (``fullgraph.halo = "cached"``); ``staleness``: the bound S
+    (epochs, >= 0); ``pipeline``: lag 1; ``budget_bytes`` / ``device_bytes``: the total and the
+    device-tier budget per rank (None = unbounded: every halo row)."""
+
+    cache: bool
+    staleness: int
+    pipeline: bool
+    budget_bytes: int | None = None
+    device_bytes: int | None = None
+
+    @property
+    def lag(self) -> int:
+        return 1 if self.pipeline else 0
+
+
+def admission(dup: np.ndarray, row_bytes: int, budget_bytes: int | None,
+              device_bytes: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Tier (0 none, 1 device, 2 host) and slot in its tier of every halo row, from the rows'
+    duplication counts ``dup`` [num_halo] (halo order = global-ID order, the tie-break).
+
+    Rows in decreasing ``dup``: the first ``device_bytes // row_bytes`` go to the device tier,
+    the next up to ``budget_bytes // row_bytes`` in all to the host tier (None = no limit)."""
+    n = int(dup.shape[0])
+    row_bytes = max(int(row_bytes), 1)
+    cap = n if budget_bytes is None else min(n, int(budget_bytes) // row_bytes)
+    dev = cap if device_bytes is None else min(cap, int(device_bytes) // row_bytes)
+    order = np.lexsort((np.arange(n), -np.asarray(dup, dtype=np.int64)))
+    tier = np.zeros(n, dtype=np.int8)
+    slot = np.full(n, -1, dtype=np.int64)
+    tier[order[:dev]] = TIER_DEVICE
+    slot[order[:dev]] = np.arange(dev)
+    tier[order[dev:cap]] = TIER_HOST
+    slot[order[dev:cap]] = np.arange(cap - dev)
+    return tier, slot
+
+
+class SenderState:
+    """The owner's side: which send-list entries to send at each epoch (see the module text).
+
+    ``cacheable`` bool [S]: whether the receiver of send-list entry ``i`` caches it."""
+
+    def __init__(self, cacheable: np.ndarray, num_layers: int):
+        self.cacheable = np.asarray(cacheable, dtype=bool)
+        self.last_sent = np.full((num_layers, self.cacheable.shape[0]), NEVER, dtype=np.int64)
+
+    def select(self, layer: int, epoch: int, staleness: int, lag: int, constant: bool) -> np.ndarray:
+        """Bool mask [S] of the entries sent at ``epoch`` for ``layer`` (recorded as sent)."""
+        last = self.last_sent[layer]
+        if constant:
+            mask = ~self.cacheable | (last == NEVER)
+        else:
+            mask = ~self.cacheable | (last < epoch + lag - staleness)
+        last[mask] = epoch
+        return mask
+
+
+class ReceiverCache:
+    """The receiver's two-tier cache of one rank's halo rows (see the module text).
+
+    ``tier`` int8 / ``slot`` int64 [num_halo] from :func:`admission`; ``widths`` the layer input
+    widths; the device tier lives on ``device``, the host tier in host memory."""
+
+    def __init__(self, tier: np.ndarray, slot: np.ndarray, widths: list[int], device="cpu"):
+        self.tier, self.slot = np.asarray(tier, dtype=np.int8), np.asarray(slot, dtype=np.int64)
+        self.num_halo = int(self.tier.shape[0])
+        self.device = torch.device(device)
+        n_dev = int((self.tier == TIER_DEVICE).sum())
+        n_host = int((self.tier == TIER_HOST).sum())
+        self.dev_pos = np.flatnonzero(self.tier == TIER_DEVICE)
+        self.host_pos = np.flatnonzero(self.tier == TIER_HOST)
+        self.widths = list(widths)
+        self.dev = [torch.zeros((n_dev, w), dtype=torch.float32, device=self.device) for w in widths]
+        self.host = [torch.zeros((n_host, w), dtype=torch.float32) for w in widths]
+        self.written = np.full((len(widths), self.num_halo), NEVER, dtype=np.int64)
+
+    @property
+    def nbytes(self) -> dict:
+        """Bytes of each tier (device, host)."""
+        return {"device": sum(t.numel() * 4 for t in self.dev), "host": sum(t.numel() * 4 for t in self.host)}
+
+    def store(self, layer: int, epoch_sent: int, positions: np.ndarray, rows: np.ndarray) -> None:
+        """Write received rows (halo ``positions``, values of ``epoch_sent``) into their tiers."""
+        t = self.tier[positions]
+        for tier, bufs in ((TIER_DEVICE, self.dev), (TIER_HOST, self.host)):
+            sel = np.flatnonzero(t == tier)
+            if sel.size:
+                slots = torch.from_numpy(self.slot[positions[sel]])
+                vals = torch.from_numpy(np.ascontiguousarray(rows[sel]))
+                bufs[layer][slots.to(bufs[layer].device)] = vals.to(bufs[layer].device)
+        cached = t != TIER_NONE
+        self.written[layer, positions[cached]] = epoch_sent
+
+    def assemble(self, layer: int, epoch_used: int, epoch_sent: int, positions: np.ndarray,
+                 rows: np.ndarray, staleness: int | None, constant: bool = False):
+        """The halo block [num_halo, w] used at ``epoch_used``: the received ``rows`` (written at
+        ``epoch_sent``) at their ``positions``, every other row from the cache.
+
+        Stores the received rows first. Returns (block, ages int64 [num_halo], rows from the
+        device tier, rows from the host tier). Raises RuntimeError if a row is neither received
+        nor cached, or (``staleness`` not None, ``constant`` False) older than ``staleness``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        w = self.widths[layer]
+        self.store(layer, epoch_sent, positions, rows)
+        out = np.empty((self.num_halo, w), dtype=np.float32)
+        got = np.zeros(self.num_halo, dtype=bool)
+        got[positions] = True
+        if positions.size:
+            out[positions] = rows
+        miss = ~got
+        if np.any(miss & (self.tier == TIER_NONE)) or np.any(self.written[layer][miss] == NEVER):
+            bad = np.flatnonzero(miss & ((self.tier == TIER_NONE) | (self.written[layer] == NEVER)))
+            raise RuntimeError(f"halo cache protocol: layer {layer} epoch {epoch_used}: {bad.size} halo "
+                               f"rows neither received nor cached (first {bad[:5].tolist()})")
+        hits = []
+        for tier, bufs, pos in ((TIER_DEVICE, self.dev, self.dev_pos), (TIER_HOST, self.host, self.host_pos)):
+            use = pos[miss[pos]]
+            if use.size:
+                slots = torch.from_numpy(self.slot[use]).to(bufs[layer].device)
+                out[use] = bufs[layer].index_select(0, slots).cpu().numpy()
+            hits.append(int(use.size))
+        ages = np.empty(self.num_halo, dtype=np.int64)
+        if constant:
+            ages[:] = 0
+        else:
+            ages[got] = epoch_used - epoch_sent
+            ages[miss] = epoch_used - self.written[layer][miss]
+            if staleness is not None and ages.size and int(ages.max()) > staleness:
+                raise RuntimeError(f"halo cache protocol: layer {layer} epoch {epoch_used}: a row of age "
+                                   f"{int(ages.max())} > staleness bound {staleness}")
+        return out, ages, hits[0], hits[1]
+
+
+class _Message:
+    """One started halo message of a layer: the exchange and the epoch its rows belong to."""
+
+    def __init__(self, exchange: PendingCappedExchange, epoch: int):
+        self.exchange, self.epoch = exchange, epoch
+
+
+def duplication_counts(comm, plan: HaloPlan) -> np.ndarray:
+    """Collective: for every halo row of this rank, the number of partitions that hold the vertex
+    as halo (its owner counts the destinations of the vertex in its send list)."""
+    dup_solid = np.bincount(plan.send_index, minlength=plan.num_solid).astype(np.int64)
+    return exchange_rows(comm, plan, dup_solid)
+
+
+class CachedHalo(HaloProvider):
+    """A cached and/or pipelined halo provider (collective constructor; see the module text).
+
+    ``widths`` [L]: the width of every layer's input; ``device``: where the device tier lives.
+    Call :meth:`begin_epoch` before every training epoch, :meth:`close` after the last one."""
+
+    def __init__(self, comm, plan: HaloPlan, settings: CacheSettings, widths: list[int],
+                 device="cpu", stats: dict | None = None):
+        super().__init__(comm, plan, stats)
+        self.settings = settings
+        self.widths = [int(w) for w in widths]
+        self.num_layers = len(self.widths)
+        k = comm.Get_size() if comm is not None else 1
+        self._comm = comm.Dup() if self.distributed else None   # the point-to-point messages
+        if self.distributed:
+            dup = duplication_counts(comm, plan)
+        else:
+            dup = np.zeros(plan.num_halo, dtype=np.int64)
+        row_bytes = 4 * sum(self.widths)
+        if settings.cache:
+            tier, slot = admission(dup, row_bytes, settings.budget_bytes, settings.device_bytes)
+        else:
+            tier, slot = np.zeros(plan.num_halo, np.int8), np.full(plan.num_halo, -1, np.int64)
+        self.dup = dup
+        self.cache = ReceiverCache(tier, slot, self.widths, device)
+        cached = (tier != TIER_NONE).astype(np.uint8)
+        if self.distributed:
+            cacheable = alltoallv(comm, cached, plan.recv_counts, plan.send_counts).astype(bool)
+        else:
+            cacheable = np.zeros(plan.rows_sent, dtype=bool)
+        self.sender = SenderState(cacheable, self.num_layers)
+        self.recv_offsets = np.concatenate([[0], np.cumsum(plan.recv_counts)]).astype(np.int64)
+        self.send_offsets = np.concatenate([[0], np.cumsum(plan.send_counts)]).astype(np.int64)
+        self._seg_pos = (np.arange(plan.rows_sent, dtype=np.int64)
+                         - np.repeat(self.send_offsets[:-1], plan.send_counts)).astype(np.int32)
+        self._dest = np.repeat(np.arange(k, dtype=np.int64), plan.send_counts)
+        self._pending: dict[int, _Message] = {}
+        self.epoch = 0
+        self._exact = False
+        self.report: dict = {}
+
+    # ---- epochs and modes ------------------------------------------------------------------
+    def begin_epoch(self, epoch: int) -> None:
+        """Training epoch ``epoch`` starts (same value on every rank); clears the epoch report."""
+        self.epoch = int(epoch)
+        self.report = {}
+
+    @contextlib.contextmanager
+    def exact_mode(self):
+        """Within: exact blocking exchanges that leave the cache and the pipeline untouched
+        (evaluation)."""
+        self._exact = True
+        try:
+            yield
+        finally:
+            self._exact = False
+
+    def close(self) -> None:
+        """Collective: complete outstanding pipelined messages and free the communicator."""
+        for msg in self._pending.values():
+            msg.exchange.wait()
+        self._pending.clear()
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
+
+    # ---- the provider ----------------------------------------------------------------------
+    def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
+        if not self.distributed:
+            return np.ascontiguousarray(solid_rows[:0])
+        solid_rows = np.ascontiguousarray(solid_rows, dtype=np.float32).reshape(solid_rows.shape[0], -1)
+        constant = layer == 0
+        if self._exact and not constant:
+            t0 = time.perf_counter()
+            halo = exchange_rows(self.comm, self.plan, solid_rows)
+            self.account(t0, self.plan.rows_sent * solid_rows[0:1].nbytes)
+            return halo
+        s, t = self.settings, self.epoch
+        t0 = time.perf_counter()
+        if constant or not s.pipeline or layer not in self._pending:
+            # blocking: this epoch's rows (the first pipelined epoch too)
+            msg = self._start(layer, solid_rows, lag=0, constant=constant)
+            w0 = time.perf_counter()
+            (idx, rows), src = msg.exchange.wait()
+            wait_s = time.perf_counter() - w0
+            used_sent = msg.epoch
+            if s.pipeline and not constant:
+                self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
+        else:
+            prev = self._pending.pop(layer)
+            w0 = time.perf_counter()
+            (idx, rows), src = prev.exchange.wait()
+            wait_s = time.perf_counter() - w0
+            used_sent = prev.epoch
+            self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
+        positions = self.recv_offsets[src.astype(np.int64)] + idx.astype(np.int64)
+        halo, ages, hit_dev, hit_host = self.cache.assemble(
+            layer, t, used_sent, positions, rows, None if self._exact else s.staleness, constant)
+        if not self._exact:
+            self._layer_report(layer)["rows_received"] += int(positions.size)
+        self.account(t0, 0)
+        self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
+        if not self._exact:
+            self._record(layer, ages, hit_dev, hit_host)
+            self._layer_report(layer)["bytes_nocache"] += self.plan.rows_sent * 4 * solid_rows.shape[1]
+        return halo
+
+    def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        back = adjoint_rows(self.comm, self.plan, halo_grads)
+        nbytes = halo_grads.nbytes if self.distributed else 0
+        self.account(t0, nbytes)
+        self.stats["halo_adjoint_bytes"] = self.stats.get("halo_adjoint_bytes", 0) + nbytes
+        return back
+
+    # ---- internals -----------------------------------------------------------------------
+    def _start(self, layer: int, solid_rows: np.ndarray, lag: int, constant: bool) -> _Message:
+        """Select and start (non-blocking) this epoch's message of ``layer``; count its bytes."""
+        s, t = self.settings, self.epoch
+        mask = self.sender.select(layer, t, s.staleness, lag, constant)
+        sel = np.flatnonzero(mask)
+        rows = solid_rows[self.plan.send_index[sel]]
+        idx = self._seg_pos[sel]
+        counts = np.bincount(self._dest[sel], minlength=self.plan.num_parts).astype(np.int64)
+        ex = PendingCappedExchange(self._comm, [idx, rows], counts, self.plan.recv_counts, tag=2 * layer)
+        payload, index = int(rows.nbytes), int(idx.nbytes)
+        self.account(time.perf_counter(), payload + index)
+        if not self._exact:
+            rep = self._layer_report(layer)
+            rep["bytes_sent"] += payload + index
+            rep["index_bytes"] += index
+            rep["rows_sent"] += int(sel.size)
+        return _Message(ex, t)
+
+    def _layer_report(self, layer: int) -> dict:
+        return self.report.setdefault(layer, {"bytes_sent": 0, "index_bytes": 0, "rows_sent": 0,
+                                              "bytes_nocache": 0, "ages": np.zeros(0, np.int64), "rows_received": 0,
+                                              "hits_device": 0, "hits_host": 0, "rows_used": 0})
+
+    def _record(self, layer: int, ages: np.ndarray, hit_dev: int, hit_host: int) -> None:
+        rep = self._layer_report(layer)
+        rep["ages"] = _add_hist(rep["ages"], np.bincount(ages, minlength=1))
+        rep["hits_device"] += hit_dev
+        rep["hits_host"] += hit_host
+        rep["rows_used"] += int(ages.size)
+
+    def epoch_report(self) -> tuple[dict, dict]:
+        """(counters, per_layer) of the training epoch so far (see the module text).
+
+        per_layer (one value per layer; a layer without halo fetches reads 0): ``halo_age_<a>``
+        rows used with age ``a`` for a = 0..max(S, 1), ``halo_age_over_bound`` rows older than
+        S (always 0: the bound is enforced), ``halo_age_max``, ``halo_rows_used``,
+        ``halo_hits_device`` / ``halo_hits_host`` (rows read from each tier), ``halo_rows_sent`` /
+        ``halo_rows_received`` (rows this rank sent / received),
+        ``halo_fwd_bytes`` (rows + indices sent) and ``halo_fwd_nocache_bytes`` (what the uncached
+        exchange of the layer would send). counters: the sums over layers of the last two and of
+        ``halo_index_bytes``, and ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``."""
+        s, L = self.settings, self.num_layers
+        top = max(s.staleness, 1)
+        per = {f"halo_age_{a}": np.zeros(L) for a in range(top + 1)}
+        for name in ("halo_age_over_bound", "halo_age_max", "halo_rows_used", "halo_hits_device",
+                     "halo_hits_host", "halo_rows_sent", "halo_rows_received", "halo_fwd_bytes",
+                     "halo_fwd_nocache_bytes"):
+            per[name] = np.zeros(L)
+        for l, rep in self.report.items():
+            hist = rep["ages"]
+            for a in range(min(top + 1, hist.shape[0])):
+                per[f"halo_age_{a}"][l] = hist[a]
+            per["halo_age_over_bound"][l] = hist[s.staleness + 1:].sum()
+            nz = np.flatnonzero(hist)
+            per["halo_age_max"][l] = nz[-1] if nz.size else 0
+            per["halo_rows_used"][l] = rep["rows_used"]
+            per["halo_hits_device"][l] = rep["hits_device"]
+            per["halo_hits_host"][l] = rep["hits_host"]
+            per["halo_rows_sent"][l] = rep["rows_sent"]
+            per["halo_rows_received"][l] = rep["rows_received"]
+            per["halo_fwd_bytes"][l] = rep["bytes_sent"]
+            per["halo_fwd_nocache_bytes"][l] = rep["bytes_nocache"]
+        nb = self.cache.nbytes
+        counters = {"halo_fwd_bytes": float(per["halo_fwd_bytes"].sum()),
+                    "halo_fwd_nocache_bytes": float(per["halo_fwd_nocache_bytes"].sum()),
+                    "halo_index_bytes": float(sum(r["index_bytes"] for r in self.report.values())),
+                    "halo_cache_device_bytes": float(nb["device"]),
+                    "halo_cache_host_bytes": float(nb["host"])}
+        return counters, per
+
+
+def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    n = max(a.shape[0], b.shape[0])
+    out = np.zeros(n, dtype=np.int64)
+    out[:a.shape[0]] += a
+    out[:b.shape[0]] += b
+    return out

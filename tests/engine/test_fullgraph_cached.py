@@ -1,0 +1,167 @@
+"""The full-graph engine with the halo cache and the pipeline, on 4 real MPI ranks (toy graph):
+layer-0 caching is exact and resends only the uncached rows; with S = 1, 2, 4 (with and without
+the pipeline) every recorded age is <= S and the bound is reached; hidden-layer rows are resent
+once every S + 1 (pipelined: S) epochs; the loss stays close to exact training."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+
+from mpiutil import run_mpi  # noqa: E402
+from toygraph import toy_graph, toy_store  # noqa: E402
+
+EPOCHS = 9
+F, HIDDEN, LAYERS = 10, 8, 3
+
+SCRIPT = r'''
+import json, sys
+import numpy as np, torch
+from mpi4py import MPI
+from hpcgnn.partition.store import read_meta, load_partition
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+from hpcgnn.engine.common import PhaseTimer
+from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
+from hpcgnn.nn.models import build_model
+
+store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+torch.set_num_threads(1)
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+meta = read_meta(store)
+part = load_partition(store, r, meta)
+widths = [F] + [HIDDEN] * (LAYERS - 1)
+row_bytes = 4 * sum(widths)
+cases = {"exact": None,
+         "layer0-budget": CacheSettings(cache=True, staleness=0, pipeline=False, budget_bytes=5 * row_bytes,
+                                        device_bytes=2 * row_bytes)}
+for s in (1, 2, 4):
+    cases[f"S{s}"] = CacheSettings(cache=True, staleness=s, pipeline=False)
+    cases[f"S{s}-pipe"] = CacheSettings(cache=True, staleness=s, pipeline=True, device_bytes=7 * row_bytes)
+cases["exact-pipe"] = CacheSettings(cache=False, staleness=1, pipeline=True)
+report = {"num_halo": comm.gather(part.num_halo, root=0)}
+for name, st in cases.items():
+    lg = build_local_graph(part, comm, fetch_halo=st is None or not st.cache)
+    n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
+    model = build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS, dropout=0.0, seed=3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    halo = None if st is None else CachedHalo(comm, lg.halo, st, widths, "cpu")
+    runner = InMemoryFullGraph(model, lg, comm, "cpu", halo=halo)
+    losses, reps = [], []
+    for t in range(1, epochs + 1):
+        runner.reset_stats()
+        runner.begin_epoch(t)
+        opt.zero_grad(set_to_none=True)
+        loss = comm.allreduce(runner.train_step(PhaseTimer(), n_train)) / n_train
+        for p in model.parameters():
+            comm.Allreduce(MPI.IN_PLACE, p.grad.numpy())
+        opt.step()
+        losses.append(loss)
+        if t in (3, epochs):
+            model.eval()
+            runner.predict()             # exact evaluation between epochs leaves the cache alone
+            model.train()
+        reps.append({"counters": runner.counters(),
+                     "per_layer": {k: v.tolist() for k, v in runner.per_layer().items()}})
+    runner.close()
+    report[name] = {"loss": losses, "reps": comm.gather(reps, root=0)}
+if r == 0:
+    json.dump(report, open(out, "w"))
+'''
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fgcached")
+    g = toy_graph(240, 6.0, num_features=F, num_classes=4, seed=7)
+    store = toy_store(d / "store4", g, 4, seed=4)
+    script = d / "cached.py"
+    script.write_text(SCRIPT)
+    out = d / "report.json"
+    proc = run_mpi(4, [script, store, out, EPOCHS, F, HIDDEN, LAYERS], timeout=240,
+                   env={"HPCGNN_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _per_layer(rep, case, name):
+    """[epoch, rank, layer] array of a per-layer figure."""
+    return np.array([[e["per_layer"][name] for e in rank] for rank in rep[case]["reps"]]).transpose(1, 0, 2)
+
+
+def _counter(rep, case, name):
+    return np.array([[e["counters"][name] for e in rank] for rank in rep[case]["reps"]]).T
+
+
+def test_layer0_cache_is_exact_and_resends_only_uncached_rows(report):
+    assert report["layer0-budget"]["loss"] == report["exact"]["loss"]       # bitwise: S = 0
+    halo = np.array(report["num_halo"])
+    assert halo.min() > 5
+    uncached = halo - np.minimum(halo, 5)                                    # 5 rows fit the budget
+    got0 = _per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 0]   # [epoch, rank]
+    assert np.array_equal(got0[0], halo)                                     # epoch 1: all of them
+    sent_bytes = _per_layer(report, "layer0-budget", "halo_fwd_bytes")[:, :, 0].sum(axis=1)
+    for e in range(1, EPOCHS):
+        assert np.array_equal(got0[e], uncached)                             # then the uncached only
+        assert sent_bytes[e] == uncached.sum() * (4 * F + 4)                 # rows + int32 positions
+    dev = _per_layer(report, "layer0-budget", "halo_hits_device")[1:, :, 0]
+    host = _per_layer(report, "layer0-budget", "halo_hits_host")[1:, :, 0]
+    assert (dev == 2).all() and (host == 3).all()                            # tiers: 2 + 3 rows
+    # S = 0: hidden layers are sent in full every epoch
+    got = _per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 1:]
+    assert (got == halo[None, :, None]).all()
+    # with every row cached, layer 0 costs nothing after epoch 1
+    assert (_per_layer(report, "S1", "halo_fwd_bytes")[1:, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("s", [1, 2, 4])
+@pytest.mark.parametrize("pipe", [False, True])
+def test_every_recorded_age_is_within_the_bound(report, s, pipe):
+    case = f"S{s}-pipe" if pipe else f"S{s}"
+    halo = np.array(report["num_halo"])
+    used = _per_layer(report, case, "halo_rows_used")
+    assert (used == halo[None, :, None]).all()
+    assert (_per_layer(report, case, "halo_age_over_bound") == 0).all()
+    ages = _per_layer(report, case, "halo_age_max")
+    assert ages.max() <= s and (ages[:, :, 0] == 0).all()                  # layer 0 is exact
+    assert ages[:, :, 1:].max() == s                                        # the bound is used
+    hist = sum(_per_layer(report, case, f"halo_age_{a}") for a in range(max(s, 1) + 1))
+    assert (hist == used).all()
+    sent = _per_layer(report, case, "halo_rows_received")[:, :, 1:]
+    period = s if pipe else s + 1
+    if pipe:      # pipelined: one epoch old at best
+        assert (_per_layer(report, case, "halo_age_0")[1:, :, 1:] == 0).all()
+    # hidden rows arrive in epoch 1 and then once every `period` epochs (pipelined: the rows
+    # sent at epochs 1 + kS, k >= 1, arrive one epoch later)
+    sends = (sent == halo[None, :, None]).all(axis=(1, 2))
+    assert ((sent == 0) | (sent == halo[None, :, None])).all()
+    expect = [t == 1 or (t >= s + 2 and (t - 2) % s == 0) if pipe else (t - 1) % period == 0
+              for t in range(1, EPOCHS + 1)]
+    assert sends.tolist() == expect, (case, sends.tolist())
+    dev = _per_layer(report, case, "halo_hits_device")
+    host = _per_layer(report, case, "halo_hits_host")
+    if pipe:
+        assert (dev <= 7).all() and host.sum() > 0
+    else:
+        assert host.sum() == 0 and dev.sum() > 0
+    # the training loss stays close to exact training
+    exact, got = np.array(report["exact"]["loss"]), np.array(report[case]["loss"])
+    assert got[0] == exact[0] and abs(got[-1] - exact[-1]) < 0.05 * exact[-1]
+
+
+def test_pipeline_without_cache_uses_rows_one_epoch_old(report):
+    halo = np.array(report["num_halo"])
+    ages1 = _per_layer(report, "exact-pipe", "halo_age_1")
+    assert (ages1[1:, :, 1:] == halo[None, :, None]).all()          # from epoch 2: every row age 1
+    assert (_per_layer(report, "exact-pipe", "halo_age_0")[0, :, 1:] == halo[:, None]).all()
+    assert (_per_layer(report, "exact-pipe", "halo_hits_device") == 0).all()
+    got = _per_layer(report, "exact-pipe", "halo_rows_received")[:, :, 1:]
+    assert (got == halo[None, :, None]).all()       # epoch 1 blocking, then the pipelined messages
+    sent = _per_layer(report, "exact-pipe", "halo_rows_sent")[:, :, 1:].sum(axis=1)
+    assert (sent[0] == 2 * halo.sum()).all() and (sent[1:] == halo.sum()).all()
