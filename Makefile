@@ -134,6 +134,11 @@ bench-fullgraph: $(NATIVE_STAMP)
 bench-tensor: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
 
+# RAPA (docs/rapa.md): 2 ranks with threads [1, 2], speed-proportional vs equal parts, back to back
+.PHONY: bench-rapa
+bench-rapa: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.rapa --out $(RUNS)/bench/rapa.h5
+
 # Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
 # make bench-scale [SCALE=0.25]
 SCALE ?= 1.0

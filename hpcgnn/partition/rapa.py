@@ -127,6 +127,21 @@ def compute_seconds(timings: dict) -> np.ndarray:
     return t
 
 
+def timed_epochs(timings: dict) -> np.ndarray:
+    """bool [E]: the epochs whose compute seconds count: after the first (warm-up) and, where
+    there are such, without an evaluation (an epoch's halo seconds also count the evaluation's
+    exchanges, which lie outside forward/backward)."""
+    e = np.asarray(timings["epoch"] if "epoch" in timings else next(iter(timings.values()))).shape[0]
+    keep = np.ones(e, dtype=bool)
+    if e > 1:
+        keep[0] = False
+    if "eval" in timings:
+        no_eval = ~np.isfinite(np.asarray(timings["eval"], dtype=np.float64)).any(axis=1)
+        if (keep & no_eval).any():
+            keep &= no_eval
+    return keep
+
+
 def speeds_from_run(path: Path) -> tuple[np.ndarray, str]:
     """(speed per rank, description) of a finished run: ``W_r / T_r`` (module docstring)."""
     from hpcgnn.run.output import read_run
@@ -146,15 +161,7 @@ def speeds_from_run(path: Path) -> tuple[np.ndarray, str]:
                          "timings per rank") from None
     if comp.ndim != 2 or comp.shape[0] == 0:
         raise InputError(f"--rank-speed {path}: {where} has no epochs")
-    # Epochs after the first (warm-up) without an evaluation: the halo seconds of an epoch also
-    # count the evaluation's exchanges, which lie outside forward/backward.
-    keep = np.ones(comp.shape[0], dtype=bool)
-    if comp.shape[0] > 1:
-        keep[0] = False
-    if "eval" in run["timings"]:
-        no_eval = ~np.isfinite(np.asarray(run["timings"]["eval"], dtype=np.float64)).any(axis=1)
-        if (keep & no_eval).any():
-            keep &= no_eval
+    keep = timed_epochs(run["timings"])
     comp = comp[keep]
     t = comp.mean(axis=0)
     if not np.all(np.isfinite(t) & (t > 0)):
