@@ -23,6 +23,7 @@ from hpcgnn.errors import InputError
 PHASES = ("sample", "fetch", "forward", "comm_wait", "push", "cache", "backward", "allreduce",
           "optimizer", "eval")
 PHASES += ("nn", "split", "aggregate", "gather")   # the tensor engine's (NeutronTP)
+PHASES += ("store_wait",)                          # the minibatch engine's store (docs/store.md)
 
 
 def add_arguments(parser) -> None:
@@ -77,6 +78,8 @@ def summarise(run: dict) -> dict:
             hits = np.nansum(pl["hec_hits"][i], axis=0)
             looks = np.nansum(pl["hec_lookups"][i], axis=0)
             row["hec_hit_rate"] = [_clean(float(h / l)) if l else None for h, l in zip(hits, looks)]
+        if "store_h2d_bytes" in c:
+            row["store"] = _store_row(c, i)
         if "peak_rss_bytes" in c and np.isfinite(c["peak_rss_bytes"][i]).any():
             per_rank = c["peak_rss_bytes"][i]
             r = int(np.nanargmax(per_rank))
@@ -104,6 +107,21 @@ def summarise(run: dict) -> dict:
         "mean_epoch_time_s": float(np.mean(times)) if times else None,
         "memory_per_rank": _memory_per_rank(run),
     }
+
+
+def _store_row(c: dict, i: int) -> dict:
+    """One epoch's store counters over all ranks: bytes host -> device, device hit rate per data
+    type (rows served by the device tier / rows looked up), the predicted feature hit rate."""
+    out = {"h2d_bytes": _clean(float(np.nansum(c["store_h2d_bytes"][i])))}
+    for kind in ("feature", "hec"):
+        looks = float(np.nansum(c.get(f"store_{kind}_lookups", np.zeros_like(c["store_h2d_bytes"]))[i]))
+        hits = float(np.nansum(c.get(f"store_{kind}_device_hits", np.zeros_like(c["store_h2d_bytes"]))[i]))
+        out[f"{kind}_hit_rate"] = hits / looks if looks else None
+    looks_f = c.get("store_feature_lookups")
+    pred = c.get("store_predicted_feature_hit_rate")
+    if pred is not None and looks_f is not None and np.nansum(looks_f[i]) > 0:   # lookup-weighted over ranks
+        out["predicted_feature_hit_rate"] = _clean(float(np.nansum(pred[i] * looks_f[i]) / np.nansum(looks_f[i])))
+    return out
 
 
 def _memory_per_rank(run: dict) -> list[dict]:
@@ -146,6 +164,7 @@ def format_table(s: dict) -> str:
     layers = max((len(r.get("hec_hit_rate") or []) for r in rows), default=0)
     head = ["epoch", "loss", "train%", "val%", "test%", "time_s"] + phases + \
         (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)] + \
+        (["h2d_MB", "dev_feat%", "pred%", "dev_hec%"] if any("store" in r for r in rows) else []) + \
         (["peak_GiB", "peak_at"] if any("peak_rss_bytes" in r for r in rows) else [])
     table = [head]
     for r in rows:
@@ -157,6 +176,11 @@ def format_table(s: dict) -> str:
             cells.append("-" if r.get("bytes_sent") is None else f"{r['bytes_sent'] / 1e6:.2f}")
         hits = r.get("hec_hit_rate") or []
         cells += [_pct(hits[l]) if l < len(hits) else "-" for l in range(layers)]
+        if "h2d_MB" in head:
+            st = r.get("store") or {}
+            cells += ["-" if st.get("h2d_bytes") is None else f"{st['h2d_bytes'] / 1e6:.2f}",
+                      _pct(st.get("feature_hit_rate")), _pct(st.get("predicted_feature_hit_rate")),
+                      _pct(st.get("hec_hit_rate"))]
         if "peak_GiB" in head:
             if r.get("peak_rss_bytes") is None:
                 cells += ["-", "-"]
@@ -181,6 +205,9 @@ def format_table(s: dict) -> str:
             f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
             for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
     lines.append("phases: mean over ranks in seconds; forward includes comm_wait, push and cache")
+    if any("store" in r for r in rows):
+        lines.append("store: h2d_MB bytes host->device (all ranks; on a CPU what would cross the link); "
+                     "dev_feat% / dev_hec%: rows served by the device tier; pred%: the solver's prediction")
     if any("peak_rss_bytes" in r for r in rows):
         lines.append("peak_GiB: largest per-rank peak resident memory of the epoch; peak_at: rank:phase")
     return "\n".join(lines)

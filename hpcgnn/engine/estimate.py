@@ -5,7 +5,8 @@
 * ``baseline``: the process before any graph data (Python, torch, MPI, native kernels) -
   measured in the calling process (:func:`hpcgnn.run.memory.rss_bytes` once those are imported);
 * ``partition``: the partition file's arrays as loaded, plus the local CSR copy and the halo plan;
-* minibatch engine: ``hec`` (per layer: lines x width, lines = min(cs, halo vertices, rows the
+* minibatch engine: ``store`` (a tiered store's device tier when it is host memory, see
+  :func:`store_terms`), ``hec`` (per layer: lines x width, lines = min(cs, halo vertices, rows the
   AEP can deliver in an epoch), plus the tag directory, which is O(cs)), ``activations`` (the sampled frontiers: expected distinct
   vertices of each hop, times the widths, times the tensors kept for backward) and ``eval`` (the
   bounded layer-wise inference: three solid-row buffers at the widest layer, one halo round and
@@ -145,6 +146,7 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         act += rows[l + 1] * (mb.fanouts[l] if mb.fanouts[l] > 0 else avg) * I64 * 3   # block CSR + transpose
     est.terms["activations"] = int(act)
     est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
+    store_terms(cfg, meta, s, est)
     if mb.eval == "full":
         from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
 
@@ -163,6 +165,23 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             est.terms["activations"] = 0
         else:
             est.terms["eval"] = 0
+
+
+def store_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
+    """The minibatch store's host-memory term ``store`` (docs/store.md): on the CPU a tiered
+    store's device tier is a separate host buffer (its budget, at most the features, plus a row
+    table of int64 per solid row); host-only and device-only stores use the partition's array
+    in place, and on a GPU the device tier is not host memory."""
+    from hpcgnn.store.budget import resolve_budget
+
+    ns = s["num_solid"]
+    feature_bytes = ns * meta.num_features * F32
+    dev = "cuda" if cfg.train.device == "cuda" else "cpu"
+    budget = resolve_budget(cfg.store.device_memory, feature_bytes, dev)
+    if dev == "cuda" or budget is None or budget == 0 or budget >= feature_bytes:
+        return
+    est.terms["store"] = int(budget + ns * I64)
+    est.shrink["store"] = "store.device_memory (the device tier; on the CPU a host buffer)"
 
 
 def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:

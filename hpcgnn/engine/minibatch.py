@@ -23,6 +23,14 @@ HEC_0 holds raw input features and never expires. Then loss (cross-entropy, mean
 rank's seeds), backward, one flat-buffer gradient allreduce (mean or sum over ranks), Adam step:
 parameters stay identical on all ranks. Every posted exchange is received within its epoch.
 
+Feature rows and the local topology come from the rank's store (:mod:`hpcgnn.store`, ``[store]``:
+host-only, tiered or device-only; docs/store.md): the sampler reads the graph store's CSR in place,
+the layer-0 input rows are gathered through the feature store, with ``store.overlap`` the next
+minibatch is sampled and its host rows read on a gather thread while the current one computes,
+and each HEC lives on the device or the host as the placement solver decided. Every store layout
+gives the same rows, so the same losses; per-epoch counters ``store_*`` and the timing
+``store_wait``.
+
 ``minibatch.halo``: ``hec`` (above), ``off`` (edges from halo vertices always dropped, no
 communication), ``exact`` (DistDGL-style distributed sampling and feature pull, see
 :mod:`hpcgnn.sampling.distributed`).
@@ -55,7 +63,6 @@ from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metric
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
-from hpcgnn.nn.aggregate import gather_rows
 
 # Stream tags of rng_key (distinct first parts keep the streams unrelated).
 _ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
@@ -99,8 +106,9 @@ class HaloHooks:
                 tags = t.part.halo_ids[f[halo_pos] - t.num_solid]
                 hit, slots = hec.lookup(torch.from_numpy(tags))
                 hit_np = hit.numpy()
+                t.store.count_hec(l, hit_np.size, int(hit_np.sum()), h.shape[1])
                 if hit_np.any():
-                    rows = hec.load(slots[hit]).to(h.dtype)
+                    rows = hec.load(slots[hit]).to(h.device, h.dtype)
                     idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
                     # the layer-0 input is a fresh gather outside autograd: fill it in place
                     # (a copy of the whole frontier's rows otherwise)
@@ -143,16 +151,16 @@ class MinibatchEngine(Engine):
         self.device = resolve_device(cfg, rt)
         self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda", cuda_device=self.device)
 
+        from hpcgnn.store.graph import HostGraphStore
+
         indptr, local_indices = part.local_csr()
-        self.local_indices = local_indices
-        self.sampler = NeighborSampler(indptr, local_indices, part.num_solid, self.fanouts,
+        self.graph = HostGraphStore(indptr, local_indices, part.num_solid, part.num_local)
+        self.sampler = NeighborSampler(*self.graph.csr(), part.num_solid, self.fanouts,
                                        seed=rng_key(self.seed, _SAMPLER, rt.rank), num_local=part.num_local)
-        # Solid rows only: a halo row of a layer-0 input is always replaced from HEC_0, dropped, or
-        # (exact mode) fetched, so it needs no storage (on the CPU this is the store's own array).
-        self.x_solid = torch.from_numpy(part.features).to(self.device)
         self.labels = torch.from_numpy(part.labels).to(self.device)
         self.train_ids = np.flatnonzero(part.train_mask).astype(np.int64)
         self.in_dim = int(part.features.shape[1])
+        self.local_train = int(self.train_ids.size)
         self.num_classes = int(part.num_classes)
 
         self.model = build_model_from_config(cfg, self.in_dim, self.num_classes, rt, self.device)
@@ -165,6 +173,7 @@ class MinibatchEngine(Engine):
 
         self.aep = None
         self.hecs = []
+        rows = 0
         if self.halo_mode == "hec":
             from hpcgnn.cache.hec import HistoricalEmbeddingCache
 
@@ -173,14 +182,17 @@ class MinibatchEngine(Engine):
                                           record=self.hooks.wants_exchanges)
             # only this rank's halo vertices are ever pushed to it: no more rows than those
             rows = max(1, min(mb.cs, part.num_halo))
-            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0), device=self.device,
-                                                  max_rows=rows)
+        self.store = self._build_store(rows if self.halo_mode == "hec" else 0)
+        if self.halo_mode == "hec":
+            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0),
+                                                  device=self.store.hec_devices[l], max_rows=rows)
                          for l, d in enumerate(self.dims)]
         self.fetch = None
         if self.halo_mode == "exact" or mb.eval == "sampled":
             from hpcgnn.sampling.distributed import ExactFetch
 
-            self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed)
+            self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed,
+                                    csr=self.graph.csr())
         self.halo_plan = None
         if mb.eval == "full":
             from hpcgnn.comm.halo import HaloPlan
@@ -197,6 +209,27 @@ class MinibatchEngine(Engine):
                                    "sampled inference with the training fanouts over the whole graph "
                                    "(DistDGL-style distributed sampling)"),
                       layer_input_dims=self.dims, num_train=int(allreduce_sum(rt, [self.train_ids.size])[0]))
+        placements = rt.comm.allgather(self.store.summary()) if rt.size > 1 else [self.store.summary()]
+        out.set_attrs(store_mode=self.store.features.name, store_placement=placements,
+                      store_predicted_hit_rate=[p.get("placement", {}).get("predicted", {}).get(
+                          "feature_hit_rate", 1.0 if p["mode"] == "device" else 0.0) for p in placements])
+
+    def _build_store(self, hec_lines: int):
+        """Collective: this rank's store (:func:`hpcgnn.store.rank.build_rank_store`); the
+        placement pre-samples with this epoch's batch size."""
+        from hpcgnn.store.rank import build_rank_store
+
+        rt, cfg = self.rt, self.cfg
+        m = allreduce_max(rt, math.ceil(self.local_train / cfg.minibatch.batch_size) if self.local_train else 0)
+        batch = math.ceil(self.local_train / m) if m else 0
+        store, error = None, None
+        try:
+            store = build_rank_store(cfg, self.part, self.graph, self.sampler, self.device, self.train_ids,
+                                     batch, m, self.dims, hec_lines, rt.rank)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        return store
 
     # ---- training ---------------------------------------------------------------
     def checkpoint_extra(self, epoch: int) -> dict:
@@ -205,6 +238,7 @@ class MinibatchEngine(Engine):
     def close(self) -> None:
         if self.aep is not None:
             self.aep.close()
+        self.store.close()
 
     def train_epoch(self, epoch: int) -> EpochResult:
         cfg, rt, timer = self.cfg, self.rt, self.timer
@@ -216,6 +250,7 @@ class MinibatchEngine(Engine):
                 hec.reset_stats()
         if self.fetch is not None:
             self.fetch.reset_counters()
+        self.store.reset_counters()
         order = numpy_rng(self.seed, _ORDER, epoch, rt.rank).permutation(self.train_ids)
         m, sizes = equalised_batches(order.size, cfg.minibatch.batch_size, rt)
         if m == 0:
@@ -223,6 +258,8 @@ class MinibatchEngine(Engine):
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
         hooks = self.hooks
+        overlap = self.store.prefetch.overlap
+        nxt = None
         for k in range(m):
             hooks.before_step(epoch, k)
             seeds = order[bounds[k]:bounds[k + 1]]
@@ -230,7 +267,11 @@ class MinibatchEngine(Engine):
             if self.halo_mode == "exact":
                 logits, y, stats = self._forward_exact(seeds, epoch, k)
             else:
-                logits, y, stats = self._forward_local(seeds, epoch, k, m)
+                cur = nxt if k > 0 and overlap else self._prepare(seeds, epoch, k)
+                # sample minibatch k + 1 and start reading its rows while k computes
+                nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1) \
+                    if overlap and k + 1 < m else None
+                logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
             sampled_edges += stats[0]
             inputs += stats[1]
             halo_inputs += stats[2]
@@ -287,10 +328,24 @@ class MinibatchEngine(Engine):
                             remote_inputs=c.remote_inputs)
         counters.setdefault("bytes_sent", 0)
         counters.setdefault("bytes_received", 0)
+        counters.update(self.store.counters.as_dict())
+        counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
         return EpochResult(loss, counters, timings, per_layer)
 
-    def _forward_local(self, seeds: np.ndarray, epoch: int, k: int, m: int):
-        """Forward of one iteration with local sampling (hec/off); (logits, labels, stats)."""
+    def _prepare(self, seeds: np.ndarray, epoch: int, k: int):
+        """Sample minibatch ``k`` and submit its input rows to the store's prefetcher:
+        (batch, read handle), or None for an empty minibatch."""
+        if seeds.size == 0:
+            return None
+        with self.timer.phase("sample"):
+            batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
+            self.graph.account(self.store.counters, batch, True)
+            handle = self.store.prefetch.submit(batch.frontiers[0]) if self.num_solid else None
+        return batch, handle
+
+    def _forward_local(self, seeds: np.ndarray, epoch: int, k: int, m: int, prepared=None):
+        """Forward of one iteration with local sampling (hec/off); (logits, labels, stats).
+        ``prepared``: :meth:`_prepare`'s result for this minibatch."""
         timer = self.timer
         if seeds.size == 0:
             # Nothing to compute, but the per-layer AEP collectives must still happen.
@@ -300,23 +355,24 @@ class MinibatchEngine(Engine):
                     for l, d in enumerate(self.dims):
                         hooks.before_layer(l, torch.zeros(0, d, device=self.device), None)
             return None, None, (0, 0, 0)
-        with timer.phase("sample"):
-            batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
+        batch, handle = prepared
         frontiers = [f.numpy() for f in batch.frontiers]
+        with timer.phase("store_wait"):
+            x = self._input_rows(batch.frontiers[0], handle)
         with timer.phase("forward"):
-            x = self._input_rows(batch.frontiers[0].to(self.device))
             blocks = [b.to(self.device) for b in batch.blocks]
             logits = self.model(blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
         y = self.labels[batch.seeds.to(self.device)]
         f0 = frontiers[0]
         return logits, y, (batch.num_sampled_edges, f0.size, int((f0 >= self.num_solid).sum()))
 
-    def _input_rows(self, frontier: torch.Tensor) -> torch.Tensor:
-        """Layer-0 input of a local frontier: features of its solid vertices, zeros for its halo
-        vertices (the hooks replace or drop those rows)."""
-        if not self.num_solid:
-            return self.x_solid.new_zeros(frontier.shape[0], self.x_solid.shape[1])
-        return gather_rows(self.x_solid, frontier, self.num_solid)
+    def _input_rows(self, frontier: torch.Tensor, handle) -> torch.Tensor:
+        """Layer-0 input of a local frontier on the device: features of its solid vertices (the
+        store's rows, read under ``handle``), zeros for its halo vertices (the hooks replace or
+        drop those rows)."""
+        if handle is None:
+            return torch.zeros(frontier.shape[0], self.in_dim, device=self.device)
+        return self.store.prefetch.get(handle)
 
     def _forward_exact(self, seeds: np.ndarray, epoch: int, k: int):
         """Forward with DistDGL-style distributed sampling and feature pull."""
@@ -378,7 +434,10 @@ class MinibatchEngine(Engine):
             gcn_scale = gcn_norm(part.local_degree()[:part.num_solid])
         rounds = mb.eval_halo_rounds or auto_rounds(self.rt.comm, part.num_halo, max_width(self.model))
         halo = ExactHalo(self.rt.comm, self.halo_plan).rounds(rounds)
-        return layerwise_inference(self.model, part.indptr, self.local_indices, self.x_solid, halo,
+        x = self.store.features.full_rows()
+        x = x if x.device == self.device else x.to(self.device)   # tiered on a GPU: a transient copy
+        indptr, local_indices = self.graph.csr()
+        return layerwise_inference(self.model, indptr, local_indices, x, halo,
                                    rows=mb.eval_rows, gcn_scale=gcn_scale, num_layers=num_layers)
 
     def _predict_sampled(self) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from hpcgnn.engine.registry import ENGINE_NAMES
 from hpcgnn.errors import InputError
+from hpcgnn.store import budget as _store_budget
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,17 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                             "need more memory than it offers"),
         "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
                             "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
+    },
+    "store": {   # the feature/topology store over device and host memory (docs/store.md)
+        "device_memory": Key((str, int, float), "auto", _store_budget.HELP,
+                             _store_budget.valid_device_memory,
+                             "'auto', a fraction in [0, 1] or a size such as '6GiB'"),
+        "hotness": Key(str, "degree", "row ranking: 'degree' (in-degree) or 'presample' (access "
+                       "frequency of pre-sampled minibatches)", choices=("degree", "presample")),
+        "presample": Key(int, 16, "minibatches per pre-sampling pass (the solver runs two: ranking "
+                         "and hit-rate prediction)", positive, "> 0"),
+        "overlap": Key(bool, True, "read the next minibatch's rows on a gather thread (GPU: pinned "
+                       "staging and a side-stream copy) while the current one computes"),
     },
 }
 

@@ -68,7 +68,9 @@ def gather_segments(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) ->
 class ExactFetch:
     """Distributed sampling and feature pull for one rank (collective methods)."""
 
-    def __init__(self, comm, part, part_offsets: np.ndarray, fanouts, seed: int):
+    def __init__(self, comm, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None):
+        """``csr``: the partition's (indptr, local indices) when the caller holds them already
+        (the rank's graph store), else computed from ``part``."""
         from hpcgnn.sampling.neighbor import NeighborSampler
 
         self.comm = comm
@@ -76,7 +78,7 @@ class ExactFetch:
         self.part = part
         self.offsets = np.asarray(part_offsets, dtype=np.int64)
         self.fanouts = list(fanouts)
-        indptr, local_indices = part.local_csr()
+        indptr, local_indices = csr if csr is not None else part.local_csr()
         # One single-hop sampler per hop (they share the CSR arrays).
         self._samplers = [NeighborSampler(indptr, local_indices, part.num_solid, [f],
                                           seed=_mix(seed, 0x45584143, hop), num_local=part.num_local)

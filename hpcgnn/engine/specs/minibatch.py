@@ -51,5 +51,7 @@ SPEC = EngineSpec(
     factory="hpcgnn.engine.minibatch:make_engine",
     memory_terms="hpcgnn.engine.estimate:minibatch_terms",
     validate=validate,
-    safe_on_resume=("minibatch.eval", "minibatch.eval_rows", "minibatch.eval_halo_rounds"),
+    safe_on_resume=("minibatch.eval", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
+                    # the store changes where rows live, never their values (docs/store.md)
+                    "store.device_memory", "store.hotness", "store.presample", "store.overlap"),
 )
