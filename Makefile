@@ -46,7 +46,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-scale clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-scale peer-dgl clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -144,6 +144,29 @@ bench-rapa: $(NATIVE_STAMP)
 SCALE ?= 1.0
 bench-scale: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5
+
+# DGL as an optional benchmark peer (issue 13): `make peer-dgl` creates its own virtual
+# environment $(DGL_VENV) with torch 2.2.1 + DGL 2.1.0 (never the project's .venv: the torch
+# versions differ). When $(DGL_VENV)/bin/python exists, bench-fullgraph and bench-minibatch also
+# time DGL on the same graph file in a subprocess (hpcgnn/bench/peer_dgl.py) and print the ratio;
+# without it they run as before. Made once (stamp file). PyPI's torch 2.2.1 wheel brings the CUDA
+# packages (about 3 GB); where the PyTorch CPU index is reachable, install the CPU wheel instead:
+#   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
+DGL_VENV  ?= .venv-dgl
+DGL_TORCH ?= torch==2.2.1
+DGL_DEPS  := dgl==2.1.0 "numpy<2" "pandas<2.3" torchdata==0.7.1 h5py pydantic pyyaml psutil requests tqdm scipy
+DGL_STAMP := $(DGL_VENV)/.peer-dgl-stamp
+
+peer-dgl: $(DGL_STAMP)
+
+# torch alone first (DGL_TORCH's index options apply to it only), then DGL and the rest from
+# PyPI with torch pinned to the version just installed.
+$(DGL_STAMP):
+	@test -x $(DGL_VENV)/bin/python || $(PYTHON3) -m venv $(DGL_VENV)
+	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH)
+	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(firstword $(DGL_TORCH)) $(DGL_DEPS)
+	$(DGL_VENV)/bin/python -c "import torch, dgl, h5py; print('peer-dgl: torch', torch.__version__, 'dgl', dgl.__version__)"
+	@touch $@
 
 clean:
 	rm -rf build hpcgnn/_native*.so $(NATIVE_STAMP) .pytest_cache

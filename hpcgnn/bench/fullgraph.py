@@ -316,6 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         pyg["version"] = torch_geometric.__version__
         results["epoch_time"]["pyg"] = pyg
         results["epoch_time"]["speedup_vs_pyg"] = pyg["epoch_s"] / mem["epoch_s"]
+    if device.type == "cpu":  # DGL as a peer when `make peer-dgl` made .venv-dgl (hpcgnn/bench/peers.py)
+        from hpcgnn.bench import peers
+
+        def ours(_round: int) -> dict:
+            r = time_hpcgnn(g1, model_args, device, args.epochs)
+            r.pop("grad0")
+            return r
+        dgl = peers.fullgraph_vs_dgl(graph_file, model_args, threads, args.epochs, args.rounds, ours, args.timeout)
+        if dgl is not None:
+            results["epoch_time"]["dgl"] = dgl
     offload = {}
     for n in [int(x) for x in args.offload_chunks.split(",") if x]:
         r = time_hpcgnn(g1, model_args, device, args.epochs,

@@ -123,12 +123,14 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default="hec-1,hec-2,exact-2,off-2", help="comma-separated runs (MODE-RANKS)")
     p.add_argument("--set", action="append", default=[], help="extra train --set overrides")
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--peer-rounds", type=int, default=2,
+                   help="alternating 1-rank hpcgnn / DGL rounds when .venv-dgl exists (make peer-dgl)")
     args = p.parse_args(argv)
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / "minibatch-work"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    _, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
+    graph_file, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results, walls = {}, {}
     for spec in args.runs.split(","):
@@ -155,6 +157,22 @@ def main(argv=None) -> int:
     if hec2 is not None and exact2 is not None and hec2["bytes_sent_per_epoch"] > 0:
         summary["exact_over_aep_bytes"] = exact2["bytes_sent_per_epoch"] / hec2["bytes_sent_per_epoch"]
         summary["target_bytes_ratio"] = TARGET_BYTES_RATIO
+    from hpcgnn.bench import peers
+
+    def hpcgnn_1rank(i: int) -> dict:  # one rank, HEC mode (halo-free at 1 rank), as run "hec-1"
+        run_dir = work / f"run-peer-hec-1-{i}"
+        cmd = [mpiexec, "-n", "1", sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
+               "--set", f"data.partitions={stores[1]}", "--set", f"output.dir={run_dir}",
+               "--set", "minibatch.halo=hec", "--set", f"train.epochs={args.epochs}",
+               "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"]
+        run_logged(cmd + [x for s in args.set for x in ("--set", s)], work / f"run-peer-hec-1-{i}.log",
+                   args.timeout, "hpcgnn.bench.minibatch")
+        return peers.run_epochs(run_dir)
+    dgl = peers.minibatch_vs_dgl(graph_file, Path(args.config), args.set, args.epochs, args.seed, args.peer_rounds,
+                                 hpcgnn_1rank, args.timeout)
+    if dgl is not None:
+        summary.update(dgl=dgl, hpcgnn_over_dgl=dgl["hpcgnn_over_dgl"], dgl_epoch_s=dgl["dgl_epoch_s"],
+                       hpcgnn_1rank_epoch_s=dgl["hpcgnn_epoch_s"])
     meta = {"scale": args.scale, "epochs": args.epochs, "seed": args.seed, "config": Path(args.config).read_text(),
             "overrides": list(args.set), "host": platform.node(), "cpus": os.cpu_count() or 0,
             "python": platform.python_version(), "total_wall_s": time.perf_counter() - t0,
