@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "train": "train a GNN on a partition store (run under mpiexec/srun)",
     "report": "summarise a run directory",
     "plan": "predict memory and epoch time of every engine setting; recommend one",
+    "infer": "write every vertex's logits, predictions or embeddings from a checkpoint (collective)",
 }
 
 
