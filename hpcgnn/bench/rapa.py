@@ -63,7 +63,9 @@ def summarise_run(run_dir: Path) -> dict:
     sel = timed_epochs(t)
     epoch = t["epoch"][sel]
     comp = compute_seconds(t)[sel].mean(axis=0)
-    return {"epoch_s": float(np.mean(np.max(epoch, axis=1))), "epochs_timed": int(epoch.shape[0]),
+    slowest = np.max(epoch, axis=1)
+    return {"epoch_s": float(np.mean(slowest)), "epoch_median_s": float(np.median(slowest)),
+            "epochs_timed": int(epoch.shape[0]),
             "compute_s_per_rank": comp.tolist(), "measured_slowest": int(np.argmax(comp)),
             "compute_max_over_mean": float(comp.max() / max(comp.mean(), 1e-12)),
             "wait_s_per_rank": np.mean(t["allreduce"][sel], axis=0).tolist() if "allreduce" in t else [],
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1,2", help="threads of each rank (runtime.threads)")
     p.add_argument("--speeds", default=None,
                    help="rank speeds for the RAPA store (default: calibrated from an equal-parts run)")
-    p.add_argument("--epochs", type=int, default=4, help="epochs per run (the first is warm-up)")
-    p.add_argument("--repeats", type=int, default=2, help="back-to-back rounds of (equal, rapa)")
+    p.add_argument("--epochs", type=int, default=5,
+                   help="epochs per run (the first and the final evaluation epoch are not timed)")
+    p.add_argument("--repeats", type=int, default=3, help="back-to-back rounds of (equal, rapa)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--trim", action="store_true", help="also a RAPA store with halo trimming")
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             pairs = [e["epoch_s"] / r["epoch_s"] for e, r in zip(results["equal"]["rounds"], results[name]["rounds"])]
             results[name]["speedup_vs_equal_per_round"] = pairs
             results[name]["speedup_vs_equal"] = float(np.mean(pairs))
+            results[name]["speedup_vs_equal_median"] = float(np.median(pairs))
+            results[name]["rounds_faster_than_equal"] = int(np.sum(np.array(pairs) > 1))
     m = read_meta(equal)
     meta = {"scale": args.scale, "seed": args.seed, "ranks": args.ranks, "threads": nominal,
             "speeds": speed_spec if calibration is None else "calibrated", "host": platform.node(),
@@ -196,14 +201,15 @@ def print_table(results: dict, calibration: dict | None, meta: dict) -> None:
     if calibration is not None:
         print(f"  calibration run (equal parts): compute per rank "
               f"{', '.join(f'{x:.3f}' for x in calibration['compute_s_per_rank'])} s")
-    head = ["parts", "epoch_s", "per round", "vs equal", "solid per rank", "compute s per rank",
+    head = ["parts", "epoch_s", "per round", "vs equal mean/median (rounds faster)", "solid per rank", "compute s per rank",
             "max/mean", "slowest", "predicted (nominal)", "predicted (calibrated)"]
     rows = [head]
     for name, r in results.items():
         pred = r["prediction"]
         cal = pred.get("calibrated") or pred.get("recorded")
         rows.append([name, f"{r['epoch_s']:.3f}", " ".join(f"{x:.2f}" for x in r["epoch_s_per_round"]),
-                     f"{r['speedup_vs_equal']:.3f}x" if "speedup_vs_equal" in r else "-",
+                     f"{r['speedup_vs_equal']:.2f}x/{r['speedup_vs_equal_median']:.2f}x "
+                     f"({r['rounds_faster_than_equal']}/{len(r['rounds'])})" if "speedup_vs_equal" in r else "-",
                      "/".join(str(x) for x in r["part_solid"]),
                      "/".join(f"{x:.2f}" for x in r["compute_s_per_rank"]), f"{r['compute_max_over_mean']:.3f}",
                      f"rank {r['measured_slowest']}",
