@@ -59,10 +59,12 @@ class Prediction:
 # ---- shapes ----------------------------------------------------------------------------------
 
 def store_shapes(meta) -> list[dict]:
-    """Every partition's sizes (:func:`hpcgnn.engine.estimate.part_shapes`) of the store."""
+    """Every partition's sizes (:func:`hpcgnn.engine.estimate.part_shapes`) of the store, with
+    ``cut_frac``: the fraction of edges whose endpoints are on different partitions."""
     from hpcgnn.engine.estimate import part_shapes
 
-    return [part_shapes(meta.path, p) for p in range(meta.num_parts)]
+    cut = 2 * meta.edge_cut / max(meta.num_edges, 1)
+    return [{**part_shapes(meta.path, p), "cut_frac": cut} for p in range(meta.num_parts)]
 
 
 def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
@@ -97,7 +99,7 @@ def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
         nh_n = _distinct(v - ns_n, cut_rank)
     s = {"num_solid": int(ns_n), "num_halo": int(nh_n), "num_edges": int(ne_n),
          "num_train": int(math.ceil(train / ranks * imb_v)),
-         "file_bytes": int(per_solid * ns_n + 8 * ne_n + 24 * nh_n)}
+         "file_bytes": int(per_solid * ns_n + 8 * ne_n + 24 * nh_n), "cut_frac": float(cut_frac)}
     return [dict(s) for _ in range(ranks)]
 
 
@@ -242,10 +244,20 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     nl = ns + nh
     c = _Cost(cal, topo.ranks_per_node, topo.device)
     _dense_layers(c, cfg, widths, [ns] * layers, [nl] * layers, [ne] * layers)
-    for l in range(1, layers):                       # halo rows forward, their gradients back
-        if topo.ranks > 1:
-            c.comm(2 * nh * widths[l] * F32, calls=2)
     fg = cfg.fullgraph
+    cached = getattr(fg, "halo", "exact") == "cached"
+    pipelined = bool(getattr(fg, "pipeline", False))
+    for l in range(1, layers):                       # halo rows forward, their gradients back
+        if topo.ranks == 1:
+            continue
+        fwd = nh * widths[l] * F32
+        if cached:                                   # a cached row is re-sent once per S + 1 epochs
+            fwd = nh * (widths[l] * F32 + 4) / (getattr(fg, "staleness", 0) + 1)
+        if pipelined:                                # overlapped with the rest of the epoch
+            c.sent += fwd
+        else:
+            c.comm(fwd, calls=1)
+        c.comm(nh * widths[l] * F32, calls=1)        # gradients: always exact and blocking
     if fg.offload:
         k = max(fg.chunks, 1)
         recompute = fg.recompute == "recompute" or (fg.recompute == "auto" and cfg.model.arch == "gat")
@@ -281,30 +293,38 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     c = _Cost(cal, topo.ranks_per_node, topo.device)
     iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
     avg = ne / max(ns, 1)
+    exact = mb.halo == "exact" and topo.ranks > 1
+    pool = meta.num_nodes if exact else nl            # exact samples on the whole graph
     rows = [float(min(mb.batch_size, max(ns, 1)))]
     fans = []
     for fan in reversed(list(mb.fanouts)):
         f = avg if fan < 0 else min(fan, avg)
         fans.append(f)
-        rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
+        rows.append(min(pool, rows[-1] + _distinct(pool, rows[-1] * f)))
     rows, fans = rows[::-1], fans[::-1]               # rows[l] = input rows of layer l
     edges = [rows[l + 1] * fans[l] for l in range(layers)]
     it = _Cost(cal, topo.ranks_per_node, topo.device)
     _dense_layers(it, cfg, widths, rows[1:], rows[:-1], edges)
     it.move(sum(edges) * 3 * I64)                     # sampling: neighbour draws, block CSRs
     it.move(rows[0] * widths[0] * F32)                # input rows gathered
-    halo_frac = nh / max(nl, 1)
+    halo_frac = s.get("cut_frac", nh / max(nl, 1))  # sampled neighbours owned elsewhere
     if topo.ranks > 1:
         if mb.halo == "hec":
             push = min(mb.nc, nh / max(topo.ranks - 1, 1)) * (topo.ranks - 1)
             for l in range(layers):
                 it.comm(push * widths[l] * F32 + push * I64, calls=1)
-                it.move(rows[l] * halo_frac * widths[l] * F32 * 2)     # HEC lookup + fill
-        elif mb.halo == "exact":
+                it.move(rows[l] * halo_frac * widths[l] * F32)         # HEC lookups
+        elif exact:
+            # every hop: remote frontier vertices to their owners (counts, IDs), their sampled
+            # neighbours back (counts, IDs): 4 blocking all-to-alls; then the input rows (3)
+            # (sampling/distributed.py); every frontier vertex is requested, sorted by owner,
+            # answered and merged (argsort, unique, searchsorted over frontier + neighbours)
             for l in range(layers):
                 remote = rows[l + 1] * halo_frac
-                it.comm(remote * fans[l] * I64 * 2, calls=2)            # remote sampling
-            it.comm(rows[0] * halo_frac * (widths[0] * F32 + I64), calls=2)  # remote input rows
+                it.comm(remote * I64 + remote * fans[l] * I64 * 2, calls=4)
+                it.move(rows[l + 1] * (1 + fans[l]) * I64 * 8)
+            it.comm(rows[0] * halo_frac * (widths[0] * F32 + I64), calls=3)
+            it.move(2 * rows[0] * widths[0] * F32)     # input rows gathered by owners, put in place
     it.ops(layers * OPS_PER_LAYER)
     _allreduce(it, cfg, widths, topo.ranks)
     for k, v in it.parts.items():
@@ -333,6 +353,7 @@ def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
         c.agg(ev, cols, 2 * k)
         c.elem(2 * k * v * cols * F32 * 3)            # teleport/scale passes of the rounds
         c.comm(4 * rows * meta.num_classes * F32 * frac, calls=4)
+        c.move(4 * 2 * rows * meta.num_classes * F32)  # pack + unpack of every split/gather
         if m.arch == "gat":
             c.elem(4 * ev * F32 * 3)
     else:
@@ -341,6 +362,7 @@ def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
             times = 2 if l > 0 or widths[l + 1] < widths[l] else 1
             c.agg(ev, aw, times)
             c.comm(times * 2 * rows * aw * p * F32 * frac, calls=2 * times)
+            c.move(times * 2 * 2 * rows * aw * p * F32)     # pack + unpack of every split/gather
     c.ops(m.layers * OPS_PER_LAYER * max(t.chunks, 1))
     _allreduce(c, cfg, widths, p)
     return c

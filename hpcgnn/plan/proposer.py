@@ -47,15 +47,24 @@ def minibatch_variants(base, chunks):
 
 
 def fullgraph_variants(base, chunks):
-    """Exact full-graph in memory, offloaded with k chunks, and the cached-halo mode where the
-    engine declares one (``fullgraph.halo = "cached"``)."""
-    yield "fullgraph in-memory", {"fullgraph.offload": False, "fullgraph.chunks": 1}
+    """Exact full-graph in memory, offloaded with k chunks, and the cached-halo and pipelined
+    modes where the engine declares them (``fullgraph.halo = "cached"``, ``fullgraph.pipeline``)."""
+    exact = {}
+    if _spec_has("fullgraph", "halo", "exact"):
+        exact["fullgraph.halo"] = "exact"
+    if _spec_has("fullgraph", "pipeline"):
+        exact["fullgraph.pipeline"] = False
+    yield "fullgraph in-memory", {"fullgraph.offload": False, "fullgraph.chunks": 1, **exact}
     for k in chunks:
         yield f"fullgraph offload k={k}", {"fullgraph.offload": True, "fullgraph.chunks": int(k),
-                                           "fullgraph.batch_chunks": 1}
+                                           "fullgraph.batch_chunks": 1, **exact}
     if _spec_has("fullgraph", "halo", "cached"):
         yield "fullgraph cached-halo", {"fullgraph.offload": False, "fullgraph.chunks": 1,
-                                        "fullgraph.halo": "cached"}
+                                        "fullgraph.halo": "cached", "fullgraph.pipeline": False}
+    if _spec_has("fullgraph", "pipeline") and _spec_has("fullgraph", "staleness"):
+        yield "fullgraph pipelined-halo", {"fullgraph.offload": False, "fullgraph.chunks": 1,
+                                           "fullgraph.halo": "exact", "fullgraph.pipeline": True,
+                                           "fullgraph.staleness": max(int(getattr(base.fullgraph, "staleness", 1)), 1)}
 
 
 def tensor_variants(base, chunks):

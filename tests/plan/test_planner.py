@@ -91,8 +91,10 @@ def test_rates_scale_times_and_slow_network_ranks_by_bytes(setup):
         assert doubled[k].epoch_s == pytest.approx(p.epoch_s / 2, rel=1e-9)
         assert doubled[k].bytes_per_epoch == p.bytes_per_epoch
     # a network of 1 kB/s: communication dominates, so the order is the order of bytes sent
+    # (blocking exchanges: a pipelined halo, where the engine has one, overlaps its bytes)
     slow = _plan(setup, cal=calibration(alltoall=1e3))
-    ranked = sorted((r for r in slow.rows if r.order), key=lambda r: r.order)
+    ranked = sorted((r for r in slow.rows if r.order and "pipelined" not in r.candidate.label),
+                    key=lambda r: r.order)
     sent = [r.pred.bytes_per_epoch for r in ranked]
     assert sent == sorted(sent)
     assert ranked[0].pred.parts["comm"] > 0.9 * ranked[0].pred.epoch_s or sent[0] == 0
