@@ -139,6 +139,12 @@ bench-tensor: $(NATIVE_STAMP)
 bench-rapa: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.rapa --out $(RUNS)/bench/rapa.h5
 
+# hpcgnn plan validated (docs/plan.md): calibrate, predict, train each engine on products-like
+# scale 0.04 (2 ranks), predicted vs measured peak memory and epoch-time order (about 6 min)
+.PHONY: bench-plan
+bench-plan: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.plan --out $(RUNS)/bench/plan.h5
+
 # Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
 # make bench-scale [SCALE=0.25]
 SCALE ?= 1.0
