@@ -182,7 +182,7 @@ class MinibatchEngine(Engine):
                                           record=self.hooks.wants_exchanges)
             # only this rank's halo vertices are ever pushed to it: no more rows than those
             rows = max(1, min(mb.cs, part.num_halo))
-        self.store = self._build_store(rows if self.halo_mode == "hec" else 0)
+        self.store = self._build_store(min(mb.cs, part.num_halo) if self.halo_mode == "hec" else 0)
         if self.halo_mode == "hec":
             self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0),
                                                   device=self.store.hec_devices[l], max_rows=rows)
@@ -340,6 +340,7 @@ class MinibatchEngine(Engine):
         with self.timer.phase("sample"):
             batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
             self.graph.account(self.store.counters, batch, True)
+        with self.timer.phase("store_wait"):     # planning the gather is store time too
             handle = self.store.prefetch.submit(batch.frontiers[0]) if self.num_solid else None
         return batch, handle
 

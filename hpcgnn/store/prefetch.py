@@ -5,7 +5,7 @@ on a side stream (GPU).
 thread while the main thread computes the current one (the native row gather and torch's
 ``index_select`` release the GIL). Only reads happen on the thread; planning, counting and
 assembling stay on the main thread, in minibatch order, so results and counters do not depend
-on thread timing. ``get`` blocks until the rows are there and adds the blocked time to
+on thread timing. ``submit`` (planning) and ``get`` (blocked until the rows are there) add their time to
 ``store.counters.wait_seconds`` (with ``overlap = False`` the whole read happens in ``get``).
 
 :class:`DeviceMover` moves host rows to the device. On the CPU it is the identity. On a GPU the
@@ -76,10 +76,11 @@ class Prefetcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcgnn-store") if self.overlap else None
 
     def submit(self, ids: torch.Tensor):
+        t0 = time.perf_counter()
         plan = self.store.plan(ids)
-        if self._pool is None:
-            return plan, None
-        return plan, self._pool.submit(self.store.read_misses, plan)
+        fut = None if self._pool is None else self._pool.submit(self.store.read_misses, plan)
+        self.store.counters.wait_seconds += time.perf_counter() - t0
+        return plan, fut
 
     def get(self, handle) -> torch.Tensor:
         plan, fut = handle

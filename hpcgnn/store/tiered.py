@@ -71,19 +71,26 @@ class TieredFeatureStore(FeatureStore):
     def read_misses(self, plan: GatherPlan):
         n = int(plan.miss_ids.numel())
         if self.device.type != "cuda":
-            return gather_rows(self.rows, plan.miss_ids) if n else None
+            # the device tier is host memory here: the thread assembles the whole output
+            return self._assemble(plan, gather_rows(self.rows, plan.miss_ids) if n else None)
         if not n:
             return None
         return self.mover.move(lambda out: _gather_into(self.rows, plan.miss_ids, self.num_rows, out),
                                n, self.dim, self.dtype)
 
     def assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return misses                   # assembled by read_misses
+        return self._assemble(plan, self.mover.receive(misses) if misses is not None else None)
+
+    def _assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
+        """Rows in id order from the device tier's hits and the misses' rows (on the device)."""
         dev = self.device
         out = torch.empty(plan.num, self.dim, dtype=self.dtype, device=dev)
         if plan.hit_pos.numel():
             out.index_copy_(0, plan.hit_pos.to(dev), gather_rows(self.hot_rows, plan.hit_slots.to(dev)))
         if plan.miss_pos.numel():
-            out.index_copy_(0, plan.miss_pos.to(dev), self.mover.receive(misses))
+            out.index_copy_(0, plan.miss_pos.to(dev), misses)
         if plan.zero_pos.numel():
             out.index_fill_(0, plan.zero_pos.to(dev), 0)
         return out
