@@ -159,17 +159,9 @@ def main(argv=None) -> int:
         summary["target_bytes_ratio"] = TARGET_BYTES_RATIO
     from hpcgnn.bench import peers
 
-    def hpcgnn_1rank(i: int) -> dict:  # one rank, HEC mode (halo-free at 1 rank), as run "hec-1"
-        run_dir = work / f"run-peer-hec-1-{i}"
-        cmd = [mpiexec, "-n", "1", sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
-               "--set", f"data.partitions={stores[1]}", "--set", f"output.dir={run_dir}",
-               "--set", "minibatch.halo=hec", "--set", f"train.epochs={args.epochs}",
-               "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"]
-        run_logged(cmd + [x for s in args.set for x in ("--set", s)], work / f"run-peer-hec-1-{i}.log",
-                   args.timeout, "hpcgnn.bench.minibatch")
-        return peers.run_epochs(run_dir)
     dgl = peers.minibatch_vs_dgl(graph_file, Path(args.config), args.set, args.epochs, args.seed, args.peer_rounds,
-                                 hpcgnn_1rank, args.timeout)
+                                 peers.hpcgnn_minibatch_1rank(Path(args.config), stores[1], work, args.epochs,
+                                                              args.seed, args.set, args.timeout), args.timeout)
     if dgl is not None:
         summary.update(dgl=dgl, hpcgnn_over_dgl=dgl["hpcgnn_over_dgl"], dgl_epoch_s=dgl["dgl_epoch_s"],
                        hpcgnn_1rank_epoch_s=dgl["hpcgnn_epoch_s"])

@@ -122,6 +122,25 @@ def run_epochs(run_dir: Path) -> dict:
             "phases_mean_s": {k: float(np.mean(v)) for k, v in phases.items()}}
 
 
+def hpcgnn_minibatch_1rank(config: Path, store: Path, work: Path, epochs: int, seed: int, overrides: list[str],
+                           timeout: float) -> Callable[[int], dict]:
+    """Round callable: round ``i`` runs ``hpcgnn train`` on one rank (mpiexec -n 1; HEC mode,
+    which is halo-free at one rank, as the benchmark's run "hec-1") into ``work/run-peer-hec-1-i``
+    and returns :func:`run_epochs` of it."""
+    from hpcgnn.bench.workdir import run_logged
+
+    def call(i: int) -> dict:
+        run_dir = work / f"run-peer-hec-1-{i}"
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", "1", sys.executable, "-m", "hpcgnn", "train",
+               "--config", str(config), "--set", f"data.partitions={store}", "--set", f"output.dir={run_dir}",
+               "--set", "minibatch.halo=hec", "--set", f"train.epochs={epochs}",
+               "--set", f"train.eval_every={epochs}", "--set", f"train.seed={seed}", "--force"]
+        run_logged(cmd + [x for s in overrides for x in ("--set", s)], work / f"run-peer-hec-1-{i}.log",
+                   timeout, "hpcgnn.bench.peers")
+        return run_epochs(run_dir)
+    return call
+
+
 def _comparison(ours: dict, theirs: dict, log: list[dict]) -> dict:
     return {"hpcgnn_epoch_s": ours["epoch_s"], "hpcgnn_epoch_mean_s": ours["epoch_mean_s"],
             "dgl_epoch_s": theirs["epoch_s"], "dgl_epoch_mean_s": theirs["epoch_mean_s"],
@@ -130,7 +149,8 @@ def _comparison(ours: dict, theirs: dict, log: list[dict]) -> dict:
             "rounds_hpcgnn_epoch_s": [r["hpcgnn_epoch_s"] for r in log],
             "rounds_dgl_epoch_s": [r["peer_epoch_s"] for r in log],
             "dgl_version": str(theirs.get("dgl", "")), "dgl_torch": str(theirs.get("torch", "")),
-            "dgl_phases_min_s": theirs.get("phases_min_s", {}), "hpcgnn_phases_min_s": ours.get("phases_min_s", {})}
+            "dgl_phases_min_s": theirs.get("phases_min_s", {}), "hpcgnn_phases_min_s": ours.get("phases_min_s", {}),
+            "dgl_top_ops": theirs.get("top_ops", []), "hpcgnn_top_ops": ours.get("top_ops", [])}
 
 
 def print_comparison(what: str, c: dict) -> None:
@@ -141,7 +161,7 @@ def print_comparison(what: str, c: dict) -> None:
 
 
 def fullgraph_vs_dgl(graph_file: Path, model_args: dict, threads: int, epochs: int, rounds: int,
-                     run_ours: Callable[[int], dict], timeout: float = 3600) -> dict | None:
+                     run_ours: Callable[[int], dict], timeout: float = 3600, extra: tuple = ()) -> dict | None:
     """Full-graph SAGE epochs, hpcgnn (``run_ours``) against DGL in alternating rounds; the
     comparison (:func:`_comparison`) or None without a (working) DGL peer."""
     python = dgl_python()
@@ -152,7 +172,7 @@ def fullgraph_vs_dgl(graph_file: Path, model_args: dict, threads: int, epochs: i
         return None
     args = ["fullgraph", "--graph", graph_file, "--epochs", epochs, "--hidden", model_args["hidden"],
             "--layers", model_args["num_layers"], "--dropout", model_args.get("dropout", 0.0), "--lr", 0.01,
-            "--threads", threads, "--seed", model_args.get("seed") or 0]
+            "--threads", threads, "--seed", model_args.get("seed") or 0, *extra]
     ours, theirs, log = alternate(rounds, run_ours,
                                   lambda i: try_peer(python, DGL_SCRIPT, args, timeout, name="DGL peer"))
     if theirs is None:
@@ -163,7 +183,7 @@ def fullgraph_vs_dgl(graph_file: Path, model_args: dict, threads: int, epochs: i
 
 
 def minibatch_vs_dgl(graph_file: Path, config: Path, overrides: list[str], epochs: int, seed: int, rounds: int,
-                     run_ours: Callable[[int], dict], timeout: float = 3600) -> dict | None:
+                     run_ours: Callable[[int], dict], timeout: float = 3600, extra: tuple = ()) -> dict | None:
     """Minibatch SAGE epochs at one rank (hpcgnn: ``run_ours``, one ``hpcgnn train`` per round)
     against DGL's NeighborSampler + DataLoader(num_workers=0) with the same config (model
     sizes, dropout, lr, fanouts, batch size); None without a (working) DGL peer."""
@@ -180,7 +200,7 @@ def minibatch_vs_dgl(graph_file: Path, config: Path, overrides: list[str], epoch
     args = ["minibatch", "--graph", graph_file, "--epochs", epochs, "--hidden", cfg.model.hidden,
             "--layers", cfg.model.layers, "--dropout", cfg.model.dropout, "--lr", cfg.train.lr,
             "--fanouts", ",".join(str(f) for f in cfg.minibatch.fanouts),
-            "--batch-size", cfg.minibatch.batch_size, "--threads", threads, "--seed", seed]
+            "--batch-size", cfg.minibatch.batch_size, "--threads", threads, "--seed", seed, *extra]
     ours, theirs, log = alternate(rounds, run_ours,
                                   lambda i: try_peer(python, DGL_SCRIPT, args, timeout, name="DGL peer"))
     if theirs is None:
@@ -190,7 +210,116 @@ def minibatch_vs_dgl(graph_file: Path, config: Path, overrides: list[str], epoch
     return c
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m hpcgnn.bench.peers` shows where the peer is
-    p = dgl_python()
-    print(f"DGL peer interpreter: {p if p is not None else 'none (make peer-dgl)'}")
-    sys.exit(0)
+def _hpcgnn_top_ops(graph, model_args: dict, n: int) -> list[dict]:
+    """hpcgnn's in-memory full-graph epoch (after one warm-up epoch) under torch.profiler: its
+    ``n`` largest ops by self CPU time (native kernels appear under their autograd nodes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.engine.fullgraph import InMemoryFullGraph
+    from hpcgnn.nn.models import build_model
+
+    model = build_model(**model_args)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    runner = InMemoryFullGraph(model, graph, None, torch.device("cpu"))
+    n_train = float(graph.masks["train"].sum())
+    def epoch():
+        opt.zero_grad(set_to_none=True)
+        runner.train_step(PhaseTimer(), n_train)
+        opt.step()
+    epoch()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        epoch()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:n]
+    return [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "total_s": e.cpu_time_total / 1e6,
+             "calls": int(e.count)} for e in rows]
+
+
+def _print_ops(who: str, ops: list[dict]) -> None:
+    if ops:
+        print(f"  {who}: largest ops by self CPU time (one epoch under torch.profiler)")
+        for o in ops:
+            print(f"    {o['self_s']:8.3f} s self {o['total_s']:8.3f} s total {o['calls']:6d} calls  {o['op']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpcgnn.bench.peers``: only the DGL comparisons of the benchmarks (same graph,
+    model sizes and settings as bench-fullgraph / bench-minibatch), with phases and top ops."""
+    import argparse
+
+    from hpcgnn.bench.workdir import products_like_inputs
+
+    p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.peers", description=main.__doc__.splitlines()[0])
+    p.add_argument("--work", default="runs/bench/peers-work", help="work directory (graph, stores, runs)")
+    p.add_argument("--scale", type=float, default=0.04)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", choices=("fullgraph", "minibatch"), default=None)
+    p.add_argument("--rounds", type=int, default=3, help="alternating hpcgnn / DGL rounds (fastest kept)")
+    p.add_argument("--epochs", type=int, default=0, help="epochs per round (default 4 full-graph, 8 minibatch)")
+    p.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "inputs" / "products-sage.toml"))
+    p.add_argument("--set", action="append", default=[], help="minibatch train --set overrides")
+    p.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                   help="also one epoch of each under torch.profiler: the N largest ops (full-graph hpcgnn, "
+                        "both DGL modes)")
+    p.add_argument("--json", default=None, help="write both comparisons to this JSON file")
+    p.add_argument("--timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    python = dgl_python()
+    if python is None:
+        print("no DGL peer: run `make peer-dgl` first (or set HPCGNN_PEER_DGL_PYTHON)", file=sys.stderr)
+        return 2
+    from hpcgnn.runtime import prefer_huge_pages
+
+    prefer_huge_pages()  # before the first tensor, as the benchmarks and `hpcgnn train` do
+    import torch
+
+    from hpcgnn import native
+    from hpcgnn.bench.fullgraph import local_graphs, time_hpcgnn
+    from hpcgnn.partition.store import read_meta
+
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    native.set_threads(threads)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    graph_file, stores = products_like_inputs(work, args.scale, args.seed, {1}, args.timeout, "hpcgnn.bench.peers")
+    extra = ("--profile-ops", args.profile_ops) if args.profile_ops else ()
+    out = {}
+    if args.only in (None, "fullgraph"):
+        meta = read_meta(stores[1])
+        model_args = dict(arch="sage", in_dim=meta.num_features, hidden=128, num_classes=meta.num_classes,
+                          num_layers=3, dropout=0.0, seed=args.seed)
+        (g1,) = local_graphs(graph_file, stores[1])
+
+        def ours(_round: int) -> dict:
+            r = time_hpcgnn(g1, model_args, torch.device("cpu"), args.epochs or 4)
+            r.pop("grad0")
+            return r
+        c = fullgraph_vs_dgl(graph_file, model_args, threads, args.epochs or 4, args.rounds, ours, args.timeout, extra)
+        if c is not None:
+            if args.profile_ops:
+                c["hpcgnn_top_ops"] = _hpcgnn_top_ops(g1, model_args, args.profile_ops)
+            out["fullgraph"] = c
+        del g1
+    if args.only in (None, "minibatch"):
+        epochs = args.epochs or 8
+        c = minibatch_vs_dgl(graph_file, Path(args.config), args.set, epochs, args.seed, args.rounds,
+                             hpcgnn_minibatch_1rank(Path(args.config), stores[1], work, epochs, args.seed, args.set,
+                                                    args.timeout), args.timeout, extra)
+        if c is not None:
+            out["minibatch"] = c
+    for what, c in out.items():
+        print(f"{what}: seconds per phase, minimum over the timed epochs")
+        print(f"  hpcgnn: {json.dumps({k: round(v, 4) for k, v in c['hpcgnn_phases_min_s'].items()})}")
+        print(f"  DGL:    {json.dumps({k: round(v, 4) for k, v in c['dgl_phases_min_s'].items()})}")
+        _print_ops("hpcgnn", c["hpcgnn_top_ops"])
+        _print_ops("DGL", c["dgl_top_ops"])
+        print_comparison(f"{what} (scale {args.scale:g})", c)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0 if out else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
