@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         run = work / f"run-{tag}-{k}"
         cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "hpcgnn", "train", "--config", str(cfg),
                "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"]
-        from hpcgnn.plan.proposer import _toml_value
+        from hpcgnn.plan.proposer import toml_value
 
         for key, v in row.candidate.overrides.items():
-            cmd += ["--set", f"{key}={_toml_value(v)}"]
+            cmd += ["--set", f"{key}={toml_value(v)}"]
         wall = run_logged(cmd, work / f"train-{tag}-{k}.log", args.timeout, "hpcgnn.bench.plan")
         m = measured(run)
         pr = row.pred

@@ -85,15 +85,15 @@ def run(args) -> int:
     else:
         cal = load_or_measure(Path(args.calibration) if args.calibration else None, args.recalibrate, log)
     plan = make_plan(args.config, args.set, store, topo, cal, chunks, engines)
-    written = None
-    if args.out:
-        written = write_recommended(args.out, plan)
+    d = to_json(plan)
     if args.json:
-        d = to_json(plan)
-        d["written"] = str(args.out) if written else None
+        d["written"] = str(args.out) if args.out and plan.best else None
         print(json.dumps(d, indent=2, sort_keys=True))
     else:
         print(table(plan))
-        if written:
+    sys.stdout.flush()
+    if args.out:                   # after the table, so a refusal still shows why
+        write_recommended(args.out, plan)
+        if not args.json:
             print(f"wrote {args.out}")
     return 0

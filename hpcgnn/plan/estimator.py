@@ -294,20 +294,28 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
     avg = ne / max(ns, 1)
     exact = mb.halo == "exact" and topo.ranks > 1
-    pool = meta.num_nodes if exact else nl            # exact samples on the whole graph
-    rows = [float(min(mb.batch_size, max(ns, 1)))]
-    fans = []
+    cut = s.get("cut_frac", nh / max(nl, 1))         # sampled neighbours owned elsewhere
+    # Expected frontiers, output side first: the batches are equalised (train / iterations
+    # seeds each); each hop adds the distinct new neighbours of the expandable rows. Local
+    # sampling expands solid rows only (halo rows are leaves: the partition has in-edges of
+    # its own vertices); the exact mode samples on the whole graph.
+    pool = meta.num_nodes if exact else nl
+    seeds = float(min(max(s["num_train"], 1) / iters, max(ns, 1)))
+    rows, grow, fans = [seeds], [seeds], []
     for fan in reversed(list(mb.fanouts)):
         f = avg if fan < 0 else min(fan, avg)
         fans.append(f)
-        rows.append(min(pool, rows[-1] + _distinct(pool, rows[-1] * f)))
-    rows, fans = rows[::-1], fans[::-1]               # rows[l] = input rows of layer l
-    edges = [rows[l + 1] * fans[l] for l in range(layers)]
+        new = (pool - rows[-1]) / pool * _distinct(pool, grow[-1] * f)
+        rows.append(min(pool, rows[-1] + new))
+        grow.append(rows[-1] if exact else grow[-1] + new * (1 - cut))
+    # rows[l] = input rows of layer l; grow[l] = those with sampled neighbours
+    rows, grow, fans = rows[::-1], grow[::-1], fans[::-1]
+    edges = [grow[l + 1] * fans[l] for l in range(layers)]
     it = _Cost(cal, topo.ranks_per_node, topo.device)
     _dense_layers(it, cfg, widths, rows[1:], rows[:-1], edges)
     it.move(sum(edges) * 3 * I64)                     # sampling: neighbour draws, block CSRs
     it.move(rows[0] * widths[0] * F32)                # input rows gathered
-    halo_frac = s.get("cut_frac", nh / max(nl, 1))  # sampled neighbours owned elsewhere
+    halo_frac = cut
     if topo.ranks > 1:
         if mb.halo == "hec":
             push = min(mb.nc, nh / max(topo.ranks - 1, 1)) * (topo.ranks - 1)

@@ -106,9 +106,9 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None) ->
 
 
 def _value(v) -> str:
-    from hpcgnn.plan.proposer import _toml_value
+    from hpcgnn.plan.proposer import toml_value
 
-    return _toml_value(v)
+    return toml_value(v)
 
 
 def table(plan: Plan) -> str:

@@ -78,7 +78,7 @@ def tensor_variants(base, chunks):
 VARIANTS = {"minibatch": minibatch_variants, "fullgraph": fullgraph_variants, "tensor": tensor_variants}
 
 
-def _toml_value(v) -> str:
+def toml_value(v) -> str:
     import json
 
     if isinstance(v, bool):
@@ -88,7 +88,7 @@ def _toml_value(v) -> str:
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     raise TypeError(f"no TOML form for {v!r}")
 
 
@@ -111,7 +111,7 @@ def propose(config: str | Path, overrides: list[str], store: str | Path,
         for label, ov in variants:
             ov = {"train.engine": name, **ov}
             c = Candidate(label, name, ov)
-            sets = [*overrides, f"data.partitions={store}"] + [f"{k}={_toml_value(v)}" for k, v in ov.items()]
+            sets = [*overrides, f"data.partitions={store}"] + [f"{k}={toml_value(v)}" for k, v in ov.items()]
             try:
                 c.cfg = load_config(config, sets)
             except InputError as exc:
