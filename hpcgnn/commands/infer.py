@@ -1,5 +1,5 @@
 """`hpcgnn infer RUN --out FILE.h5 [--checkpoint FILE] [--what logits|embeddings|predictions]
-[--layer L] [--partitions DIR] [--force]` (collective: under mpiexec/srun, or one process).
+[--layer L] [--partitions DIR] [--device D] [--force]` (collective: under mpiexec/srun, or one process).
 
 Loads the run's configuration (``RUN/run.h5``) and a checkpoint (the newest in
 ``RUN/checkpoints`` unless ``--checkpoint``), runs exact full-neighbour inference in bounded memory
@@ -44,6 +44,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--partitions", metavar="DIR",
                         help="partition store to read (default: the run's); it must have one part "
                              "per rank of this job and partition the run's graph")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                        help="compute device (default: the run's train.device; one GPU per rank)")
     parser.add_argument("--block-bytes", default="64MiB", metavar="SIZE",
                         help="rank 0 assembles the file in blocks of this many bytes of rows "
                              "(default 64MiB)")
@@ -111,6 +113,12 @@ def _resolve(args, size: int) -> dict:
         ckpt = found[-1][1]
     data = cfg.to_dict()
     data["data"]["partitions"] = str(store)
+    if args.device:
+        import torch
+
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise InputError("--device cuda: torch sees no CUDA device")
+        data["train"]["device"] = args.device
     from hpcgnn.run.config import Config
 
     return {"run_dir": run_dir, "attrs": attrs, "cfg": Config(data), "engine": engine, "layer": layer,

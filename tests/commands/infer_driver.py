@@ -6,8 +6,9 @@ CASES.json: a list of ``{"name": str, "args": [str, ...]}``; each case runs
 ``hpcgnn.cli.main(args)`` on every rank in order (a barrier between cases). A case
 ``{"name": str, "copy": [SRC, DST]}`` instead copies file SRC to DST on rank 0 (set-up for
 later cases, e.g. a run directory without checkpoints). RESULTS.json
-(written by rank 0): ``{name: {"rc": [per rank], "stderr": [per rank]}}``: the exit code
-(returned or raised as SystemExit) and what the command printed on stderr, per rank.
+(written by rank 0): ``{name: {"rc": [per rank], "stderr": [per rank], "seconds": float}}``:
+the exit code (returned or raised as SystemExit) and what the command printed on stderr, per
+rank, and rank 0's wall time of the case.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import io
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from mpi4py import MPI
@@ -46,11 +48,14 @@ def drive(cases_path: str, results_path: str) -> None:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
             continue
+        t0 = time.perf_counter()
         rc, err = run_case(case["args"])
+        seconds = time.perf_counter() - t0
         got = comm.gather((rc, err), root=0)
         if comm.Get_rank() == 0:
-            results[case["name"]] = {"rc": [g[0] for g in got], "stderr": [g[1] for g in got]}
-            sys.stderr.write(f"[{case['name']}] rc {[g[0] for g in got]}\n{got[0][1]}")
+            results[case["name"]] = {"rc": [g[0] for g in got], "stderr": [g[1] for g in got],
+                                     "seconds": seconds}
+            sys.stderr.write(f"[{case['name']}] rc {[g[0] for g in got]} {seconds:.2f} s\n{got[0][1]}")
     if comm.Get_rank() == 0:
         with open(results_path, "w") as f:
             json.dump(results, f)
