@@ -19,6 +19,12 @@
    uniform random graph and on one with local edges, with the features on transparent huge
    pages (as hpcgnn runs) and, for the uniform graph, on 4 KiB pages; target >= 50 %.
 
+5. Halo exchange at ``--cache-ranks`` ranks (CaPGNN, docs/capgnn.md): exact vs cached
+   (``fullgraph.halo = "cached"``, S = 1, 2, 4) vs cached + pipeline, ``--cache-epochs`` epochs of
+   GraphSAGE each in one MPI job (:mod:`hpcgnn.bench.fullgraph_cached`): epoch time, forward halo
+   bytes per epoch (target: >= 5x fewer than exact at S = 2), adjoint bytes, time blocked in halo
+   communication per epoch, final test accuracy, largest age of a halo row used.
+
 Prints a table and writes the figures to FILE.h5 (atomically).
 """
 from __future__ import annotations
@@ -39,6 +45,7 @@ from hpcgnn.bench.workdir import products_like_inputs
 
 TARGET_DEDUP_REDUCTION = 0.25
 TARGET_BANDWIDTH_FRACTION = 0.50
+TARGET_CACHE_FWD_REDUCTION = 5.0     # exact / cached forward halo bytes at S = 2 (issue 10)
 
 
 def _sync(device: torch.device) -> None:
@@ -205,6 +212,38 @@ def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orde
     return rows
 
 
+def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: int, hidden: int,
+                     layers: int, seed: int, timeout: float) -> dict:
+    """Section 5: one MPI job of ``ranks`` ranks trains every case (SAGE, dropout 0.5, lr 0.01,
+    evaluated after the last epoch); the figures of each run (:func:`fullgraph_cached.summarise`)."""
+    import subprocess
+
+    from hpcgnn.bench import fullgraph_cached as fc
+
+    runs = work / "cached-halo-runs"
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "hpcgnn.bench.fullgraph_cached",
+           "--store", str(store), "--work", str(runs), "--cases", cases, "--seeds", str(seed),
+           "--epochs", str(epochs)]
+    for kv in ("model.arch=sage", f"model.hidden={hidden}", f"model.layers={layers}", "model.dropout=0.5",
+               "train.lr=0.01", "train.device=cpu"):
+        cmd += ["--set", kv]
+    log = work / "cached-halo.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                              env={**os.environ, "HPCGNN_PROGRESS": "0"})
+    if proc.returncode != 0:
+        raise SystemExit(f"hpcgnn.bench.fullgraph: the cached-halo runs failed (exit {proc.returncode}), "
+                         f"see {log}")
+    rows = {case: fc.summarise(fc.run_dir(runs, case, seed)) for case in cases.split(",")}
+    out = {"ranks": ranks, "epochs": epochs, "cases": rows, "target_fwd_reduction": TARGET_CACHE_FWD_REDUCTION}
+    if "exact" in rows:
+        for case, r in rows.items():
+            r["fwd_reduction_vs_exact"] = (rows["exact"]["fwd_bytes_per_epoch"] / r["fwd_bytes_per_epoch"]
+                                           if r["fwd_bytes_per_epoch"] else float("inf"))
+    return out
+
+
 def _write_h5(path: Path, results: dict, meta: dict) -> None:
     import h5py
 
@@ -261,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="alternating hpcgnn/PyG timing rounds (the fastest epoch of each is kept)")
     p.add_argument("--skip-pyg", action="store_true")
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--cache-cases", default="exact,S1,S2,S4,S2+pipe",
+                   help="section 5 cases ('' skips it): exact, S<s> (cached), either with +pipe")
+    p.add_argument("--cache-ranks", type=int, default=4)
+    p.add_argument("--cache-epochs", type=int, default=13)
     args = p.parse_args(argv)
     from hpcgnn import native
     from hpcgnn.engine.offload import OffloadSettings
@@ -279,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else out.parent / "fullgraph-work"
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    graph_file, stores = products_like_inputs(work, args.scale, args.seed, {1, args.parts}, args.timeout,
-                                              "hpcgnn.bench.fullgraph")
+    cache_parts = {args.cache_ranks} if args.cache_cases else set()
+    graph_file, stores = products_like_inputs(work, args.scale, args.seed, {1, args.parts} | cache_parts,
+                                              args.timeout, "hpcgnn.bench.fullgraph")
     meta1 = read_meta(stores[1])
     model_args = dict(arch="sage", in_dim=meta1.num_features, hidden=args.hidden,
                       num_classes=meta1.num_classes, num_layers=args.layers, dropout=0.0, seed=args.seed)
@@ -358,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     bw["target_fraction"] = TARGET_BANDWIDTH_FRACTION
     results["bandwidth"] = bw
 
+    # 5. exact vs cached vs pipelined halo exchange at --cache-ranks ranks
+    if args.cache_cases:
+        results["cached_halo"] = cached_halo_rows(stores[args.cache_ranks], args.cache_ranks, work,
+                                                  args.cache_cases, args.cache_epochs, args.hidden,
+                                                  args.layers, args.seed, args.timeout)
+
     m = read_meta(stores[args.parts])
     meta = {"scale": args.scale, "seed": args.seed, "device": str(device), "threads": threads,
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
@@ -403,6 +453,23 @@ def print_table(results: dict, meta: dict) -> None:
         print(f"  aggregation bandwidth ({k}): native {b['native_s']:.3f} s, {b['native_gbs']:.1f} GB/s = "
               f"{100 * b['native_frac_copy']:.0f}% of copy {b['copy_gbs']:.1f} GB/s (torch CSR "
               f"{100 * b['torch_frac_copy']:.0f}%; target >= {100 * target:.0f}%: {verdict})")
+    if "cached_halo" in results:
+        ch = results["cached_halo"]
+        print(f"  halo exchange, {ch['ranks']} ranks, {ch['epochs']} epochs (bytes: all ranks, per epoch, epochs 2..):")
+        print("    case     | epoch s | fwd MiB (hidden / layer 0) | vs exact | adjoint MiB | halo wait s | "
+              "test acc | max age | hits dev/host")
+        for case, r in ch["cases"].items():
+            print(f"    {case:<8} | {r['epoch_s']:7.3f} | {r['fwd_bytes_per_epoch'] / 2**20:8.1f} "
+                  f"({r['fwd_hidden_bytes_per_epoch'] / 2**20:.1f} / {r['fwd_layer0_bytes_per_epoch'] / 2**20:.1f}) | "
+                  f"{r.get('fwd_reduction_vs_exact', float('nan')):7.2f}x | {r['adjoint_bytes_per_epoch'] / 2**20:11.1f} | "
+                  f"{r['wait_s_per_epoch']:11.3f} | {100 * r['test_acc']:7.2f}% | {r['age_max']:7d} | "
+                  f"{100 * r.get('hit_rate_device', 0):.0f}%/{100 * r.get('hit_rate_host', 0):.0f}%")
+        s2 = ch["cases"].get("S2")
+        if s2 is not None and "fwd_reduction_vs_exact" in s2:
+            verdict = "met" if s2["fwd_reduction_vs_exact"] >= ch["target_fwd_reduction"] else "MISSED"
+            print(f"    forward bytes exact / cached S=2: {s2['fwd_reduction_vs_exact']:.2f}x (target >= "
+                  f"{ch['target_fwd_reduction']:.0f}x: {verdict}; the staleness bound allows at most S+1 = 3x "
+                  "on hidden layers, docs/capgnn.md)")
 
 
 if __name__ == "__main__":

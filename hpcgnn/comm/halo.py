@@ -193,7 +193,9 @@ class ExactHalo(HaloProvider):
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
         halo = exchange_rows(self.comm, self.plan, solid_rows)
-        self.account(t0, self.plan.rows_sent * solid_rows[0:1].nbytes if self.distributed else 0)
+        nbytes = self.plan.rows_sent * solid_rows[0:1].nbytes if self.distributed else 0
+        self.account(t0, nbytes)
+        self.stats["halo_fwd_bytes"] = self.stats.get("halo_fwd_bytes", 0) + nbytes   # forward only
         return halo
 
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:

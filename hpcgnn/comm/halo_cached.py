@@ -317,6 +317,7 @@ class CachedHalo(HaloProvider):
         back = adjoint_rows(self.comm, self.plan, halo_grads)
         nbytes = halo_grads.nbytes if self.distributed else 0
         self.account(t0, nbytes)
+        self.stats["halo_adjoint_s"] = self.stats.get("halo_adjoint_s", 0.0) + time.perf_counter() - t0
         self.stats["halo_adjoint_bytes"] = self.stats.get("halo_adjoint_bytes", 0) + nbytes
         return back
 

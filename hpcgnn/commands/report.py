@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def summarise(run: dict) -> dict:
             hits = np.nansum(pl["hec_hits"][i], axis=0)
             looks = np.nansum(pl["hec_lookups"][i], axis=0)
             row["hec_hit_rate"] = [_clean(float(h / l)) if l else None for h, l in zip(hits, looks)]
+        if "halo_age_max" in pl:      # full-graph halo cache / pipeline (docs/capgnn.md)
+            row["halo_cache"] = _halo_cache_row(pl, i)
         if "store_h2d_bytes" in c:
             row["store"] = _store_row(c, i)
         if "peak_rss_bytes" in c and np.isfinite(c["peak_rss_bytes"][i]).any():
@@ -124,6 +127,21 @@ def _store_row(c: dict, i: int) -> dict:
     return out
 
 
+def _halo_cache_row(pl: dict, i: int) -> dict:
+    """Epoch ``i``'s halo-cache figures: per layer the largest age used, the age histogram and
+    the share of rows read from the cache (all ranks); forward bytes with and without it."""
+    used = np.nansum(pl["halo_rows_used"][i], axis=0)
+    hits = np.nansum(pl["halo_hits_device"][i], axis=0) + np.nansum(pl["halo_hits_host"][i], axis=0)
+    ages = sorted((int(k.rsplit("_", 1)[1]), k) for k in pl if re.fullmatch(r"halo_age_\d+", k))
+    return {"age_max": [int(a) for a in np.nanmax(pl["halo_age_max"][i], axis=0)],
+            "age_hist": [[_clean(float(np.nansum(pl[k][i][:, l]))) for _, k in ages]
+                         for l in range(used.shape[0])],
+            "over_bound": _clean(float(np.nansum(pl["halo_age_over_bound"][i]))),
+            "hit_rate": [_clean(float(h / u)) if u else None for h, u in zip(hits, used)],
+            "fwd_bytes": _clean(float(np.nansum(pl["halo_fwd_bytes"][i]))),
+            "nocache_bytes": _clean(float(np.nansum(pl["halo_fwd_nocache_bytes"][i])))}
+
+
 def _memory_per_rank(run: dict) -> list[dict]:
     """Per rank: the largest epoch peak RSS over the run, the epoch and phase where it happened."""
     c = run["counters"].get("peak_rss_bytes")
@@ -166,6 +184,10 @@ def format_table(s: dict) -> str:
         (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)] + \
         (["h2d_MB", "dev_feat%", "pred%", "dev_hec%"] if any("store" in r for r in rows) else []) + \
         (["peak_GiB", "peak_at"] if any("peak_rss_bytes" in r for r in rows) else [])
+    hc_layers = max((len(r["halo_cache"]["age_max"]) for r in rows if "halo_cache" in r), default=0)
+    if hc_layers:
+        head += ["fwd_MB", "nocache_MB"] + [f"age_L{l}" for l in range(hc_layers)] + \
+            [f"chit_L{l}%" for l in range(hc_layers)]
     table = [head]
     for r in rows:
         cells = [str(r["epoch"]), "-" if r.get("loss") is None else f"{r['loss']:.4f}",
@@ -186,6 +208,13 @@ def format_table(s: dict) -> str:
                 cells += ["-", "-"]
             else:
                 cells += [f"{r['peak_rss_bytes'] / 2**30:.2f}", f"r{r['peak_rss_rank']}:{r['peak_rss_phase']}"]
+        if hc_layers:
+            hc = r.get("halo_cache")
+            if hc is None:
+                cells += ["-"] * (2 + 2 * hc_layers)
+            else:
+                cells += [f"{hc['fwd_bytes'] / 1e6:.2f}", f"{hc['nocache_bytes'] / 1e6:.2f}"]
+                cells += [str(a) for a in hc["age_max"]] + [_pct(h) for h in hc["hit_rate"]]
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     lines.append("")
@@ -210,6 +239,20 @@ def format_table(s: dict) -> str:
                      "dev_feat% / dev_hec%: rows served by the device tier; pred%: the solver's prediction")
     if any("peak_rss_bytes" in r for r in rows):
         lines.append("peak_GiB: largest per-rank peak resident memory of the epoch; peak_at: rank:phase")
+    if hc_layers:
+        hist = np.zeros((hc_layers, max(len(h) for r in rows if "halo_cache" in r
+                                        for h in r["halo_cache"]["age_hist"])))
+        for r in rows:
+            for l, h in enumerate(r.get("halo_cache", {}).get("age_hist", [])):
+                hist[l, :len(h)] += np.nan_to_num(np.asarray(h, dtype=float))
+        fg = cfg.get("fullgraph", {})
+        lines.append(f"halo cache: fullgraph.halo {fg.get('halo')} staleness {fg.get('staleness')} pipeline "
+                     f"{fg.get('pipeline')}; ages of the halo rows used, all epochs and ranks: " + "; ".join(
+                         f"L{l} " + " ".join(f"{a}:{100 * c / max(hist[l].sum(), 1):.1f}%"
+                                             for a, c in enumerate(hist[l]) if c)
+                         for l in range(hc_layers) if hist[l].sum()))
+        lines.append("fwd_MB / nocache_MB: forward halo bytes sent by training (all ranks) with the cache / "
+                     "without it; age_L: oldest halo row used (epochs); chit_L%: rows read from the cache")
     return "\n".join(lines)
 
 

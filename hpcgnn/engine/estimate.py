@@ -209,6 +209,20 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     else:
         est.terms["activations"] = int(x0 + sum(per_layer))
         est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"
+    if fg.halo == "cached" or fg.pipeline:
+        # halo cache (comm/halo_cached.py): both tiers hold at most every halo row of every layer
+        # input, within fullgraph.cache_memory; a pipelined layer keeps one message in flight:
+        # receive buffers of all its halo rows (+ int32 positions) and the rows being sent
+        from hpcgnn.engine.specs.fullgraph import cache_bytes
+
+        if fg.halo == "cached":
+            full = nh * sum(widths[:layers]) * F32
+            budget = cache_bytes(fg.cache_memory, "fullgraph.cache_memory")
+            est.terms["halo_cache"] = int(full if budget is None else min(full, budget))
+            est.shrink["halo_cache"] = "fullgraph.cache_memory"
+        if fg.pipeline:
+            est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * F32 + 4) for l in range(1, layers)))
+            est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
 
 
 def describe(est: MemoryEstimate) -> str:

@@ -140,7 +140,10 @@ class InMemoryFullGraph:
         if isinstance(self.halo, CachedHalo):
             with self.halo.exact_mode():
                 return self.logits().cpu()
-        return self.logits().cpu()
+        fwd = self.halo.stats.get("halo_fwd_bytes", 0)
+        logits = self.logits().cpu()
+        self.halo.stats["halo_fwd_bytes"] = fwd     # training's forward bytes only
+        return logits
 
     def begin_epoch(self, epoch: int) -> None:
         if isinstance(self.halo, CachedHalo):
@@ -152,6 +155,8 @@ class InMemoryFullGraph:
         if isinstance(self.halo, CachedHalo):
             out.update(self.halo.epoch_report()[0])
             out["halo_adjoint_bytes"] = float(self.halo.stats.get("halo_adjoint_bytes", 0))
+        elif self.halo.distributed:
+            out["halo_fwd_bytes"] = float(self.halo.stats.get("halo_fwd_bytes", 0))
         return out
 
     def per_layer(self) -> dict:
@@ -161,6 +166,7 @@ class InMemoryFullGraph:
         out = {"halo": float(self.halo.stats.get("halo_s", 0.0))}
         if isinstance(self.halo, CachedHalo):
             out["halo_wait"] = float(self.halo.stats.get("halo_wait_s", 0.0))
+            out["halo_adjoint"] = float(self.halo.stats.get("halo_adjoint_s", 0.0))
         return out
 
     def reset_stats(self) -> None:

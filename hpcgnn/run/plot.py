@@ -41,6 +41,7 @@ PANELS = ("loss", "accuracy", "phases", "bytes", "layers", "memory")
 # halo inside forward, backward and eval; tensor engine: compute = nn + aggregate): in no stack,
 # so nothing counts twice.
 NESTED_PHASES = ("comm_wait", "push", "cache", "halo", "compute")
+NESTED_PHASES += ("halo_wait", "halo_adjoint")   # full-graph halo cache, inside forward / backward
 PHASE_ORDER = ("sample", "fetch", "forward", "nn", "split", "aggregate", "attention", "gather", "backward",
                "allreduce", "optimizer", "update")
 SPLITS = (("train_acc", "train", ":"), ("val_acc", "val", "--"), ("test_acc", "test", "-"))
@@ -112,7 +113,7 @@ def _byte_kinds(run: dict) -> list[tuple[str, np.ndarray]]:
             parts.update(k for k in c if k.startswith(f"{direction}_") and k != f"{direction}_bytes")
     series: list[tuple[list[str], np.ndarray]] = []
     for name in sorted(c):
-        if "bytes" not in name.split("_") or name.startswith("peak_") or name in parts:
+        if "bytes" not in name.split("_") or name.startswith(("peak_", "halo_cache_")) or name in parts:
             continue
         arr = np.asarray(run["counters"][name], dtype=float)
         if arr.ndim != 2 or not (np.nan_to_num(arr) != 0).any():
