@@ -11,6 +11,10 @@
    (``comm_wait / epoch``, worst rank), bytes sent per epoch (all ranks), sampler throughput
    (sampled edges per second of sampling time), HEC hit rate per layer, final accuracies.
 
+4. The store section (:mod:`hpcgnn.bench.minibatch_store`): host-only vs tiered stores at device
+   budgets of 5, 20 and 50 % of a rank's features: epoch time, bytes host -> device, device hit
+   rates measured and predicted, store wait share.
+
 Targets (DistGNN-MB): AEP wait <= 5 % of the epoch at d = 1; AEP moves >= 5x fewer bytes than
 the exact mode. Prints a table and writes the figures to FILE.h5 (atomically).
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench import minibatch_store as store_bench
 from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
 
 TARGET_WAIT_SHARE = 0.05
@@ -114,6 +119,7 @@ def write_h5(path: Path, results: dict, summary: dict, meta: dict) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.minibatch", description=__doc__.splitlines()[0])
+    store_bench.add_arguments(p)
     p.add_argument("--out", required=True, help="HDF5 file with the figures")
     p.add_argument("--work", default=None, help="work directory (default: beside --out)")
     p.add_argument("--scale", type=float, default=0.04, help="products-like scale (1 = ogbn-products size)")
@@ -133,7 +139,7 @@ def main(argv=None) -> int:
     graph_file, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results, walls = {}, {}
-    for spec in args.runs.split(","):
+    for spec in [x for x in args.runs.split(",") if x]:      # --runs '' runs the store section only
         mode, ranks = spec.rsplit("-", 1)
         run_dir = work / f"run-{spec}"
         cmd = [mpiexec, "-n", ranks, sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
@@ -147,6 +153,7 @@ def main(argv=None) -> int:
         results[spec]["wall_s"] = walls[spec]
         print(f"{spec}: {results[spec]['epoch_time_s']:.2f} s/epoch, test {100 * results[spec]['test_acc']:.2f}%",
               flush=True)
+    store_results, store_summary = store_bench.run_section(args, work, stores, mpiexec)
     summary = {}
     hec2 = next((r for k, r in results.items() if k.startswith("hec-") and r["ranks"] > 1), None)
     exact2 = next((r for k, r in results.items() if k.startswith("exact-")), None)
@@ -177,8 +184,10 @@ def main(argv=None) -> int:
                     edge_cut=m2.edge_cut)
     except Exception:  # noqa: BLE001 - figures without graph sizes are still useful
         pass
-    write_h5(out, results, summary, meta)
+    write_h5(out, {**results, **store_results}, {**summary, **store_summary}, meta)
     print(table(results))
+    if store_results:
+        print(store_bench.table(store_results, store_summary))
     if "num_nodes" in meta:
         print(f"graph: {meta['num_nodes']:,} vertices, {meta['num_edges']:,} directed edges, "
               f"{meta['num_features']} features, edge cut (2 parts) {meta['edge_cut']:,}")

@@ -14,7 +14,8 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
     # and AEP pushes (it pushes at iterations k < M - d, d = 1) whatever the partition's balance.
     cmd = [sys.executable, "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--runs", "hec-1,hec-2,exact-2",
-           "--set", "minibatch.batch_size=100", "--set", "minibatch.cs=10000", "--timeout", "240"]
+           "--set", "minibatch.batch_size=100", "--set", "minibatch.cs=10000", "--timeout", "240",
+           "--store-budgets", "0.2", "--store-sync", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "exact / AEP bytes per epoch" in proc.stdout
@@ -27,3 +28,13 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
         assert abs(f.attrs["exact_over_aep_bytes"] - exact / aep) < 1e-9
         for run in ("hec-1", "hec-2", "exact-2"):
             assert f[run].attrs["epoch_time_s"] > 0
+        # the store section: host-only vs tiered at 20 % of the rank's features
+        host, tiered = f["store-host"].attrs, f["store-0.2"].attrs
+        assert host["store_mode"] == "host" and tiered["store_mode"] == "tiered"
+        assert host["feature_hit_rate"] == 0 and 0.2 < tiered["feature_hit_rate"] < 1
+        assert tiered["feature_h2d_bytes_per_epoch"] < host["feature_h2d_bytes_per_epoch"]
+        assert host["test_acc"] == tiered["test_acc"]          # the same training in every layout
+        assert 0 <= tiered["store_wait_share"] < 1
+        assert f.attrs["store_prediction_error_points_max"] == abs(
+            tiered["feature_hit_rate"] - tiered["predicted_feature_hit_rate"]) * 100
+    assert "store run" in proc.stdout
