@@ -202,7 +202,7 @@ def print_table(results: dict, calibration: dict | None, meta: dict) -> None:
         print(f"  calibration run (equal parts): compute per rank "
               f"{', '.join(f'{x:.3f}' for x in calibration['compute_s_per_rank'])} s")
     head = ["parts", "epoch_s", "per round", "vs equal mean/median (rounds faster)", "solid per rank", "compute s per rank",
-            "max/mean", "slowest", "predicted (nominal)", "predicted (calibrated)"]
+            "max/mean", "slowest", "predicted (nominal)", "predicted (calibrated, else recorded)"]
     rows = [head]
     for name, r in results.items():
         pred = r["prediction"]
