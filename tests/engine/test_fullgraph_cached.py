@@ -165,3 +165,82 @@ def test_pipeline_without_cache_uses_rows_one_epoch_old(report):
     assert (got == halo[None, :, None]).all()       # epoch 1 blocking, then the pipelined messages
     sent = _per_layer(report, "exact-pipe", "halo_rows_sent")[:, :, 1:].sum(axis=1)
     assert (sent[0] == 2 * halo.sum()).all() and (sent[1:] == halo.sum()).all()
+
+
+CLI_CONFIG = """
+[model]
+arch = "gcn"
+hidden = 8
+layers = 2
+dropout = 0.0
+[train]
+engine = "fullgraph"
+epochs = 4
+lr = 0.02
+seed = 3
+eval_every = 2
+checkpoint_every = 2
+[fullgraph]
+halo = "cached"
+staleness = 2
+pipeline = true
+cache_memory = "2KiB"
+cache_device_memory = "1KiB"
+"""
+
+
+def test_train_report_and_resume_with_cached_pipelined_halo(tmp_path):
+    from mpiutil import run_cli
+
+    from hpcgnn.run.output import read_run
+
+    g = toy_graph(200, 6.0, num_features=F, num_classes=4, seed=2)
+    store = toy_store(tmp_path / "p2", g, 2, seed=2)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CLI_CONFIG)
+    env = {"HPCGNN_THREADS": "1"}
+
+    def train(run, *extra):
+        return run_mpi(2, ["-m", "hpcgnn", "train", "--config", cfg, "--set", f"data.partitions={store}",
+                           "--set", f"output.dir={run}", *extra], timeout=240, env=env)
+
+    p = train(tmp_path / "b", "--set", "train.epochs=2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    b = read_run(tmp_path / "b")
+    assert b["attrs"]["fullgraph_halo"] == "cached" and bool(b["attrs"]["fullgraph_pipeline"])
+    pl = b["per_layer"]
+    assert pl["halo_age_max"].shape == (2, 2, 2) and (pl["halo_age_over_bound"] == 0).all()
+    assert (pl["halo_age_max"][:, :, 1] == [[0, 0], [1, 1]]).all()   # blocking, then pipelined
+    # a 2 KiB budget holds 2048 // (4 * (F + 8)) rows per rank, 1 KiB of them on the device tier
+    cap, dev = 2048 // (4 * (F + 8)), 1024 // (4 * (F + 8))
+    assert (b["counters"]["halo_cache_device_bytes"] == dev * 4 * (F + 8)).all()
+    assert (b["counters"]["halo_cache_host_bytes"] == (cap - dev) * 4 * (F + 8)).all()
+    assert (pl["halo_hits_device"][1, :, 0] == dev).all() and (pl["halo_hits_host"][1, :, 0] == cap - dev).all()
+    assert np.isfinite(b["metrics"]["test_acc"][1])                   # exact evaluation ran
+    rep = run_cli(["report", tmp_path / "b"], timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert "halo cache: fullgraph.halo cached staleness 2 pipeline True" in rep.stdout
+    assert "age_L1" in rep.stdout and "chit_L0%" in rep.stdout
+    # resume: the cache is soft state; the first epoch after the checkpoint fetches fresh rows
+    p = train(tmp_path / "b", "--resume")
+    assert p.returncode == 0, p.stderr[-3000:]
+    b = read_run(tmp_path / "b")
+    assert b["metrics"]["loss"].shape == (4,) and b["attrs"]["status"] == "finished"
+    ages = b["per_layer"]["halo_age_max"][:, :, 1]
+    assert (ages[2] == 0).all() and (ages[3] == 1).all()           # epoch 3 cold (blocking), 4 pipelined
+    assert b["metrics"]["loss"][3] < b["metrics"]["loss"][0]
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["fullgraph.offload=true", "fullgraph.halo=cached"], "run in memory only"),
+    (["fullgraph.pipeline=true", "fullgraph.staleness=0"], "fullgraph.staleness = 0 with fullgraph.pipeline"),
+    (["fullgraph.halo=cached", "fullgraph.cache_memory=lots"], "fullgraph.cache_memory = 'lots'"),
+    (["fullgraph.staleness=-1"], "fullgraph.staleness"),
+])
+def test_bad_cache_settings_are_one_line_errors(sets, match):
+    from hpcgnn.errors import InputError
+    from hpcgnn.run.config import load_config
+
+    with pytest.raises(InputError, match=match) as e:
+        load_config(None, ["train.engine=fullgraph", "data.partitions=x", *sets])
+    assert "\n" not in str(e.value)
