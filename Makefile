@@ -140,7 +140,7 @@ bench-rapa: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.rapa --out $(RUNS)/bench/rapa.h5
 
 # hpcgnn plan validated (docs/plan.md): calibrate, predict, train each engine on products-like
-# scale 0.04 (2 ranks), predicted vs measured peak memory and epoch-time order (about 6 min)
+# scale 0.04 (2 ranks, 2 rounds), predicted vs measured peak memory and epoch-time order (about 12 min)
 .PHONY: bench-plan
 bench-plan: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.plan --out $(RUNS)/bench/plan.h5
