@@ -306,9 +306,10 @@ class CachedHalo(HaloProvider):
         if not self._exact:
             self._layer_report(layer)["rows_received"] += int(positions.size)
         self.account(t0, 0)
-        self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
-        if not self._exact:
+        if not self._exact:       # training's waits only (evaluation's layer-0 fetch not counted)
+            self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
             self._record(layer, ages, hit_dev, hit_host)
+        if not self._exact:
             self._layer_report(layer)["bytes_nocache"] += self.plan.rows_sent * 4 * solid_rows.shape[1]
         return halo
 

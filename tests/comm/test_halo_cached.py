@@ -114,11 +114,12 @@ def _simulate(k, staleness, lag, budget_rows, epochs, layers, seed):
                 assert ages.size == 0 or ages.max() <= (0 if const else staleness)
                 for q in (q for q in range(k) if q != r):
                     o, hr = offsets[r][q], halo[(r, q)]
-                    for j in range(hr.size):
-                        age = int(ages[o + j])
-                        src_epoch = t if const else t - age
-                        assert np.array_equal(block[o + j], history[(q, l, src_epoch)][hr[j]])
-                        checked += 1
+                    a_q = ages[o:o + hr.size]
+                    for age in np.unique(a_q):
+                        sel = np.flatnonzero(a_q == age)
+                        src_epoch = t if const else t - int(age)
+                        assert np.array_equal(block[o + sel], history[(q, l, src_epoch)][hr[sel]])
+                    checked += hr.size
     return checked, receivers
 
 
