@@ -95,7 +95,12 @@ def _resolve(args, size: int) -> dict:
         raise InputError(f"{out}: is a directory, expected an HDF5 file name")
     run_store = str(attrs.get("partition_dir", cfg.data.partitions))
     store = args.partitions or run_store
-    meta = read_meta(store)
+    try:
+        meta = read_meta(store)
+    except InputError as exc:
+        if args.partitions:
+            raise
+        raise InputError(f"{exc} (the run's store, as recorded in {label}; pass --partitions DIR)") from None
     run_hash = str(attrs.get("partition_hash", ""))
     if meta.content_hash != run_hash:
         _same_graph(meta, run_store, store)

@@ -46,6 +46,7 @@ BAD = {
     "other_engine": (["--checkpoint", "{fg_ckpt}"], "engine 'fullgraph'"),
     "other_graph": (["--partitions", "{other}"], "the run was trained on"),
     "output_exists": ([], "already exists"),
+    "moved_store": ([], "partition directory not found (the run's store"),
 }
 
 
@@ -110,13 +111,21 @@ def world(cora_graph, cora_parts, tmp_path_factory):
     bad_dir.mkdir()
     exists_dir.mkdir()
     (exists_dir / "taken.h5").write_bytes(b"not ours")
+    moved = work / "run-moved"   # a run whose recorded store is gone
+    moved.mkdir()
+    with h5py.File(moved / "run.h5", "w") as f:
+        f.attrs["format"] = "hpcgnn-run"
+        f.attrs["config"] = json.dumps({"data": {"partitions": str(work / "gone")}})
+        f.attrs["engine"] = "minibatch"
+        f.attrs["partition_dir"] = str(work / "gone")
+        f.attrs["partition_hash"] = "0" * 64
     nockpt = work / "run-nockpt"
     cases.append({"name": "copy-run", "copy": [str(runs["minibatch"] / "run.h5"), str(nockpt / "run.h5")]})
     subst = {"shape_ckpt": str(shape_run / "checkpoints" / "ckpt-000001.pt"), "p4": str(stores[4]),
              "fg_ckpt": str(runs["fullgraph"] / "checkpoints" / "ckpt-000002.pt"),
              "other": str(work / "other-p2")}
     for name, (extra, _) in BAD.items():
-        run = nockpt if name == "no_checkpoint" else runs["minibatch"]
+        run = {"no_checkpoint": nockpt, "moved_store": moved}.get(name, runs["minibatch"])
         target = exists_dir / "taken.h5" if name == "output_exists" else bad_dir / f"{name}.h5"
         cases.append({"name": f"bad-{name}", "args": ["infer", str(run), "--out", str(target),
                                                       *[a.format(**subst) for a in extra]]})
