@@ -184,6 +184,20 @@ def store_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.shrink["store"] = "store.device_memory (the device tier; on the CPU a host buffer)"
 
 
+def offload_batch_bytes(cfg, meta, s: dict) -> int:
+    """Bytes of one batch of chunks on the compute device (offloaded full graph): the batch's
+    source rows and their gradient buffer (same slots) at the widest layer, and the
+    destinations' temporaries. A chunk's sources are the expected distinct sources of its
+    edges, not rows / chunks: a chunk of destinations reaches most of the partition's rows
+    when the graph has no locality (validated by `make bench-plan`, docs/plan.md)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    fg = cfg.fullgraph
+    k = max(fg.chunks, 1)
+    frac = min(fg.batch_chunks, k) / k
+    src = nl if k == 1 else min(nl, _distinct(nl, ne * frac))
+    return int(2 * src * wmax * F32 + SAVED_PER_LAYER * ns * frac * wmax * F32)
+
+
 def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     """The full-graph engine's terms (``activations``; offloaded also ``chunks``)."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
@@ -198,7 +212,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         host = sum(nl * widths[l] * F32 for l in range(layers + 1))
         agg = sum(ns * widths[l] * F32 for l in range(layers))
         grads = 2 * nl * wmax * F32
-        batch = max(per_layer) * fg.batch_chunks / max(fg.chunks, 1)
+        batch = offload_batch_bytes(cfg, meta, s)
         est.terms["activations"] = int(x0 + host + agg + grads + batch)
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
                                      "are the partition's, chunks do not shrink them")

@@ -115,16 +115,14 @@ def plan_meta(meta, ranks: int):
 def device_split(cfg, meta, s: dict, est) -> int:
     """Bytes of ``est`` on the GPU when ``train.device`` is CUDA, without the CUDA context: the
     minibatch engine keeps its partition's features, HECs and activations there; full graph in
-    memory the partition and its activations; offloaded only one batch of chunks (a layer's
-    rows x batch_chunks / chunks) and the chunks' topology. Host memory keeps the rest and the
-    partition as loaded."""
+    memory the partition and its activations; offloaded only one batch of chunks
+    (:func:`hpcgnn.engine.estimate.offload_batch_bytes`) and the chunks' topology. Host memory
+    keeps the rest and the partition as loaded."""
     t = est.terms
     if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
-        widths = _widths(cfg, meta.num_features, meta.num_classes)
-        ns, nl = s["num_solid"], s["num_solid"] + s["num_halo"]
-        per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
-                     for l in range(cfg.model.layers)]
-        return int(t.get("chunks", 0) + max(per_layer) * cfg.fullgraph.batch_chunks / max(cfg.fullgraph.chunks, 1))
+        from hpcgnn.engine.estimate import offload_batch_bytes
+
+        return int(t.get("chunks", 0) + offload_batch_bytes(cfg, meta, s))
     return int(sum(v for k, v in t.items() if k != "baseline"))
 
 
