@@ -1,5 +1,5 @@
 """`hpcgnn infer` on Cora under real mpiexec: for checkpoints of every engine (minibatch SAGE,
-full-graph GCN, tensor-parallel decoupled GCN, each trained 2 epochs on 2 ranks) the file written
+full-graph GCN, tensor-parallel decoupled and coupled GCN, each trained 2 epochs on 2 ranks) the file written
 from 1 process (no launcher), 2 and 4 ranks (stores of 1, 2 and 4 parts) is the same to 1e-5;
 predictions are the argmax of the logits; accuracies recomputed from the file equal the run
 file's last evaluation; embeddings equal a single-process reference of the checkpoint's model;
@@ -31,6 +31,9 @@ ENGINES = {
     "minibatch": (ROOT / "inputs" / "cora-sage.toml", []),
     "fullgraph": (ROOT / "inputs" / "cora-gcn-fullgraph.toml", []),
     "tensor": (ROOT / "inputs" / "cora-tensor.toml", ["--set", "tensor.k=4"]),
+    "tensor-coupled": (ROOT / "inputs" / "cora-tensor.toml",
+                       ["--set", "tensor.mode=coupled", "--set", "tensor.k=0", "--set", "tensor.alpha=0",
+                        "--set", "tensor.gamma=1"]),
 }
 WHATS = ("logits", "predictions", "embeddings")
 RANKS = (1, 2, 4)
@@ -169,7 +172,8 @@ def test_same_file_from_1_2_and_4_ranks(world, engine):
         assert num_nodes == 2708
         for n, (attrs, data) in files.items():
             assert np.array_equal(data["vertex_ids"], np.arange(num_nodes))
-            assert attrs["format"] == "hpcgnn-infer" and attrs["what"] == what and attrs["engine"] == engine
+            assert attrs["format"] == "hpcgnn-infer" and attrs["what"] == what
+            assert attrs["engine"] == engine.split("-")[0]
             assert attrs["num_ranks"] == n and len(attrs["peak_rss_bytes"]) == n
             assert attrs["checkpoint_epoch"] == 2 and attrs["checkpoint_sha256"] == sha
             assert Path(attrs["checkpoint"]) == ckpt
@@ -208,7 +212,8 @@ def test_predictions_are_argmax_and_accuracy_is_the_runs(world, engine):
 
 def test_embeddings_and_logits_equal_a_single_process_reference(world):
     """The minibatch SAGE checkpoint run over the whole graph in one block: layer 1 (the
-    default embeddings) and the logits; the tensor run's layer 1 is its MLP's first layer."""
+    default embeddings) and the logits; the decoupled tensor run's layer 1 is its MLP's first
+    layer, the coupled one's a GCN layer (computed here with numpy)."""
     from hpcgnn.engine.common import build_model_from_config
     from hpcgnn.engine.infer import run_config
     from hpcgnn.run.output import read_run
@@ -236,6 +241,18 @@ def test_embeddings_and_logits_equal_a_single_process_reference(world):
     ref = torch.relu(x @ state["lins.0.weight"].T + state["lins.0.bias"]).numpy()
     for n in RANKS:
         emb = _read(_file(world, n, "tensor", "embeddings"))[1]["embeddings"]
+        np.testing.assert_allclose(emb, ref, rtol=0, atol=1e-4)
+    # coupled GCN layer 1: relu(D~^-1/2 (A + I) D~^-1/2 x W^T + b), in float64
+    state = torch.load(_latest(world["runs"]["tensor-coupled"]), weights_only=True)["model"]
+    z = x.double().numpy() @ state["lins.0.weight"].double().numpy().T
+    scale = 1.0 / np.sqrt(np.diff(indptr) + 1.0)
+    zs = z * scale[:, None]
+    agg = np.zeros_like(zs)
+    dst = np.repeat(np.arange(v), np.diff(indptr))
+    np.add.at(agg, dst, zs[indices])
+    ref = np.maximum((agg + zs) * scale[:, None] + state["biases.0"].double().numpy(), 0.0)
+    for n in RANKS:
+        emb = _read(_file(world, n, "tensor-coupled", "embeddings"))[1]["embeddings"]
         np.testing.assert_allclose(emb, ref, rtol=0, atol=1e-4)
 
 
