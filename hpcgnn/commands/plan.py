@@ -34,6 +34,9 @@ def add_arguments(parser) -> None:
                         help="chunk counts tried for offloaded full-graph training")
     parser.add_argument("--engines", default=None, metavar="NAME,...",
                         help="only these engines (default: every registered one)")
+    parser.add_argument("--any-model", action="store_true",
+                        help="the recommendation may train another model than the configured one "
+                             "(the decoupled tensor mode); listed and ranked either way")
     parser.add_argument("--calibration", default=None, metavar="FILE.json",
                         help="calibration file (default $HPCGNN_CALIBRATION or ~/.cache/hpcgnn/calibration.json)")
     parser.add_argument("--recalibrate", action="store_true", help="measure this machine again")
@@ -84,7 +87,7 @@ def run(args) -> int:
         cal = Calibration.from_json(hosts[socket.gethostname()], str(path))
     else:
         cal = load_or_measure(Path(args.calibration) if args.calibration else None, args.recalibrate, log)
-    plan = make_plan(args.config, args.set, store, topo, cal, chunks, engines)
+    plan = make_plan(args.config, args.set, store, topo, cal, chunks, engines, args.any_model)
     d = to_json(plan)
     if args.json:
         d["written"] = str(args.out) if args.out and plan.best else None

@@ -37,10 +37,13 @@ class Plan:
     config: str = ""
     overrides: list = field(default_factory=list)
     store: str = ""
+    any_model: bool = False
 
     @property
     def best(self) -> Row | None:
-        ranked = [r for r in self.rows if r.order > 0]
+        """The recommendation: the fastest fitting candidate, among those that train the
+        configured model unless ``any_model``."""
+        ranked = [r for r in self.rows if r.order > 0 and (self.any_model or not r.candidate.model_change)]
         return min(ranked, key=lambda r: r.order) if ranked else None
 
 
@@ -48,8 +51,9 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
 
-def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None) -> Plan:
-    """Propose, estimate, check and rank (see the module docstring)."""
+def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None, any_model=False) -> Plan:
+    """Propose, estimate, check and rank (see the module docstring); ``any_model`` lets a
+    candidate that trains another model (decoupled tensor mode) be the recommendation."""
     from hpcgnn.partition.store import read_meta
     from hpcgnn.plan.estimator import estimate, scaled_shapes, store_shapes
     from hpcgnn.plan.proposer import DEFAULT_CHUNKS, propose
@@ -58,7 +62,8 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None) ->
     meta = read_meta(store)
     cands = propose(config, overrides, store, chunks or DEFAULT_CHUNKS, engines)
     shapes = scaled_shapes(meta, store_shapes(meta), topo.ranks)
-    plan = Plan(topo=topo, cal=cal, meta=meta, config=str(config), overrides=list(overrides), store=str(store))
+    plan = Plan(topo=topo, cal=cal, meta=meta, config=str(config), overrides=list(overrides), store=str(store),
+                any_model=any_model)
     if topo.ranks != meta.num_parts:
         plan.notes.append(f"the store has {meta.num_parts} partitions, the plan is for {topo.ranks} ranks: "
                           f"partition sizes are extrapolated; run `hpcgnn partition GRAPH --parts {topo.ranks}` "
@@ -96,8 +101,8 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None) ->
         top = max(p.parts, key=p.parts.get)
         row.reason = (f"fits; {p.epoch_s:.3g} s/epoch, mostly {top} "
                       f"({100 * p.parts[top] / max(p.epoch_s, 1e-30):.0f} %)")
-        if c.engine == "tensor" and cfg.tensor.mode == "decoupled":
-            row.reason += "; a decoupled model (NN layers, then propagation), not the configured stack"
+        if c.model_change:
+            row.reason += f"; {c.model_change}" + ("" if any_model else " (not recommended without --any-model)")
     ranked = sorted([r for r in plan.rows if r.fits and not math.isnan(r.pred.epoch_s)],
                     key=lambda r: (r.pred.epoch_s, r.pred.host_peak, plan.rows.index(r)))
     for i, r in enumerate(ranked, 1):

@@ -29,6 +29,7 @@ class Candidate:
     cfg: object = None
     invalid: str = ""
     notes: list = field(default_factory=list)
+    model_change: str = ""         # non-empty: trains another model than the configured one
 
 
 def _spec_has(engine: str, key: str, choice=None) -> bool:
@@ -92,6 +93,20 @@ def toml_value(v) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
+def _decoupled(cfg) -> bool:
+    return cfg.train.engine == "tensor" and cfg.tensor.mode == "decoupled"
+
+
+def _model_change(base, cfg) -> str:
+    """Why ``cfg`` trains another model than ``base`` ('' when it trains the same one): the
+    decoupled tensor mode (NN layers, then propagation) against a message-passing stack."""
+    if cfg is None or _decoupled(cfg) == _decoupled(base):
+        return ""
+    if _decoupled(cfg):
+        return "a decoupled model (NN layers, then propagation), not the configured stack"
+    return "the configured stack instead of the config's decoupled model"
+
+
 def propose(config: str | Path, overrides: list[str], store: str | Path,
             chunks=DEFAULT_CHUNKS, engines=None) -> list[Candidate]:
     """Candidates for ``config`` (+ ``--set`` ``overrides``) on ``store``: every registered
@@ -116,6 +131,7 @@ def propose(config: str | Path, overrides: list[str], store: str | Path,
                 c.cfg = load_config(config, sets)
             except InputError as exc:
                 c.invalid = str(exc)
+            c.model_change = _model_change(base, c.cfg)
             if gen is None:
                 c.notes.append(f"no variant generator for engine {name!r} (hpcgnn/plan/proposer.py VARIANTS)")
             out.append(c)

@@ -61,7 +61,7 @@ def _plan(setup, **kw):
     store, cfg, _, _ = setup
     cal = kw.pop("cal", calibration())
     topo = kw.pop("topo", topology())
-    return make_plan(cfg, kw.pop("sets", []), store, topo, cal, (2, 4), None)
+    return make_plan(cfg, kw.pop("sets", []), store, topo, cal, (2, 4), None, kw.pop("any_model", False))
 
 
 def test_every_engine_proposed_and_ranked_by_predicted_time(setup):
@@ -74,7 +74,14 @@ def test_every_engine_proposed_and_ranked_by_predicted_time(setup):
     assert [r.order for r in ranked] == list(range(1, len(ranked) + 1))
     times = [r.pred.epoch_s for r in ranked]
     assert times == sorted(times) and all(t > 0 for t in times)
-    assert plan.best is ranked[0]
+    # the recommendation trains the configured model unless any_model: the decoupled tensor
+    # mode is ranked, marked, and recommended only with any_model
+    assert plan.best is next(r for r in ranked if not r.candidate.model_change)
+    dec = next(r for r in plan.rows if r.candidate.label == "tensor decoupled")
+    assert dec.candidate.model_change and "decoupled model" in dec.reason and "--any-model" in dec.reason
+    assert not any(r.candidate.model_change for r in plan.rows if r.candidate.label != "tensor decoupled")
+    fast_agg = _plan(setup, cal=calibration(gemm_flops=1e15, agg={16: 1e15, 256: 1e15}), any_model=True)
+    assert fast_agg.best.order == 1
     # the memory is the project's estimate with the calibrated baseline
     for r in ranked:
         assert r.pred.terms["baseline"] == 200 << 20
