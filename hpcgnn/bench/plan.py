@@ -5,8 +5,9 @@
    directory (reused when there).
 2. Calibration: measured now into ``WORK/calibration.json`` (``--reuse-calibration`` keeps an
    earlier one), so rates and runs see the same machine load.
-3. The planner's predictions for the benchmark configuration (GCN, 2 layers x ``--hidden``,
-   minibatch fanouts 10,10, batch 1000) on ``--ranks`` ranks of this machine.
+3. The planner's predictions for the benchmark configuration (``--arch`` GCN, ``--layers`` 2 x
+   ``--hidden`` 128, minibatch ``--fanouts`` 10,10, batch 1000) on ``--ranks`` ranks of this
+   machine.
 4. ``--rounds`` times, back to back, for each case of ``--cases`` (planner candidate labels):
    ``hpcgnn train`` under mpiexec with the candidate's settings for ``--epochs`` epochs
    (training epochs timed, evaluation once at the end); a run's epoch time = mean over epochs
@@ -34,9 +35,9 @@ from hpcgnn.bench.workdir import products_like_inputs, run_logged
 
 CONFIG = """
 [model]
-arch = "gcn"
+arch = "{arch}"
 hidden = {hidden}
-layers = 2
+layers = {layers}
 dropout = 0.5
 [train]
 engine = "fullgraph"
@@ -46,7 +47,7 @@ seed = 0
 eval_every = 0
 checkpoint_every = 0
 [minibatch]
-fanouts = [10, 10]
+fanouts = [{fanouts}]
 batch_size = 1000
 [output]
 keep_checkpoints = 1
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is warm-up)")
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--arch", default="gcn", choices=("gcn", "sage"))
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--fanouts", default="10,10", help="minibatch fanouts, input side first (one per layer)")
     p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="planner candidate labels, comma-separated")
     p.add_argument("--rounds", type=int, default=2, help="runs of every case, back to back; the fastest counts")
     p.add_argument("--reuse-calibration", action="store_true")
@@ -137,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     k = args.ranks
     _, stores = products_like_inputs(work, args.scale, args.seed, {k}, args.timeout, "hpcgnn.bench.plan")
     store = stores[k]
-    cfg = work / "plan-bench.toml"
-    cfg.write_text(CONFIG.format(hidden=args.hidden, epochs=args.epochs))
+    cfg = work / f"plan-bench-{args.arch}{args.layers}x{args.hidden}.toml"
+    cfg.write_text(CONFIG.format(hidden=args.hidden, epochs=args.epochs, arch=args.arch, layers=args.layers,
+                                 fanouts=", ".join(str(int(x)) for x in args.fanouts.split(","))))
     cal = load_or_measure(work / "calibration.json", recalibrate=not args.reuse_calibration)
     topo = build_topology(k, None, None, "cpu", None)
     plan = make_plan(cfg, [], store, topo, cal, (4,), None)
@@ -155,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             row = rows[c]
             tag = c.replace(" ", "-").replace("=", "")
-            run = work / f"run-{tag}-{k}-r{rnd}"
+            run = work / f"run-{args.arch}{args.layers}-{tag}-{k}-r{rnd}"
             cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "hpcgnn", "train", "--config", str(cfg),
                    "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"]
             for key, v in row.candidate.overrides.items():
                 cmd += ["--set", f"{key}={toml_value(v)}"]
-            wall = run_logged(cmd, work / f"train-{tag}-{k}-r{rnd}.log", args.timeout, "hpcgnn.bench.plan")
+            wall = run_logged(cmd, work / f"train-{args.arch}{args.layers}-{tag}-{k}-r{rnd}.log", args.timeout,
+                              "hpcgnn.bench.plan")
             m = measured(run)
             m["wall_s"] = wall
             runs[c].append(m)
@@ -184,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"scale": args.scale, "seed": args.seed, "ranks": k, "host": platform.node(),
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "num_nodes": m.num_nodes, "num_edges": m.num_edges, "hidden": args.hidden, "epochs": args.epochs,
+            "arch": args.arch, "layers": args.layers, "fanouts": args.fanouts, "rounds": args.rounds,
             "calibration": json.dumps(cal.to_json()), "load_average": json.dumps(os.getloadavg()),
             "total_wall_s": time.perf_counter() - t_start, "recommended": plan.best.candidate.label if plan.best else ""}
     write_h5(out, results, summary, meta)
@@ -217,7 +224,8 @@ def write_h5(path: Path, results: dict, summary: dict, meta: dict) -> None:
 
 def print_table(results: dict, summary: dict, meta: dict, cases: list) -> None:
     print(f"\nplan benchmark: products-like scale {meta['scale']:g} ({meta['num_nodes']:,} vertices, "
-          f"{meta['num_edges']:,} directed edges), GCN 2 x {meta['hidden']}, {meta['ranks']} ranks on "
+          f"{meta['num_edges']:,} directed edges), {meta['arch'].upper()} {meta['layers']} x {meta['hidden']} "
+          f"(fanouts {meta['fanouts']}), {meta['ranks']} ranks on "
           f"{meta['cores']} cores, load average {meta['load_average']}")
     head = ["case", "pred GiB", "meas GiB", "error", "pred s", "meas s", "pred #", "meas #", "pred MiB", "meas MiB"]
     po, mo = summary["predicted_order"], summary["measured_order"]
