@@ -12,6 +12,7 @@ Packages (one concept each):
               hooks, and the engines (minibatch, fullgraph, tensor); docs/engines.md
   seeding.py  random streams as functions of integers
   run/        configuration, run output (HDF5), checkpoints
+  plan/       `hpcgnn plan`: calibrated memory and epoch-time predictions per engine setting
   commands/   the `hpcgnn` subcommands
 """
 
