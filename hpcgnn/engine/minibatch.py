@@ -272,6 +272,7 @@ class MinibatchEngine(Engine):
                 nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1) \
                     if overlap and k + 1 < m else None
                 logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
+                cur = None          # the forward holds what backward needs; drop the rest now
             sampled_edges += stats[0]
             inputs += stats[1]
             halo_inputs += stats[2]
