@@ -19,7 +19,8 @@ Panels, each drawn only when the run has its data:
              identical series share one line
 ``layers``   minibatch: HEC hit rate per layer (hits / lookups over all ranks); offloaded
              full-graph: host-device transfers per rank by kind (mean per epoch), with the
-             host-to-device volume the run would have had without deduplication
+             host-to-device volume the run would have had without deduplication; full-graph
+             with the halo cache: mean and oldest age of the halo rows used per layer
 ``memory``   peak resident memory of every rank per epoch (and peak CUDA memory on GPUs)
 ============ =================================================================================
 
@@ -154,8 +155,24 @@ def _transfer_kinds(run: dict, direction: str) -> list[str]:
                   and k != f"{direction}_bytes" and "nodedup" not in k and _finite(c[k]).any())
 
 
+def _halo_ages(run: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """Full-graph halo cache (docs/capgnn.md): ([E, L] mean age of the halo rows used over all
+    ranks, [E, L] oldest), or None."""
+    pl = run["per_layer"]
+    if "halo_rows_used" not in pl or "halo_age_max" not in pl:
+        return None
+    used = np.nansum(pl["halo_rows_used"], axis=1)
+    ages = [(int(k.rsplit("_", 1)[1]), k) for k in pl
+            if k.startswith("halo_age_") and k.rsplit("_", 1)[1].isdigit()]
+    total = sum(a * np.nansum(pl[k], axis=1) for a, k in ages)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(used > 0, total / np.where(used > 0, used, 1), np.nan)
+    return (mean, np.nanmax(pl["halo_age_max"], axis=1)) if _finite(mean).any() else None
+
+
 def _has_layers(run: dict) -> bool:
-    return _hec_rates(run) is not None or bool(_transfer_kinds(run, "h2d") or _transfer_kinds(run, "d2h"))
+    return _hec_rates(run) is not None or bool(_transfer_kinds(run, "h2d") or _transfer_kinds(run, "d2h")) \
+        or _halo_ages(run) is not None
 
 
 def _has_memory(run: dict) -> bool:
@@ -319,8 +336,23 @@ def _draw_layers(ax, run) -> None:
     rates = _hec_rates(run)
     if rates is not None:
         _draw_hec(ax, run, rates)
+    elif _halo_ages(run) is not None:
+        _draw_halo_ages(ax, run)
     else:
         _draw_transfers(ax, run)
+
+
+def _draw_halo_ages(ax, run) -> None:
+    mean, oldest = _halo_ages(run)
+    e = _epochs(run)
+    for l in range(mean.shape[1]):
+        ax.plot(e, mean[:, l], color=f"C{l % 10}", label=f"layer {l} mean")
+        ax.plot(e, oldest[:, l], color=f"C{l % 10}", linestyle="--", label=f"layer {l} oldest")
+    ax.set_title(f"Age of the halo rows used, epochs ({run_label(run)})")
+    ax.set_ylabel("epochs")
+    ax.set_ylim(bottom=0)
+    _integer_epochs(ax)
+    _legend(ax)
 
 
 def _draw_memory(ax, run) -> None:

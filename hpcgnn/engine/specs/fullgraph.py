@@ -58,4 +58,7 @@ SPEC = EngineSpec(
     factory="hpcgnn.engine.fullgraph:make_engine",
     memory_terms="hpcgnn.engine.estimate:fullgraph_terms",
     validate=validate,
+    # the halo cache is soft state (never checkpointed): a resumed run may change it
+    safe_on_resume=("fullgraph.halo", "fullgraph.staleness", "fullgraph.pipeline", "fullgraph.cache_memory",
+                    "fullgraph.cache_device_memory"),
 )
