@@ -262,6 +262,12 @@ class CachedHalo(HaloProvider):
         finally:
             self._exact = False
 
+    def progress(self) -> None:
+        """Drive the in-flight pipelined messages (MPI moves large messages only inside MPI
+        calls): called at every adjoint exchange, so they travel during the backward."""
+        for msg in self._pending.values():
+            msg.exchange.test()
+
     def close(self) -> None:
         """Collective: complete outstanding pipelined messages and free the communicator."""
         for msg in self._pending.values():
@@ -315,6 +321,7 @@ class CachedHalo(HaloProvider):
 
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
+        self.progress()
         back = adjoint_rows(self.comm, self.plan, halo_grads)
         nbytes = halo_grads.nbytes if self.distributed else 0
         self.account(t0, nbytes)
