@@ -289,7 +289,8 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     propagation matrix with self loops, its weights and transpose, the layout; chunked, the
     chunks' transposes) and ``activations`` (vertex-layout MLP tensors of the rank's rows, and
     the [V, C/P] feature-layout slices of the aggregation: Z_0, two round buffers, the output
-    gradient and the gradient of Z_0, plus the k saved rounds for GAT)."""
+    gradient and the gradient of Z_0, plus the k saved rounds for GAT); the NN layers keep two
+    tensors per layer and two gradients in flight."""
     v, e = int(meta.num_nodes), int(meta.num_edges)
     parts = max(int(meta.num_parts), 1)
     t = cfg.tensor
@@ -311,7 +312,10 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     cols = -(-c // parts) if t.mode == "decoupled" else -(-max(hid, c) // parts)
     k = (t.k or m.layers) if t.mode == "decoupled" else 1
     slices = 5 + (k if m.arch == "gat" else 0)
-    act = rows * (meta.num_features + SAVED_PER_LAYER * hid * m.layers + 2 * c) * F32
+    # the NN layers on the rank's rows keep two tensors per layer for backward (the linear's
+    # input and the fused ReLU + dropout output; native dropout keeps no mask) plus two
+    # gradients in flight (bench-plan: 6 per layer overcounted SAGE 3 x 256 by 56-62 %)
+    act = rows * (meta.num_features + (2 * m.layers + 2) * hid + 2 * c) * F32
     act += slices * v * cols * F32
     if m.arch == "gat":
         act += 4 * ev * F32                        # logits, attention, their gradients
