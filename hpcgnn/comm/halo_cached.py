@@ -309,14 +309,13 @@ class CachedHalo(HaloProvider):
         positions = self.recv_offsets[src.astype(np.int64)] + idx.astype(np.int64)
         halo, ages, hit_dev, hit_host = self.cache.assemble(
             layer, t, used_sent, positions, rows, None if self._exact else s.staleness, constant)
-        if not self._exact:
-            self._layer_report(layer)["rows_received"] += int(positions.size)
         self.account(t0, 0)
-        if not self._exact:       # training's waits only (evaluation's layer-0 fetch not counted)
+        if not self._exact:       # training's figures only (evaluation's layer-0 fetch not counted)
             self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
             self._record(layer, ages, hit_dev, hit_host)
-        if not self._exact:
-            self._layer_report(layer)["bytes_nocache"] += self.plan.rows_sent * 4 * solid_rows.shape[1]
+            rep = self._layer_report(layer)
+            rep["rows_received"] += int(positions.size)
+            rep["bytes_nocache"] += self.plan.rows_sent * 4 * solid_rows.shape[1]
         return halo
 
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
