@@ -203,7 +203,11 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     x0 = nl * widths[0] * F32
-    per_layer = [nl * widths[l] * F32 + SAVED_PER_LAYER * ns * max(widths[l], widths[l + 1]) * F32
+    # SAGE keeps its aggregate and the fused ReLU + dropout output per layer, with two
+    # gradients in flight; GCN/GAT also the scaled or projected source rows and the linear
+    # output (bench-plan, docs/plan.md: SAGE 3 x 256 in memory was +35 % with six)
+    saved = 4 if cfg.model.arch == "sage" else SAVED_PER_LAYER
+    per_layer = [nl * widths[l] * F32 + saved * ns * max(widths[l], widths[l + 1]) * F32
                  for l in range(layers)]
     if fg.offload:
         # host-resident layer inputs/outputs, the cached aggregates of the solid rows, the
