@@ -8,6 +8,9 @@ Times DGL on the benchmark's own graph file (read with h5py: ``indptr``/``indice
 layers, ReLU + dropout between them, cross-entropy over the training vertices, Adam.
 
 - ``fullgraph``: one full-batch epoch = forward over the whole graph + backward + Adam step.
+- ``aggregate``: the aggregation kernel alone, ``update_all(copy_u, mean)`` over the whole graph on
+  random ``[N, width]`` rows for each of ``--widths``: forward and backward seconds (fastest of
+  ``--epochs`` repetitions after the first).
 - ``minibatch``: ``NeighborSampler(fanouts)`` (first fanout = input layer, as hpcgnn's),
   ``DataLoader(batch_size, shuffle=True, num_workers=0)``; input features gathered by the
   loader's ``input_nodes``.
@@ -113,6 +116,31 @@ def _top_ops(torch, run_epoch, n: int) -> list[dict]:
              "calls": int(e.count)} for e in rows]
 
 
+def _aggregate_times(torch, dgl, g, args) -> dict:
+    """{width: {"fwd_s", "bwd_s"}}: mean aggregation over ``g`` (fastest repetition after the first)."""
+    import dgl.function as fn
+
+    gen = torch.Generator().manual_seed(args.seed)
+    out = {}
+    for width in args.widths:
+        x = torch.randn(g.num_nodes(), width, generator=gen, requires_grad=True)
+        fwd, bwd = [], []
+        for _ in range(max(2, args.epochs)):
+            t = time.perf_counter()
+            with g.local_scope():
+                g.srcdata["h"] = x
+                g.update_all(fn.copy_u("h", "m"), fn.mean("m", "o"))
+                o = g.dstdata["o"]
+            fwd.append(time.perf_counter() - t)
+            grad = torch.ones_like(o)
+            t = time.perf_counter()
+            o.backward(grad)
+            bwd.append(time.perf_counter() - t)
+            x.grad = None
+        out[str(width)] = {"fwd_s": min(fwd[1:]), "bwd_s": min(bwd[1:])}
+    return out
+
+
 def run(args) -> dict:
     import torch
 
@@ -139,6 +167,10 @@ def run(args) -> dict:
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     model.train()
 
+    if args.mode == "aggregate":
+        return {"peer": "dgl", "mode": "aggregate", "dgl": dgl.__version__, "torch": torch.__version__,
+                "threads": args.threads, "thp": os.environ.get("THP_MEM_ALLOC_ENABLE", ""), "num_nodes": n,
+                "num_edges": int(src.shape[0]), "widths": _aggregate_times(torch, dgl, g, args)}
     if args.mode == "fullgraph":
         graphs = [g] * args.layers
         y_train = y[train]
@@ -198,7 +230,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="peer_dgl.py", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("fullgraph", "minibatch"))
+    p.add_argument("mode", choices=("fullgraph", "minibatch", "aggregate"))
     p.add_argument("--graph", required=True, help="hpcgnn graph file (HDF5)")
     p.add_argument("--epochs", type=int, default=4, help="epochs (the first is warm-up)")
     p.add_argument("--hidden", type=int, default=128)
@@ -209,10 +241,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--widths", default="47,100,128,256", help="aggregate: comma-separated row widths")
     p.add_argument("--profile-ops", type=int, default=0, metavar="N",
                    help="one more epoch under torch.profiler: its N largest ops by self CPU time")
     args = p.parse_args(argv)
     args.fanouts = [int(f) for f in args.fanouts.split(",") if f]
+    args.widths = [int(w) for w in args.widths.split(",") if w]
     if args.epochs < 1 or args.layers < 1 or len(args.fanouts) != args.layers and args.mode == "minibatch":
         p.error(f"--epochs {args.epochs}, --layers {args.layers}, --fanouts {args.fanouts}: expected epochs >= 1 "
                 "and one fanout per layer")

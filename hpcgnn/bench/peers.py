@@ -236,6 +236,55 @@ def _hpcgnn_top_ops(graph, model_args: dict, n: int) -> list[dict]:
              "calls": int(e.count)} for e in rows]
 
 
+def aggregate_vs_dgl(graph_file: Path, store: Path, widths: list[int], reps: int, rounds: int,
+                     timeout: float = 3600) -> dict | None:
+    """The aggregation kernel alone (mean over in-neighbours of the whole graph, forward and
+    backward, random rows of each width), hpcgnn's :func:`~hpcgnn.nn.aggregate.aggregate_mean`
+    against DGL's ``update_all(copy_u, mean)`` in alternating rounds; fastest of each kept.
+    {width: {hpcgnn_fwd_s, hpcgnn_bwd_s, dgl_fwd_s, dgl_bwd_s}} or None without a DGL peer."""
+    import time
+
+    import torch
+
+    from hpcgnn.bench.fullgraph import local_graphs
+    from hpcgnn.nn.aggregate import aggregate_mean
+    from hpcgnn.sampling.block import Block
+
+    python = dgl_python()
+    if python is None:
+        return None
+    (lg,) = local_graphs(graph_file, store)
+    block = Block(lg.num_local, lg.num_solid, torch.from_numpy(lg.indptr), torch.from_numpy(lg.local_indices))
+    gen = torch.Generator().manual_seed(0)
+    best: dict = {str(w): {} for w in widths}
+
+    def keep(w: str, key: str, value: float) -> None:
+        best[w][key] = min(best[w].get(key, float("inf")), value)
+    for _ in range(max(1, rounds)):
+        for w in widths:
+            x = torch.randn(block.num_src, w, generator=gen, requires_grad=True)
+            for _ in range(max(2, reps)):
+                t = time.perf_counter()
+                o = aggregate_mean(block, x)
+                fwd = time.perf_counter() - t
+                grad = torch.ones_like(o)
+                t = time.perf_counter()
+                o.backward(grad)
+                bwd = time.perf_counter() - t
+                x.grad = None
+                keep(str(w), "hpcgnn_fwd_s", fwd)   # the first repetition builds the cached transpose:
+                keep(str(w), "hpcgnn_bwd_s", bwd)   # the minimum skips it
+        theirs = try_peer(python, DGL_SCRIPT, ["aggregate", "--graph", graph_file, "--epochs", reps, "--widths",
+                                                ",".join(map(str, widths)), "--threads", torch.get_num_threads()],
+                          timeout, name="DGL peer")
+        if theirs is None:
+            return None
+        for w, r in theirs["widths"].items():
+            keep(w, "dgl_fwd_s", r["fwd_s"])
+            keep(w, "dgl_bwd_s", r["bwd_s"])
+    return best
+
+
 def _print_ops(who: str, ops: list[dict]) -> None:
     if ops:
         print(f"  {who}: largest ops by self CPU time (one epoch under torch.profiler)")
@@ -254,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="runs/bench/peers-work", help="work directory (graph, stores, runs)")
     p.add_argument("--scale", type=float, default=0.04)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", choices=("fullgraph", "minibatch"), default=None)
+    p.add_argument("--only", choices=("fullgraph", "minibatch", "aggregate"), default=None)
+    p.add_argument("--widths", default="47,100,128,256", help="aggregate: row widths of the kernel comparison")
     p.add_argument("--rounds", type=int, default=3, help="alternating hpcgnn / DGL rounds (fastest kept)")
     p.add_argument("--epochs", type=int, default=0, help="epochs per round (default 4 full-graph, 8 minibatch)")
     p.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "inputs" / "products-sage.toml"))
@@ -309,6 +359,19 @@ def main(argv: list[str] | None = None) -> int:
                                                     args.timeout), args.timeout, extra)
         if c is not None:
             out["minibatch"] = c
+    if args.only == "aggregate":
+        agg = aggregate_vs_dgl(graph_file, stores[1], [int(w) for w in args.widths.split(",") if w],
+                               args.epochs or 10, args.rounds, args.timeout)
+        if agg is None:
+            return 1
+        print("aggregation kernel, mean over in-neighbours of the whole graph (fastest, seconds):")
+        print("  width | hpcgnn fwd | DGL fwd | ratio | hpcgnn bwd | DGL bwd | ratio")
+        for w, r in agg.items():
+            print(f"  {w:>5} | {r['hpcgnn_fwd_s']:10.3f} | {r['dgl_fwd_s']:7.3f} | {r['hpcgnn_fwd_s'] / r['dgl_fwd_s']:5.2f} | "
+                  f"{r['hpcgnn_bwd_s']:10.3f} | {r['dgl_bwd_s']:7.3f} | {r['hpcgnn_bwd_s'] / r['dgl_bwd_s']:5.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(agg, indent=1))
+        return 0
     for what, c in out.items():
         print(f"{what}: seconds per phase, minimum over the timed epochs")
         print(f"  hpcgnn: {json.dumps({k: round(v, 4) for k, v in c['hpcgnn_phases_min_s'].items()})}")

@@ -200,3 +200,21 @@ def test_real_dgl_peer_on_cora(cora_graph):
     assert out["num_nodes"] == 2708 and out["epoch_s"] > 0 and len(out["epochs_s"]) == 2
     assert out["thp"] == "1" and out["dims"] == [1433, 16, 16, 7]
     assert out["iterations"] == 1  # Cora: 140 training vertices, batch 500
+
+
+def test_aggregate_comparison_times_hpcgnn_and_keeps_the_peers_fastest(cora_graph, cora_parts, tmp_path, monkeypatch):
+    py = tmp_path / "fake-python"
+    py.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                  "a = sys.argv[sys.argv.index('--widths') + 1].split(',')\n"
+                  "print(json.dumps({'argv': sys.argv[1:], 'widths': {w: {'fwd_s': 0.5 * int(w), 'bwd_s': 0.25}\n"
+                  "                                                    for w in a}}))\n")
+    py.chmod(0o755)
+    monkeypatch.setenv(peers.DGL_ENV, str(py))
+    store = cora_parts(1)
+    agg = peers.aggregate_vs_dgl(cora_graph, store, [8, 16], reps=2, rounds=2, timeout=60)
+    assert set(agg) == {"8", "16"}
+    for w, r in agg.items():
+        assert r["dgl_fwd_s"] == 0.5 * int(w) and r["dgl_bwd_s"] == 0.25
+        assert 0 < r["hpcgnn_fwd_s"] < 10 and 0 < r["hpcgnn_bwd_s"] < 10
+    monkeypatch.setenv(peers.DGL_ENV, str(_fake_dgl(tmp_path, ok=False)))
+    assert peers.aggregate_vs_dgl(cora_graph, store, [8], reps=2, rounds=1, timeout=60) is None
