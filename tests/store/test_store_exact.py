@@ -72,3 +72,32 @@ def test_counters_say_where_the_rows_came_from(runs):
         assert np.array_equal(c["device"]["store_hec_lookups"], c["host"]["store_hec_lookups"])
         assert (c["host"]["store_hec_device_hits"] == 0).all() and c["host"]["store_hec_h2d_bytes"].sum() > 0
         assert (c["device"]["store_hec_h2d_bytes"] == 0).all() and c["device"]["store_hec_device_hits"].sum() > 0
+
+
+def test_report_shows_the_store_columns(runs):
+    from hpcgnn.commands.report import format_table, summarise
+
+    p, r = runs
+    s = summarise(r["tiered"])
+    st = s["epochs"][-1]["store"]
+    c = r["tiered"]["counters"]
+    assert st["feature_hit_rate"] == pytest.approx(c["store_feature_device_hits"][-1].sum()
+                                                   / c["store_feature_lookups"][-1].sum())
+    assert st["h2d_bytes"] == c["store_h2d_bytes"][-1].sum() and 0 < st["predicted_feature_hit_rate"] < 1
+    text = format_table(s)
+    assert "dev_feat%" in text and "store_wait" in text
+    assert summarise(r["host"])["epochs"][-1]["store"]["feature_hit_rate"] == 0
+
+
+def test_memory_estimate_counts_the_cpu_device_tier(cora_parts):
+    from hpcgnn.engine.estimate import estimate_rank_memory, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    parts = cora_parts(2)
+    meta = read_meta(parts)
+    est = {dm: estimate_rank_memory(load_config(CONFIG, [f"data.partitions={parts}", f"store.device_memory={dm}"]),
+                                    meta, 0, 0) for dm in ("0", "0.2", "1.0")}
+    assert "store" not in est["0"].terms and "store" not in est["1.0"].terms   # the partition's array in place
+    solid = part_shapes(parts, 0)["num_solid"]       # budget + one int64 slot per solid row
+    assert est["0.2"].terms["store"] == int(0.2 * solid * meta.num_features * 4) + solid * 8
