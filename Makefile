@@ -46,7 +46,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-scale peer-dgl clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale peer-dgl clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -135,13 +135,11 @@ bench-tensor: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
 
 # RAPA (docs/rapa.md): 2 ranks with threads [1, 2], speed-proportional vs equal parts, back to back
-.PHONY: bench-rapa
 bench-rapa: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.rapa --out $(RUNS)/bench/rapa.h5
 
 # hpcgnn plan validated (docs/plan.md): calibrate, predict, train each engine on products-like
 # scale 0.04 (2 ranks, 2 rounds), predicted vs measured peak memory and epoch-time order (about 12 min)
-.PHONY: bench-plan
 bench-plan: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.plan --out $(RUNS)/bench/plan.h5
 
