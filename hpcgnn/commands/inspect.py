@@ -96,6 +96,7 @@ def partition_summary(directory: Path, rank_speed: str | None = None) -> dict:
         "content_hash": meta.content_hash,
         "source_graph": a.get("source_graph"), "source_hash": a.get("source_hash"),
         "tool_versions": json.loads(a.get("tool_versions", "{}")),
+        "feature_normalization": str(a.get("feature_normalization", "none")),
     }
     summary["rank_work"] = rank_work(meta, parts, rank_speed)
     return summary
@@ -155,11 +156,16 @@ def summarise(path: str | Path, rank_speed: str | None = None) -> dict:
     return graph_summary(path)
 
 
+def _normalised(s: dict) -> str:
+    """" (row-normalised)" when the features were normalised by `prepare`, else ""."""
+    norm = s.get("feature_normalization", "none")
+    return "" if norm in ("none", None) else f" ({norm}-normalised)"
+
+
 def _text(s: dict) -> str:
     if s["kind"] == "graph":
         sp, dg = s["split"], s["degree"]
-        norm = s.get("feature_normalization", "none")
-        norm = "" if norm == "none" else f" ({norm}-normalised)"
+        norm = _normalised(s)
         return "\n".join([
             f"graph {s['path']} ({s['name']})",
             f"  vertices {s['num_nodes']:,}  edges {s['num_undirected_edges']:,} undirected "
@@ -172,7 +178,7 @@ def _text(s: dict) -> str:
     lines = [
         f"partition store {s['path']}: {s['num_parts']} parts ({s['method']}, seed {s['seed']})",
         f"  graph: vertices {s['num_nodes']:,}  edges {s['num_edges'] // 2:,} undirected  "
-        f"features {s['num_features']}  classes {s['num_classes']}",
+        f"features {s['num_features']}{_normalised(s)}  classes {s['num_classes']}",
         f"  edge cut {s['edge_cut']:,} ({100 * s['edge_cut_fraction']:.2f}% of edges)",
         f"  balance (max/mean): {bal}   constraints: {','.join(s['constraints']) or '-'}",
         f"  halo total {s['halo_total']:,}   replication factor {s['replication_factor']:.3f}",

@@ -70,6 +70,21 @@ def test_normalisation_is_recorded_and_inspect_shows_it(cora_graph, cora_rownorm
     assert "features 1433  classes 7" in text and "normalised" not in text
 
 
+def test_partition_store_records_the_normalisation(cora_graph, cora_rownorm, tmp_path, capsys):
+    """The store's meta.h5 carries the graph's feature_normalization; inspect of the store shows it."""
+    for graph, expect in ((cora_rownorm, "row"), (cora_graph, "none")):
+        store = tmp_path / f"{graph.stem}-2"
+        assert main(["partition", str(graph), "--parts", "2", "--out", str(store)]) == 0
+        with h5py.File(store / "meta.h5", "r") as f:
+            assert f.attrs["feature_normalization"] == expect
+        capsys.readouterr()
+        assert main(["inspect", str(store), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["feature_normalization"] == expect
+        assert main(["inspect", str(store)]) == 0
+        text = capsys.readouterr().out
+        assert ("features 1433 (row-normalised)  classes 7" in text) == (expect == "row"), text
+
+
 def test_blocks_zero_rows_and_copies():
     rng = np.random.default_rng(0)
     x = (rng.random((1001, 37)) * (rng.random((1001, 37)) < 0.3)).astype(np.float32)
