@@ -263,6 +263,17 @@ class Runtime:
         if first is not None:
             raise InputError(first)
 
+    def agree_on(self, fn):
+        """Collective: ``fn()`` on every rank; an InputError on any rank stops all of them with
+        its message (:meth:`agree`). Returns this rank's result."""
+        result, error = None, None
+        try:
+            result = fn()
+        except InputError as exc:
+            error = str(exc)
+        self.agree(error)
+        return result
+
     def abort(self, code: int = 1) -> NoReturn:
         """End every rank of the job now; does not return.
 

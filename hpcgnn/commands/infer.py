@@ -52,17 +52,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="replace an existing output file")
 
 
-def _collective(rt, fn):
-    """``fn()`` on every rank; an InputError on any rank stops all of them with its message."""
-    result, error = None, None
-    try:
-        result = fn()
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    return result
-
-
 def run(args) -> int:
     from hpcgnn.supervisor import run_watched
 
@@ -161,7 +150,7 @@ def _infer(args) -> int:
 
     rt = Runtime.start()
     with rt.guard():
-        s = _collective(rt, lambda: _resolve(args, rt.size))
+        s = rt.agree_on(lambda: _resolve(args, rt.size))
         cfg, meta, engine = s["cfg"], s["meta"], s["engine"]
         if cfg.runtime.threads > 0 and not os.environ.get("HPCGNN_THREADS"):
             rt.set_threads(cfg.runtime.threads)

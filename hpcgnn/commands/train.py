@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-from hpcgnn.errors import InputError
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="TOML configuration file")
@@ -24,17 +22,6 @@ def add_arguments(parser) -> None:
                         help="continue the run in output.dir from its latest checkpoint")
     parser.add_argument("--force", action="store_true",
                         help="replace an existing run in output.dir")
-
-
-def _collective(rt, fn):
-    """Run ``fn()`` on every rank; an InputError on any rank stops all of them with its message."""
-    result, error = None, None
-    try:
-        result = fn()
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    return result
 
 
 def run(args) -> int:
@@ -51,11 +38,11 @@ def _train(args) -> int:
 
     rt = Runtime.start()
     with rt.guard():
-        cfg = _collective(rt, lambda: load_config(args.config, args.set))
-        threads = _collective(rt, lambda: rt.configured_threads(cfg.runtime.threads))
+        cfg = rt.agree_on(lambda: load_config(args.config, args.set))
+        threads = rt.agree_on(lambda: rt.configured_threads(cfg.runtime.threads))
         if threads and not os.environ.get("HPCGNN_THREADS"):
             rt.set_threads(threads)
-        meta = _collective(rt, lambda: read_meta(cfg.data.partitions))
+        meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
         if meta.num_parts != rt.size:
             rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
                      f"the job has {rt.size} ranks (start one rank per partition: "
