@@ -226,7 +226,10 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
         est.terms["activations"] = int(x0 + sum(per_layer))
-        est.shrink["activations"] = "fullgraph.offload = true with fullgraph.chunks"
+        est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
+                                     "fullgraph.offload = true with fullgraph.chunks (host memory "
+                                     "holds the rows then)") if cfg.train.device != "cuda" else \
+            "fullgraph.offload = true with fullgraph.chunks"
     if fg.halo == "cached" or fg.pipeline:
         # halo cache (comm/halo_cached.py): both tiers hold at most every halo row of every layer
         # input, within fullgraph.cache_memory; a pipelined layer keeps one message in flight:
