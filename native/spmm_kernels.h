@@ -38,6 +38,51 @@ inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, i
     }
 }
 
+// gather_chunk for a partial chunk of len = NV * 8 + tail columns (tail < 8) with NV fixed at
+// compile time: the first NV * 8 accumulators stay in registers across the row's edges, as in
+// the full-chunk case (a runtime-length loop keeps them in memory: a load and a store per
+// element and edge, which made widths below CH slower than CH itself). Same sums, same order.
+template <typename T, int64_t NV, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+inline void gather_part(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X, int64_t D,
+                        int64_t c, int64_t tail, const T* w, const int64_t* widx, const T* cs) {
+    constexpr int64_t W = NV * 8;
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T)), pf = prefetch_distance(row_bytes);
+    alignas(64) T a[W > 0 ? W : 1];
+    T t[8];
+#pragma omp simd
+    for (int64_t k = 0; k < W; ++k) a[k] = T(0);
+    for (int64_t k = 0; k < 8; ++k) t[k] = T(0);
+    for (int64_t j = b; j < e; ++j) {
+        if (c == 0 && j + pf < nnz) {
+            prefetch_bytes(X + indices[j + pf] * D, row_bytes);
+            if (INDEXED) __builtin_prefetch(w + widx[j + pf], 0, 3);
+        }
+        const T* x = X + indices[j] * D + c;
+        T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        if (COLSCALE) wj *= cs[indices[j]];
+#pragma omp simd
+        for (int64_t k = 0; k < W; ++k) a[k] += wj * x[k];
+        for (int64_t k = 0; k < tail; ++k) t[k] += wj * x[W + k];
+    }
+    for (int64_t k = 0; k < W; ++k) acc[k] = a[k];
+    for (int64_t k = 0; k < tail; ++k) acc[W + k] = t[k];
+}
+
+// Dispatch of a float partial chunk (len < 128) to gather_part<NV = len / 8>.
+template <bool WEIGHTED, bool INDEXED, bool COLSCALE, int64_t NV = 0>
+inline void gather_part_float(float* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const float* X,
+                              int64_t D, int64_t c, int64_t len, const float* w, const int64_t* widx,
+                              const float* cs) {
+    if constexpr (NV < 16) {
+        if (len / 8 == NV)
+            gather_part<float, NV, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len - NV * 8, w,
+                                                                widx, cs);
+        else
+            gather_part_float<WEIGHTED, INDEXED, COLSCALE, NV + 1>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
+                                                                   cs);
+    }
+}
+
 // Output rows of a large SpMM are written with streaming (non-temporal) stores: they are not
 // read again soon, and a normal store first reads the line it overwrites. Used when the
 // output exceeds kStreamBytes and every row starts on a 32-byte boundary (AVX builds only).
@@ -107,6 +152,8 @@ void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_
                 if (len == CH)
                     gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
                                                                            widx, cs);
+                else if constexpr (std::is_same_v<T, float>)
+                    gather_part_float<WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
                 else
                     gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len,
                                                                             w, widx, cs);

@@ -31,7 +31,7 @@ def ref_sum(block, x, w=None, scale=None):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dim", [1, 13, 64, 150])
+@pytest.mark.parametrize("dim", [1, 13, 47, 64, 100, 150])  # partial chunks: 0-15 vectors + tail
 def test_spmm_sum_matches_index_add(shape, dim, dtype):
     ns, nd, nnz, zr = shape
     b = random_block(ns, nd, nnz, seed=dim, zero_rows=zr)
