@@ -430,7 +430,8 @@ def _empty_pages(rows: int, cols: int, huge: bool) -> tuple[torch.Tensor, object
     return torch.frombuffer(mm, dtype=torch.float32)[:rows * cols].view(rows, cols), mm
 
 
-def _best_time(fn, repeats: int) -> float:
+def best_time(fn, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn()`` (micro-benchmarks)."""
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
@@ -466,18 +467,18 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
         out, out_owner = _empty_pages(num_nodes, dim, hugepages)
         x.copy_(torch.randn(num_nodes, dim, generator=torch.Generator().manual_seed(seed + 1)))
         ip, ix, xn, on = indptr.numpy(), indices.numpy(), x.numpy(), out.numpy()
-        t_native = _best_time(lambda: _spmm.spmm_sum(ip, ix, xn, on), repeats)
+        t_native = best_time(lambda: _spmm.spmm_sum(ip, ix, xn, on), repeats)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
             a = torch.sparse_csr_tensor(indptr, indices, torch.ones(num_edges), (num_nodes, num_nodes),
                                         check_invariants=False)
         ref = torch.sparse.mm(a, x)
-        t_torch = _best_time(lambda: torch.sparse.mm(a, x), repeats)
+        t_torch = best_time(lambda: torch.sparse.mm(a, x), repeats)
         max_abs_diff = float((ref - out).abs().max())
         del ref, a
         src = torch.empty(min(max(num_nodes * dim, 2**24), 2**26)).fill_(1.0)
         dst = torch.empty_like(src).fill_(0.0)
-        t_copy = _best_time(lambda: dst.copy_(src), max(repeats, 20))  # ~20 ms each: cheap to repeat
+        t_copy = best_time(lambda: dst.copy_(src), max(repeats, 20))  # ~20 ms each: cheap to repeat
         copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
     finally:
         torch.set_num_threads(old_torch)

@@ -158,15 +158,6 @@ def load_or_measure(path: Path | None, recalibrate: bool = False, log=print) -> 
 
 # ---- the micro-benchmark ---------------------------------------------------------------------
 
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def measure(seed: int = 0) -> Calibration:
     """Run the micro-benchmark in this process (all cores) and return the rates."""
     import numpy as np
@@ -175,6 +166,7 @@ def measure(seed: int = 0) -> Calibration:
     import hpcgnn.engine.minibatch  # noqa: F401
     import hpcgnn.native  # noqa: F401
     from hpcgnn.native import spmm
+    from hpcgnn.nn.aggregate import best_time
     from hpcgnn.plan.topology import this_machine_cores
     from hpcgnn.run.memory import rss_bytes
 
@@ -198,21 +190,21 @@ def measure(seed: int = 0) -> Calibration:
             x = rng.standard_normal((n, w), dtype=np.float32)
             out = np.empty_like(x)
             spmm.spmm_sum(indptr, indices, x, out)           # warm-up (page faults)
-            agg[w] = e * w * 4 / _best(lambda: spmm.spmm_sum(indptr, indices, x, out), 3)
+            agg[w] = e * w * 4 / best_time(lambda: spmm.spmm_sum(indptr, indices, x, out), 3)
         a, b = torch.randn(8192, 256), torch.randn(256, 256)
         torch.mm(a, b)
-        gemm = 2 * 8192 * 256 * 256 / _best(lambda: torch.mm(a, b), 5)
+        gemm = 2 * 8192 * 256 * 256 / best_time(lambda: torch.mm(a, b), 5)
         src = torch.ones(16 << 20)
         dst_t = torch.zeros_like(src)
         dst_t.copy_(src)
-        stream = 2 * src.numel() * 4 / _best(lambda: dst_t.copy_(src), 10)
+        stream = 2 * src.numel() * 4 / best_time(lambda: dst_t.copy_(src), 10)
         table = torch.randn(n, 128)
         idx = torch.from_numpy(rng.integers(0, n, 1 << 20))
         gout = table.index_select(0, idx)
-        gather = idx.numel() * 128 * 4 / _best(lambda: torch.index_select(table, 0, idx, out=gout), 3)
+        gather = idx.numel() * 128 * 4 / best_time(lambda: torch.index_select(table, 0, idx, out=gout), 3)
         small = torch.ones(8)
         reps = 2000
-        op = _best(lambda: [small.add(1.0) for _ in range(reps)], 3) / reps
+        op = best_time(lambda: [small.add(1.0) for _ in range(reps)], 3) / reps
         del a, b, src, dst_t, table, gout
     finally:
         torch.set_num_threads(old_t)
