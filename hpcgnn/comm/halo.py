@@ -23,6 +23,7 @@ within a bound) or a tensor-split one overrides ``fetch`` and keeps the same cal
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -136,6 +137,30 @@ class HaloProvider(ABC):
 
     def reset_stats(self) -> None:
         self.stats.clear()
+
+    # ---- epochs, evaluation and the run file's figures (defaults: an exact provider) ---------
+    def begin_epoch(self, epoch: int) -> None:
+        """Training epoch ``epoch`` starts (same value on every rank)."""
+
+    @contextlib.contextmanager
+    def exact_mode(self):
+        """Within: exact exchanges whose forward bytes do not count as training's (evaluation)."""
+        fwd = self.stats.get("halo_fwd_bytes", 0)
+        try:
+            yield
+        finally:
+            self.stats["halo_fwd_bytes"] = fwd
+
+    def epoch_report(self) -> tuple[dict, dict]:
+        """(counters, per_layer) of the training epoch so far for the run file."""
+        return ({"halo_fwd_bytes": float(self.stats.get("halo_fwd_bytes", 0))} if self.distributed else {}), {}
+
+    def timing_report(self) -> dict:
+        """Seconds of the epoch so far: ``halo`` (all exchanges)."""
+        return {"halo": float(self.stats.get("halo_s", 0.0))}
+
+    def close(self) -> None:
+        """Collective: release what the provider holds (nothing for an exact one)."""
 
     def account(self, t0: float, nbytes: int) -> None:
         """Add the seconds since ``t0`` and ``nbytes`` sent to :attr:`stats`."""

@@ -397,7 +397,14 @@ class CachedHalo(HaloProvider):
                     "halo_index_bytes": float(sum(r["index_bytes"] for r in self.report.values())),
                     "halo_cache_device_bytes": float(nb["device"]),
                     "halo_cache_host_bytes": float(nb["host"])}
+        counters["halo_adjoint_bytes"] = float(self.stats.get("halo_adjoint_bytes", 0))
         return counters, per
+
+    def timing_report(self) -> dict:
+        """``halo`` plus ``halo_wait`` (waiting on pipelined or blocking forward messages) and
+        ``halo_adjoint`` (gradient exchanges)."""
+        return {**super().timing_report(), "halo_wait": float(self.stats.get("halo_wait_s", 0.0)),
+                "halo_adjoint": float(self.stats.get("halo_adjoint_s", 0.0))}
 
 
 def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -136,46 +136,30 @@ class InMemoryFullGraph:
 
     @torch.no_grad()
     def predict(self) -> torch.Tensor:
-        """Logits [num_solid, C]; exact (a cached provider exchanges hidden layers exactly)."""
-        if isinstance(self.halo, CachedHalo):
-            with self.halo.exact_mode():
-                return self.logits().cpu()
-        fwd = self.halo.stats.get("halo_fwd_bytes", 0)
-        logits = self.logits().cpu()
-        self.halo.stats["halo_fwd_bytes"] = fwd     # training's forward bytes only
-        return logits
+        """Logits [num_solid, C]; exact (the provider's exact mode: a cached one exchanges hidden
+        layers exactly, and evaluation's bytes do not count as training's)."""
+        with self.halo.exact_mode():
+            return self.logits().cpu()
 
     def begin_epoch(self, epoch: int) -> None:
-        if isinstance(self.halo, CachedHalo):
-            self.halo.begin_epoch(epoch)
+        self.halo.begin_epoch(epoch)
 
     def counters(self) -> dict:
-        out = {"halo_bytes": float(self.halo.stats.get("halo_bytes", 0)),
-               "peak_device_bytes": float(self.meter.peak_bytes)}
-        if isinstance(self.halo, CachedHalo):
-            out.update(self.halo.epoch_report()[0])
-            out["halo_adjoint_bytes"] = float(self.halo.stats.get("halo_adjoint_bytes", 0))
-        elif self.halo.distributed:
-            out["halo_fwd_bytes"] = float(self.halo.stats.get("halo_fwd_bytes", 0))
-        return out
+        return {"halo_bytes": float(self.halo.stats.get("halo_bytes", 0)),
+                "peak_device_bytes": float(self.meter.peak_bytes), **self.halo.epoch_report()[0]}
 
     def per_layer(self) -> dict:
-        return self.halo.epoch_report()[1] if isinstance(self.halo, CachedHalo) else {}
+        return self.halo.epoch_report()[1]
 
     def timings(self) -> dict:
-        out = {"halo": float(self.halo.stats.get("halo_s", 0.0))}
-        if isinstance(self.halo, CachedHalo):
-            out["halo_wait"] = float(self.halo.stats.get("halo_wait_s", 0.0))
-            out["halo_adjoint"] = float(self.halo.stats.get("halo_adjoint_s", 0.0))
-        return out
+        return self.halo.timing_report()
 
     def reset_stats(self) -> None:
         self.halo.reset_stats()
         self.meter.reset()
 
     def close(self) -> None:
-        if isinstance(self.halo, CachedHalo):
-            self.halo.close()
+        self.halo.close()
 
 
 class OffloadedFullGraph:
