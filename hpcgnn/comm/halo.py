@@ -91,12 +91,37 @@ class HaloPlan:
         return plan
 
 
-def exchange_rows(comm, plan: HaloPlan, solid_rows: np.ndarray) -> np.ndarray:
-    """Forward exchange: halo rows [n_halo, ...] gathered from their owners' ``solid_rows``."""
+WIRE_PRECISIONS = ("fp32", "bf16")   # fullgraph.halo_precision: wire formats of float32 rows
+WIRE_ITEMSIZE = {"fp32": 4, "bf16": 2}
+
+
+def to_wire(rows: np.ndarray, precision: str) -> np.ndarray:
+    """Float32 ``rows`` as sent: unchanged for ``"fp32"``; for ``"bf16"`` rounded once (to
+    nearest, ties to even) to bfloat16 and viewed as int16 (2 bytes a value, same shape)."""
+    if precision == "fp32":
+        return rows
+    if precision != "bf16":
+        raise ValueError(f"halo wire precision {precision!r}, expected one of {WIRE_PRECISIONS}")
+    t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+    return t.to(torch.bfloat16).view(torch.int16).numpy()
+
+
+def from_wire(rows: np.ndarray, precision: str) -> np.ndarray:
+    """The inverse of :func:`to_wire` up to its rounding: received rows widened to float32."""
+    if precision == "fp32":
+        return rows
+    return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int16)).view(torch.bfloat16).float().numpy()
+
+
+def exchange_rows(comm, plan: HaloPlan, solid_rows: np.ndarray, precision: str = "fp32") -> np.ndarray:
+    """Forward exchange: halo rows [n_halo, ...] gathered from their owners' ``solid_rows``
+    (float32 rows travel in the wire format ``precision``, :func:`to_wire`)."""
     send = solid_rows[plan.send_index] if plan.rows_sent else solid_rows[:0]
     if comm is None or comm.Get_size() == 1:
         return np.ascontiguousarray(send[:0])
-    return alltoallv(comm, send, plan.send_counts, plan.recv_counts)
+    if precision == "fp32":
+        return alltoallv(comm, send, plan.send_counts, plan.recv_counts)
+    return from_wire(alltoallv(comm, to_wire(send, precision), plan.send_counts, plan.recv_counts), precision)
 
 
 def adjoint_rows(comm, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
@@ -213,12 +238,32 @@ class HaloProvider(ABC):
 
 
 class ExactHalo(HaloProvider):
-    """The blocking exact exchange: every fetch sends the owners' current rows."""
+    """The blocking exact exchange: every fetch sends the owners' current rows.
+
+    ``precision`` (``fullgraph.halo_precision``): the wire format of the rows of layers >= 1
+    in training (:func:`to_wire`; ``"bf16"`` halves their bytes); layer 0 and evaluation
+    (:meth:`exact_mode`) always send float32."""
+
+    def __init__(self, comm, plan: HaloPlan, stats: dict | None = None, precision: str = "fp32"):
+        super().__init__(comm, plan, stats)
+        self.precision = precision
+        self._eval = False
+
+    @contextlib.contextmanager
+    def exact_mode(self):
+        self._eval = True
+        try:
+            with super().exact_mode():
+                yield
+        finally:
+            self._eval = False
 
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
-        halo = exchange_rows(self.comm, self.plan, solid_rows)
-        nbytes = self.plan.rows_sent * solid_rows[0:1].nbytes if self.distributed else 0
+        wire = "fp32" if layer == 0 or self._eval else self.precision
+        halo = exchange_rows(self.comm, self.plan, solid_rows, wire)
+        row = solid_rows[0:1].size * (solid_rows.itemsize if wire == "fp32" else WIRE_ITEMSIZE[wire])
+        nbytes = self.plan.rows_sent * row if self.distributed else 0
         self.account(t0, nbytes)
         self.stats["halo_fwd_bytes"] = self.stats.get("halo_fwd_bytes", 0) + nbytes   # forward only
         return halo

@@ -37,6 +37,12 @@ Evaluation (:meth:`CachedHalo.exact_mode`) is exact too: hidden layers use a blo
 exchange that neither reads nor writes the cache; layer 0 reads the cache (exact: features are
 constant).
 
+Wire precision (``fullgraph.halo_precision``, :attr:`CacheSettings.precision`). With ``"bf16"``
+the owner rounds the hidden-layer (layer >= 1) rows it sends to bfloat16 once (nearest even) and
+sends 2 bytes a value; the receiver widens them to float32 before they enter the cache or the
+halo block, so cached rows hold the rounded values. Layer 0 (exact, sent once), evaluation and
+the gradient messages stay float32.
+
 Measured staleness, per training epoch (:meth:`CachedHalo.epoch_report`): per layer the
 histogram of the ages of the halo rows used (0 = sent this epoch), rows taken from each tier,
 bytes sent (rows + indices) and what the uncached exchange of the same layer would send.
@@ -51,7 +57,8 @@ import numpy as np
 import torch
 
 from hpcgnn.comm.alltoall import PendingCappedExchange, alltoallv
-from hpcgnn.comm.halo import HaloPlan, HaloProvider, adjoint_rows, exchange_rows
+from hpcgnn.comm.halo import (WIRE_ITEMSIZE, HaloPlan, HaloProvider, adjoint_rows, exchange_rows, from_wire,
+                              to_wire)
 
 NEVER = np.iinfo(np.int64).min // 4   # "never sent / never written" epoch
 TIER_NONE, TIER_DEVICE, TIER_HOST = 0, 1, 2
@@ -61,13 +68,17 @@ TIER_NONE, TIER_DEVICE, TIER_HOST = 0, 1, 2
 class CacheSettings:
     """``cache``: admit rows at all (``fullgraph.halo = "cached"``); ``staleness``: the bound S
     (epochs, >= 0); ``pipeline``: lag 1; ``budget_bytes`` / ``device_bytes``: the total and the
-    device-tier budget per rank (None = unbounded: every halo row)."""
+    device-tier budget per rank (None = unbounded: every halo row); ``precision``: the wire
+    format of hidden-layer (layer >= 1) training rows, ``"fp32"`` or ``"bf16"``
+    (:func:`~hpcgnn.comm.halo.to_wire`: rounded once by the owner, widened by the receiver before
+    the cache)."""
 
     cache: bool
     staleness: int
     pipeline: bool
     budget_bytes: int | None = None
     device_bytes: int | None = None
+    precision: str = "fp32"
 
     @property
     def lag(self) -> int:
@@ -306,6 +317,8 @@ class CachedHalo(HaloProvider):
             wait_s = time.perf_counter() - w0
             used_sent = prev.epoch
             self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
+        wire = "fp32" if constant else s.precision
+        rows = from_wire(rows, wire)
         positions = self.recv_offsets[src.astype(np.int64)] + idx.astype(np.int64)
         halo, ages, hit_dev, hit_host = self.cache.assemble(
             layer, t, used_sent, positions, rows, None if self._exact else s.staleness, constant)
@@ -315,7 +328,7 @@ class CachedHalo(HaloProvider):
             self._record(layer, ages, hit_dev, hit_host)
             rep = self._layer_report(layer)
             rep["rows_received"] += int(positions.size)
-            rep["bytes_nocache"] += self.plan.rows_sent * 4 * solid_rows.shape[1]
+            rep["bytes_nocache"] += self.plan.rows_sent * WIRE_ITEMSIZE[wire] * solid_rows.shape[1]
         return halo
 
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
@@ -335,6 +348,8 @@ class CachedHalo(HaloProvider):
         mask = self.sender.select(layer, t, s.staleness, lag, constant)
         sel = np.flatnonzero(mask)
         rows = solid_rows[self.plan.send_index[sel]]
+        if not constant:
+            rows = to_wire(rows, s.precision)      # int16 rows for bf16: half the bytes
         idx = self._seg_pos[sel]
         counts = np.bincount(self._dest[sel], minlength=self.plan.num_parts).astype(np.int64)
         ex = PendingCappedExchange(self._comm, [idx, rows], counts, self.plan.recv_counts, tag=2 * layer)
@@ -367,8 +382,8 @@ class CachedHalo(HaloProvider):
         S (always 0: the bound is enforced), ``halo_age_max``, ``halo_rows_used``,
         ``halo_hits_device`` / ``halo_hits_host`` (rows read from each tier), ``halo_rows_sent`` /
         ``halo_rows_received`` (rows this rank sent / received),
-        ``halo_fwd_bytes`` (rows + indices sent) and ``halo_fwd_nocache_bytes`` (what the uncached
-        exchange of the layer would send). counters: the sums over layers of the last two and of
+        ``halo_fwd_bytes`` (rows + indices sent, in the wire format) and ``halo_fwd_nocache_bytes``
+        (what the uncached exchange of the layer would send in the same wire format). counters: the sums over layers of the last two and of
         ``halo_index_bytes``, and ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``."""
         s, L = self.settings, self.num_layers
         top = max(s.staleness, 1)

@@ -247,7 +247,7 @@ def format_table(s: dict) -> str:
                 hist[l, :len(h)] += np.nan_to_num(np.asarray(h, dtype=float))
         fg = cfg.get("fullgraph", {})
         lines.append(f"halo cache: fullgraph.halo {fg.get('halo')} staleness {fg.get('staleness')} pipeline "
-                     f"{fg.get('pipeline')}; ages of the halo rows used, all epochs and ranks: " + "; ".join(
+                     f"{fg.get('pipeline')} precision {fg.get('halo_precision', 'fp32')}; ages of the halo rows used, all epochs and ranks: " + "; ".join(
                          f"L{l} " + " ".join(f"{a}:{100 * c / max(hist[l].sum(), 1):.1f}%"
                                              for a, c in enumerate(hist[l]) if c)
                          for l in range(hc_layers) if hist[l].sum()))

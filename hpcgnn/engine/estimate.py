@@ -242,7 +242,8 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             est.terms["halo_cache"] = int(full if budget is None else min(full, budget))
             est.shrink["halo_cache"] = "fullgraph.cache_memory"
         if fg.pipeline:
-            est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * F32 + 4) for l in range(1, layers)))
+            wire = 2 if fg.halo_precision == "bf16" else F32     # bytes a value on the wire
+            est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * wire + 4) for l in range(1, layers)))
             est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
 
 

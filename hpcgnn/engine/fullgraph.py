@@ -236,7 +236,8 @@ def cache_settings(cfg) -> CacheSettings:
     fg = cfg.fullgraph
     return CacheSettings(cache=fg.halo == "cached", staleness=fg.staleness, pipeline=fg.pipeline,
                          budget_bytes=cache_bytes(fg.cache_memory, "fullgraph.cache_memory"),
-                         device_bytes=cache_bytes(fg.cache_device_memory, "fullgraph.cache_device_memory"))
+                         device_bytes=cache_bytes(fg.cache_device_memory, "fullgraph.cache_device_memory"),
+                         precision=fg.halo_precision)
 
 
 def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | None = None):
@@ -253,7 +254,8 @@ def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | 
         widths = _widths(cfg, int(graph.x0.shape[1]), int(num_classes or 1))[:cfg.model.layers]
         halo = CachedHalo(comm, graph.halo, cache_settings(cfg), widths, device)
         return InMemoryFullGraph(model, graph, comm, device, halo=halo)
-    return InMemoryFullGraph(model, graph, comm, device)
+    return InMemoryFullGraph(model, graph, comm, device,
+                             halo=ExactHalo(comm, graph.halo, precision=fg.halo_precision))
 
 
 class FullGraphEngine(Engine):
@@ -299,7 +301,7 @@ class FullGraphEngine(Engine):
         fg = cfg.fullgraph
         out.set_attrs(fullgraph_mode="offload" if cfg.fullgraph.offload else "in-memory",
                       fullgraph_halo=fg.halo, fullgraph_pipeline=bool(fg.pipeline),
-                      fullgraph_staleness=int(fg.staleness),
+                      fullgraph_staleness=int(fg.staleness), fullgraph_halo_precision=fg.halo_precision,
                       fullgraph_grad_reduce="sum of partial gradients of the global mean loss",
                       device=str(device), setup_seconds=setup_s,
                       **({"fullgraph_plans": plans} if cfg.fullgraph.offload and rt.is_root else {}))

@@ -26,6 +26,10 @@ KEYS = {
                         "row) or a size such as '512MiB'"),
     "cache_device_memory": Key(str, "all", "of that budget, the device tier: 'all' or a size "
                                "(the rest is the host tier)"),
+    "halo_precision": Key(str, "fp32", "wire format of hidden-layer forward halo rows in training: "
+                          "'fp32' or 'bf16' (rounded once by the owner, 2 bytes a value; layer-0 "
+                          "features, gradients and evaluation stay fp32; docs/capgnn.md)",
+                          choices=("fp32", "bf16")),
 }
 
 
@@ -44,6 +48,10 @@ def validate(cfg, label: str) -> None:
                          f"fullgraph.pipeline = {str(fg.pipeline).lower()}: the halo cache and the "
                          "pipeline run in memory only (set fullgraph.offload = false or halo = 'exact', "
                          "pipeline = false)")
+    if fg.offload and fg.halo_precision != "fp32":
+        raise InputError(f"{label}: fullgraph.offload = true with fullgraph.halo_precision = "
+                         f"{fg.halo_precision!r}: reduced-precision halo rows run in memory only (set "
+                         "fullgraph.offload = false or halo_precision = 'fp32')")
     if fg.pipeline and fg.staleness < 1:
         raise InputError(f"{label}: fullgraph.staleness = {fg.staleness} with fullgraph.pipeline = true: "
                          "pipelined halo rows are one epoch old (set fullgraph.staleness >= 1)")
@@ -58,7 +66,8 @@ SPEC = EngineSpec(
     factory="hpcgnn.engine.fullgraph:make_engine",
     memory_terms="hpcgnn.engine.estimate:fullgraph_terms",
     validate=validate,
-    # the halo cache is soft state (never checkpointed): a resumed run may change it
+    # the halo cache is soft state (never checkpointed): a resumed run may change it; so may
+    # the halo rows' wire format (the checkpoint holds no halo rows)
     safe_on_resume=("fullgraph.halo", "fullgraph.staleness", "fullgraph.pipeline", "fullgraph.cache_memory",
-                    "fullgraph.cache_device_memory"),
+                    "fullgraph.cache_device_memory", "fullgraph.halo_precision"),
 )

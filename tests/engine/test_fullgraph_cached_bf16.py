@@ -1,0 +1,220 @@
+"""bfloat16 hidden-layer halo rows (``fullgraph.halo_precision = "bf16"``) on 4 real MPI ranks
+(toy graph, GCN 3 layers): training equals, bit for bit, a float32 reference whose owners round
+the hidden rows they send to bfloat16 themselves (numpy bit arithmetic, independent of torch's
+conversion), for the exact exchange, the cache with S = 0 and the cache with S = 2 + pipeline;
+hidden-layer row bytes are exactly half of float32's, layer 0 and the indices unchanged;
+evaluation stays float32; a bad value is refused with one line and exit 2 on every rank."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+
+from mpiutil import run_mpi  # noqa: E402
+from toygraph import toy_graph, toy_store  # noqa: E402
+
+EPOCHS = 6
+F, HIDDEN, LAYERS = 10, 8, 3
+
+SCRIPT = r'''
+import hashlib, json, sys
+import numpy as np, torch
+from mpi4py import MPI
+from hpcgnn.partition.store import read_meta, load_partition
+from hpcgnn.comm.halo import ExactHalo
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+from hpcgnn.engine.common import PhaseTimer
+from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
+from hpcgnn.nn.models import build_model
+
+store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+torch.set_num_threads(1)
+comm = MPI.COMM_WORLD
+r = comm.Get_rank()
+meta = read_meta(store)
+part = load_partition(store, r, meta)
+widths = [F] + [HIDDEN] * (LAYERS - 1)
+
+
+def round_bf16(x):
+    """float32 -> nearest bfloat16 (ties to even), kept as float32: bit arithmetic on the words."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+class RefExact(ExactHalo):
+    """float32 wire; the owner rounds its hidden-layer training rows to bfloat16 values first."""
+    def fetch(self, layer, solid_rows):
+        if layer > 0 and not self._eval:
+            solid_rows = round_bf16(solid_rows)
+        return super().fetch(layer, solid_rows)
+
+
+class RefCached(CachedHalo):
+    def fetch(self, layer, solid_rows):
+        if layer > 0 and not self._exact:
+            solid_rows = round_bf16(solid_rows)
+        return super().fetch(layer, solid_rows)
+
+
+def cached(s, pipe, prec, cls=CachedHalo):
+    return lambda lg: cls(comm, lg.halo, CacheSettings(cache=True, staleness=s, pipeline=pipe, precision=prec),
+                          widths, "cpu")
+
+
+cases = {"exact": (lambda lg: ExactHalo(comm, lg.halo), True),
+         "exact-bf16": (lambda lg: ExactHalo(comm, lg.halo, precision="bf16"), True),
+         "exact-ref": (lambda lg: RefExact(comm, lg.halo), True),
+         "S0-bf16": (cached(0, False, "bf16"), False),
+         "S2-pipe": (cached(2, True, "fp32"), False),
+         "S2-pipe-bf16": (cached(2, True, "bf16"), False),
+         "S2-pipe-ref": (cached(2, True, "fp32", RefCached), False)}
+report = {}
+for name, (make, fetch_x0) in cases.items():
+    lg = build_local_graph(part, comm, fetch_halo=fetch_x0)
+    n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
+    model = build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS, dropout=0.0, seed=3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    # evaluation (fp32) before training, by a runner of its own (a cache's evaluation would
+    # prefetch layer 0)
+    model.eval()
+    ev = InMemoryFullGraph(model, lg, comm, "cpu", halo=make(build_local_graph(part, comm, fetch_x0)))
+    before = hashlib.sha256(ev.predict().numpy().tobytes()).hexdigest()
+    ev.close()
+    model.train()
+    runner = InMemoryFullGraph(model, lg, comm, "cpu", halo=make(lg))
+    losses, reps = [], []
+    for t in range(1, epochs + 1):
+        runner.reset_stats()
+        runner.begin_epoch(t)
+        opt.zero_grad(set_to_none=True)
+        loss = comm.allreduce(runner.train_step(PhaseTimer(), n_train)) / n_train
+        for p in model.parameters():
+            comm.Allreduce(MPI.IN_PLACE, p.grad.numpy())
+        opt.step()
+        losses.append(loss)
+        reps.append({"counters": runner.counters(),
+                     "per_layer": {k: v.tolist() for k, v in runner.per_layer().items()}})
+    runner.close()
+    report[name] = {"loss": losses, "reps": comm.gather(reps, root=0),
+                    "predict_before": comm.gather(before, root=0)}
+if r == 0:
+    json.dump(report, open(out, "w"))
+'''
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fgbf16")
+    g = toy_graph(240, 6.0, num_features=F, num_classes=4, seed=7)
+    store = toy_store(d / "store4", g, 4, seed=4)
+    script = d / "bf16.py"
+    script.write_text(SCRIPT)
+    out = d / "report.json"
+    proc = run_mpi(4, [script, store, out, EPOCHS, F, HIDDEN, LAYERS], timeout=240,
+                   env={"HPCGNN_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _per_layer(rep, case, name):
+    """[epoch, rank, layer] array of a per-layer figure."""
+    return np.array([[e["per_layer"][name] for e in rank] for rank in rep[case]["reps"]]).transpose(1, 0, 2)
+
+
+def _counter(rep, case, name):
+    """[epoch, rank] array of a counter."""
+    return np.array([[e["counters"][name] for e in rank] for rank in rep[case]["reps"]]).T
+
+
+def test_bf16_training_equals_a_reference_that_rounds_the_rows_itself(report):
+    ref = report["exact-ref"]["loss"]
+    assert report["exact-bf16"]["loss"] == ref                     # bitwise, every epoch
+    assert report["S0-bf16"]["loss"] == ref                        # the cache with S = 0 too
+    assert report["S2-pipe-bf16"]["loss"] == report["S2-pipe-ref"]["loss"]
+    # the rounding is real: float32 rows give other losses
+    assert report["exact-bf16"]["loss"] != report["exact"]["loss"]
+    assert report["S2-pipe-bf16"]["loss"] != report["S2-pipe"]["loss"]
+    # and small: the training loss stays within 1 % of float32 training
+    exact, got = np.array(report["exact"]["loss"]), np.array(report["exact-bf16"]["loss"])
+    assert np.abs(got - exact).max() < 0.01 * exact.max()
+    # the staleness bound holds with bf16 rows
+    assert (_per_layer(report, "S2-pipe-bf16", "halo_age_max") <= 2).all()
+    assert (_per_layer(report, "S2-pipe-bf16", "halo_age_over_bound") == 0).all()
+
+
+def test_evaluation_stays_fp32(report):
+    base = report["exact"]["predict_before"]
+    for case in ("exact-bf16", "S0-bf16", "S2-pipe-bf16"):
+        assert report[case]["predict_before"] == base, case
+
+
+def test_bf16_halves_the_hidden_row_bytes_and_leaves_layer0_alone(report):
+    fp32 = _counter(report, "exact", "halo_fwd_bytes")
+    bf16 = _counter(report, "exact-bf16", "halo_fwd_bytes")
+    assert fp32.min() > 0 and (2 * bf16 == fp32).all()             # every epoch, every rank
+    a, b = "S2-pipe", "S2-pipe-bf16"
+    fwd_a, fwd_b = _per_layer(report, a, "halo_fwd_bytes"), _per_layer(report, b, "halo_fwd_bytes")
+    rows_a, rows_b = _per_layer(report, a, "halo_rows_sent"), _per_layer(report, b, "halo_rows_sent")
+    assert np.array_equal(rows_a, rows_b)                           # the same rows on the same schedule
+    assert np.array_equal(fwd_a[:, :, 0], fwd_b[:, :, 0]) and fwd_a[0, :, 0].sum() > 0  # layer 0: fp32
+    idx = 4 * rows_a[:, :, 1:]                                      # int32 positions, unchanged
+    assert np.array_equal(2 * (fwd_b[:, :, 1:] - idx), fwd_a[:, :, 1:] - idx)
+    assert (fwd_a[:, :, 1:] - idx).sum() > 0
+    assert np.array_equal(fwd_a[:, :, 1:] - idx, 4 * HIDDEN * rows_a[:, :, 1:])
+    noc_a = _per_layer(report, a, "halo_fwd_nocache_bytes")
+    noc_b = _per_layer(report, b, "halo_fwd_nocache_bytes")
+    assert np.array_equal(noc_a[:, :, 0], noc_b[:, :, 0]) and np.array_equal(2 * noc_b[:, :, 1:], noc_a[:, :, 1:])
+
+
+BAD_DRIVER = r'''
+import sys
+from mpi4py import MPI
+from hpcgnn.cli import main
+try:
+    rc = main(sys.argv[2:])
+except SystemExit as exc:           # the runtime's failure policy leaves by SystemExit
+    rc = exc.code
+open(f"{sys.argv[1]}/rank-{MPI.COMM_WORLD.Get_rank()}", "w").write(str(rc))
+sys.exit(rc)
+'''
+
+
+def test_bad_precision_exits_2_with_one_line_on_every_rank(tmp_path):
+    g = toy_graph(60, 4.0, num_features=F, num_classes=3, seed=1)
+    store = toy_store(tmp_path / "p2", g, 2, seed=1)
+    script = tmp_path / "bad.py"
+    script.write_text(BAD_DRIVER)
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[train]\nengine = "fullgraph"\nepochs = 2\n')
+    proc = run_mpi(2, [script, codes, "train", "--config", cfg, "--set",
+                       f"data.partitions={store}", "--set", f"output.dir={tmp_path / 'run'}",
+                       "--set", "fullgraph.halo_precision=fp16"], timeout=240)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert {p.name: p.read_text() for p in codes.iterdir()} == {"rank-0": "2", "rank-1": "2"}
+    lines = set(proc.stderr.strip().splitlines())
+    assert lines == {f"hpcgnn: error: {cfg}: fullgraph.halo_precision = 'fp16', expected one of 'fp32', "
+                     "'bf16'"}, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_offload_with_bf16_is_refused():
+    from hpcgnn.errors import InputError
+    from hpcgnn.run.config import load_config
+
+    with pytest.raises(InputError, match="halo_precision = 'bf16': reduced-precision halo rows run in "
+                                         "memory only") as e:
+        load_config(None, ["train.engine=fullgraph", "data.partitions=x", "fullgraph.offload=true",
+                           "fullgraph.halo_precision=bf16"])
+    assert "\n" not in str(e.value)
+    cfg = load_config(None, ["train.engine=fullgraph", "data.partitions=x"])
+    assert cfg.fullgraph.halo_precision == "fp32"                   # default off
