@@ -44,6 +44,7 @@ class MemoryEstimate:
     part_id: int
     terms: dict = field(default_factory=dict)
     shrink: dict = field(default_factory=dict)
+    device: dict = field(default_factory=dict)   # GPU bytes not in ``terms`` (tensor engine on CUDA)
 
     @property
     def total(self) -> int:
@@ -307,25 +308,90 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.terms["partition"] = int(rows * (meta.num_features * F32 + I64 + 3))
     est.shrink["partition"] = "more ranks"
     ev = e + v
+    chunks = tensor_chunk_count(cfg, meta, parts)
+    staged = t.staged or cfg.train.device == "cuda"
     topo = (v + 1 + e) * I64                       # the CSR read from the store
     topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
-    topo += (v + 1 + 2 * ev) * I64                 # transpose (one chunk) ...
-    if t.chunks > 1:                               # ... or the chunks' own transposes
+    if staged:                                     # the chunks' CSRs (local sources), slots
+        topo += 3 * ev * I64                       # and, on the CPU, their transposes
+    elif chunks > 1:                               # the chunks' own transposes ...
         topo += 4 * ev * I64
+    else:                                          # ... or the transpose (one chunk)
+        topo += (v + 1 + 2 * ev) * I64
     topo += 6 * v * I64                            # layout: owner, positions, orders
     est.terms["topology"] = int(topo)
     est.shrink["topology"] = "nothing (replicated by design; a smaller graph or more memory per rank)"
     c = meta.num_classes
     hid = m.hidden
-    cols = -(-c // parts) if t.mode == "decoupled" else -(-max(hid, c) // parts)
+    cols = _tensor_cols(cfg, meta, parts)
     k = (t.k or m.layers) if t.mode == "decoupled" else 1
     slices = 5 + (k if m.arch == "gat" else 0)
     # the NN layers on the rank's rows keep two tensors per layer for backward (the linear's
     # input and the fused ReLU + dropout output; native dropout keeps no mask) plus two
-    # gradients in flight (bench-plan: 6 per layer overcounted SAGE 3 x 256 by 56-62 %)
-    act = rows * (meta.num_features + (2 * m.layers + 2) * hid + 2 * c) * F32
-    act += slices * v * cols * F32
+    # gradients in flight (bench-plan: 6 per layer overcounted SAGE 3 x 256 by 56-62 %);
+    # on a GPU they live in device memory (est.device), the slices in host memory
+    nn_bytes, chunk_bytes = tensor_device_bytes(cfg, meta, parts, chunks, cfg.train.device)
+    act = slices * v * cols * F32
+    if cfg.train.device != "cuda":
+        act += rows * (meta.num_features + (2 * m.layers + 2) * hid + 2 * c) * F32
+        if staged:                                 # the CPU is the device: one chunk's working set
+            act += chunk_bytes
+    else:
+        est.device.update(nn=int(nn_bytes), chunk=int(chunk_bytes), chunks=int(chunks))
     if m.arch == "gat":
         act += 4 * ev * F32                        # logits, attention, their gradients
     est.terms["activations"] = int(act)
     est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
+
+
+def _tensor_cols(cfg, meta, parts: int) -> int:
+    """Columns of a rank's feature-layout slice (the widest aggregation)."""
+    c, hid = meta.num_classes, cfg.model.hidden
+    return -(-c // parts) if cfg.tensor.mode == "decoupled" else -(-max(hid, c) // parts)
+
+
+def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tuple[int, int]:
+    """``(nn, chunk)``: bytes on the compute device of the tensor engine's staged path
+    (:class:`hpcgnn.engine.tensor.DeviceStage`) with ``chunks`` chunks on ``parts`` ranks.
+
+    ``nn``: the NN layers on the rank's ~V/P rows (the ``activations`` rows term) and the
+    parameters with their gradients and Adam moments. ``chunk``: one chunk on the device: its
+    sources (destinations plus the expected distinct in-neighbours of (E+V)/chunks edge
+    draws, all V with one chunk) x C/P columns three times (row buffer, prefetched rows,
+    gathered rows; backward: gradient buffer, A^T g, flushed rows; GAT twice more), five
+    destination-row temporaries, the chunk's CSR, weights and slots and, off the CPU (the
+    torch backend), the edge-to-destination map and two edge-message tensors [edges, C/P]."""
+    m = cfg.model
+    v, e = int(meta.num_nodes), int(meta.num_edges)
+    f, c, hid = int(meta.num_features), int(meta.num_classes), int(m.hidden)
+    rows = -(-v // max(parts, 1))
+    dims = [f] + [hid] * (m.layers - 1) + [c]
+    params = sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+    nn_bytes = rows * (f + (2 * m.layers + 2) * hid + 2 * c) * F32 + 4 * params * F32
+    k = max(1, min(int(chunks), v))
+    cols = _tensor_cols(cfg, meta, parts)
+    dst = -(-v // k)
+    edges = -(-(e + v) // k)
+    src = v if k == 1 else min(v, dst + _distinct(v, e / k))
+    per = cols * F32 * (3 * src + 5 * dst) + edges * (2 * I64 + F32) + (dst + 1) * I64 + src * I64
+    if m.arch == "gat":
+        per += 2 * src * cols * F32 + 2 * edges * F32
+    if device != "cpu":
+        per += edges * I64 + 2 * edges * cols * F32
+    return int(nn_bytes), int(per)
+
+
+def tensor_chunk_count(cfg, meta, parts: int, device_total: int | None = None) -> int:
+    """``tensor.chunks`` as a count: the number, or for ``'auto'`` what
+    :func:`hpcgnn.engine.specs.tensor.auto_chunks` picks for ``tensor.device_memory`` (1 when
+    no budget can be resolved here: the CPU's ``'auto'``, a fraction without the GPU's size)."""
+    t = cfg.tensor
+    if t.chunks != "auto":
+        return int(t.chunks)
+    from hpcgnn.engine.specs.tensor import auto_chunks, device_budget
+
+    try:
+        budget = device_budget(t.device_memory, cfg.train.device, device_total)
+        return auto_chunks(cfg, meta, parts, budget, cfg.train.device)[0]
+    except InputError:
+        return 1

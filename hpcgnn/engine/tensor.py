@@ -54,6 +54,7 @@ from hpcgnn.comm.tensor_parallel import CommStats, TPComm, TPLayout, column_boun
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
+from hpcgnn.nn.decoupled import edge_dot, sum_adjoint
 
 SPLITS = ("train", "val", "test")
 
@@ -145,12 +146,210 @@ def read_vertex_rows(store, meta, ids: np.ndarray, block_bytes: int = 64 << 20) 
 
 
 # ---- the tensor-parallel aggregation (split, k rounds, gather) as one autograd Function --------
+class DeviceStage:
+    """The staged path: the propagation matrix's chunks streamed through the compute device.
+
+    The topology, the edge weights and the ``[V, C/P]`` feature-layout slices stay in host
+    memory (page-locked on CUDA); for each chunk ``j`` (destinations ``[a, b)``, sources
+    ``N_j``) the source rows not already on the device are copied host->device into a
+    buffer of ``plan.capacity`` rows (the HongTu engine's de-duplicated transfer plan,
+    :func:`hpcgnn.engine.chunk_schedule.build_transfer_plan`, natural order, one chunk per
+    unit: rows shared by consecutive chunks stay in their slots), the chunk's CSR (local
+    source positions) and weights follow, :func:`hpcgnn.nn.aggregate.aggregate_sum`
+    aggregates on the device (native kernels on the CPU, the torch backend on CUDA) and the
+    destination rows go back to host memory (:class:`hpcgnn.engine.transfer.RowMover`: a side
+    stream and pinned staging on CUDA, plain copies on the CPU). Backward streams the chunks
+    in reverse: destination gradients in, ``A^T g`` accumulated in a device buffer with the
+    same slots, rows flushed to host memory and added there when they leave the device.
+    With ``device = cpu`` the same code runs with the CPU as the device (tests, transfer
+    counters); ``meter`` then counts the bytes resident in the simulated device scope.
+    """
+
+    def __init__(self, prop, device, counter=None, meter=None):
+        from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, natural_schedule
+        from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter
+        from hpcgnn.sampling.block import Block
+
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.pin = self.cuda
+        self.counter = counter if counter is not None else TransferCounter()
+        self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
+        self.mover = RowMover(self.device, self.counter)
+        chunks = build_chunks(prop.indptr, prop.indices, prop.chunk_bounds)
+        self.plan = build_transfer_plan(chunks, natural_schedule(len(chunks), 1), prop.num_nodes, dedup=True)
+        self.capacity = int(self.plan.capacity)
+        host = self._host
+        self.blocks = [Block(c.num_src, c.num_dst, host(torch.from_numpy(c.indptr)), host(torch.from_numpy(c.indices)))
+                       for c in chunks]
+        self.bounds = [(c.dst_begin, c.dst_end) for c in chunks]
+        self.edges = [prop.edge_range(c.dst_begin, c.dst_end) for c in chunks]
+        units = self.plan.units
+        # per chunk: slots of its sources, of the rows entering in forward / in backward
+        self.slots = [host(torch.from_numpy(u.chunk_slots[0])) for u in units]
+        self.enter = [(u.vertices[u.enter], host(torch.from_numpy(u.slots[u.enter]))) for u in units]
+        self.leave = [(u.vertices[u.leave], host(torch.from_numpy(u.slots[u.leave]))) for u in units]
+        self.identity = [bool(np.array_equal(u.chunk_slots[0], np.arange(c.num_src))) for u, c in zip(units, chunks)]
+        self.weight = None if prop.weight is None else host(prop.weight)
+        self.rows_nodedup = int(sum(c.num_src for c in chunks))   # rows per pass without reuse
+        self._pool: dict = {}
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.blocks)
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory() if self.pin else t
+
+    def host_buffer(self, tag: str, shape, dtype, zero: bool = False) -> torch.Tensor:
+        """A host [V, w] buffer (page-locked on CUDA, reused per tag and shape: pinned
+        allocations are slow; fresh on the CPU)."""
+        if not self.pin:
+            return torch.zeros(shape, dtype=dtype) if zero else torch.empty(shape, dtype=dtype)
+        key = (tag, tuple(shape), dtype)
+        t = self._pool.get(key)
+        if t is None:
+            t = self._pool[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+        if zero:
+            t.zero_()
+        return t
+
+    def _inputs(self, j: int, weight):
+        """Chunk ``j``'s block, source slots and edge weights on the device (copied from host
+        memory on CUDA, counted as h2d ``topo``)."""
+        from hpcgnn.sampling.block import Block
+
+        e0, e1 = self.edges[j]
+        w = self.weight if weight is None else weight
+        w = None if w is None else w.detach()[e0:e1]
+        block, slots = self.blocks[j], self.slots[j]
+        if not self.cuda:
+            return block, slots, w
+        dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes + slots.nbytes
+                             + (0 if w is None else w.nbytes))
+        return Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)), dev(slots), \
+            None if w is None else dev(w)
+
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t if not self.cuda else t.to(self.device, non_blocking=True)
+
+    def forward_round(self, run, prev: torch.Tensor, nxt: torch.Tensor, z0: torch.Tensor | None, c: float,
+                      alpha: float, weight, before_load, after_store) -> None:
+        """``nxt[a:b] = c A[a:b] prev + alpha z0[a:b]`` for every chunk (host [V, w] tensors;
+        ``z0`` None: ``prev`` is ``Z_0``). ``before_load(j)`` runs before chunk ``j``'s rows are
+        read from ``prev``, ``after_store(j)`` once its device->host copy into ``nxt`` is
+        issued (call ``self.mover.synchronize()`` there before reading ``nxt[a:b]`` on CUDA)."""
+        from hpcgnn.nn.aggregate import aggregate_sum
+
+        w = int(prev.shape[1])
+        n = self.num_chunks
+        buf = torch.empty((self.capacity, w), dtype=prev.dtype, device=self.device)
+        self.meter.hold(buf.nbytes)
+        self.counter.h2d_rows_nodedup += self.rows_nodedup * w * prev.element_size()
+        before_load(0)
+        pending = self.mover.load_rows(prev, self.enter[0][0], "rows")
+        for j in range(n):
+            a, b = self.bounds[j]
+            t0 = time.perf_counter()
+            with self.meter.scope(), torch.no_grad():
+                block, slots, wj = self._inputs(j, weight)
+                rows = pending.get()
+                self.meter.track(rows)
+                buf.index_copy_(0, self._dev(self.enter[j][1]), rows)
+                x = buf[:block.num_src] if self.identity[j] else buf.index_select(0, slots)
+                if not self.identity[j]:
+                    self.meter.track(x)
+                out = aggregate_sum(block, x, wj)
+                self.meter.track(out)
+                if c != 1.0:
+                    out.mul_(c)
+                if alpha:
+                    zd = x[:b - a] if z0 is None else self.mover.load_range(z0, a, b, "z0").get()
+                    out.add_(zd, alpha=alpha)
+                t1 = time.perf_counter()
+                if j + 1 < n:
+                    before_load(j + 1)
+                    t1b = time.perf_counter()
+                    pending = self.mover.load_rows(prev, self.enter[j + 1][0], "rows")
+                else:
+                    t1b = time.perf_counter()
+                self.mover.store_range(out, nxt, a, "out")
+            e0, e1 = self.edges[j]
+            run._agg(time.perf_counter() - t0 - (t1b - t1), (e1 - e0) * w)
+            after_store(j)
+        self.mover.synchronize()
+        self.meter.release(buf.nbytes)
+
+    def backward_round(self, run, gk: torch.Tensor, gprev: torch.Tensor, g0: torch.Tensor, c: float,
+                       alpha: float, weight, x_saved, grad_w, before_chunk, after_flush) -> None:
+        """Chunks in reverse: ``gprev += A^T (c gk)``, ``g0 += alpha gk`` and, with ``x_saved``
+        (``Z_(r-1)``, host), ``grad_w[e] += c gk[v] . x_saved[u]`` (host tensors).
+        ``before_chunk(i, j)`` runs before the ``i``-th chunk ``j`` reads ``gk[a:b]``,
+        ``after_flush(i, j)`` after the rows first read by chunk ``j`` left the device."""
+        w = int(gk.shape[1])
+        n = self.num_chunks
+        gbuf = torch.zeros((self.capacity, w), dtype=gk.dtype, device=self.device)
+        self.meter.hold(gbuf.nbytes)
+        self.counter.d2h_grad_nodedup += self.rows_nodedup * w * gk.element_size()
+        buf = None
+        order = list(range(n - 1, -1, -1))
+        if x_saved is not None:
+            buf = torch.empty((self.capacity, w), dtype=gk.dtype, device=self.device)
+            self.meter.hold(buf.nbytes)
+            pending = self.mover.load_rows(x_saved, self.leave[order[0]][0], "rows")
+            self.counter.h2d_rows_nodedup += self.rows_nodedup * w * gk.element_size()
+        for i, j in enumerate(order):
+            a, b = self.bounds[j]
+            before_chunk(i, j)
+            t0 = time.perf_counter()
+            with self.meter.scope(), torch.no_grad():
+                block, slots, wj = self._inputs(j, weight)
+                entering = self._dev(self.leave[j][1])
+                gbuf.index_fill_(0, entering, 0.0)
+                x = None
+                if buf is not None:
+                    rows = pending.get()
+                    self.meter.track(rows)
+                    buf.index_copy_(0, entering, rows)
+                    if i + 1 < n:
+                        pending = self.mover.load_rows(x_saved, self.leave[order[i + 1]][0], "rows")
+                    x = buf[:block.num_src] if self.identity[j] else buf.index_select(0, slots)
+                    self.meter.track(x)
+                g = self.mover.load_range(gk, a, b, "grad").get()
+                g_rows = g * c if c != 1.0 else g
+                gx = sum_adjoint(block, g_rows, wj)
+                self.meter.track(g, g_rows, gx)
+                if self.identity[j]:
+                    gbuf[:block.num_src].add_(gx)
+                else:
+                    gbuf.index_add_(0, slots, gx)
+                if alpha:
+                    self.mover.add_rows(g * alpha, g0, np.arange(a, b, dtype=np.int64), "grad")
+                if x is not None:
+                    e0, e1 = self.edges[j]
+                    self.mover.add_rows(edge_dot(block, g_rows, x), grad_w, np.arange(e0, e1, dtype=np.int64),
+                                        "edge_grad")
+                verts, enter_slots = self.enter[j]
+                part = gbuf.index_select(0, self._dev(enter_slots))
+                self.mover.add_rows(part, gprev, verts, "grad")
+            e0, e1 = self.edges[j]
+            run._agg(time.perf_counter() - t0, (e1 - e0) * w)
+            after_flush(i, j)
+        self.mover.synchronize()
+        self.meter.release(gbuf.nbytes)
+        if buf is not None:
+            self.meter.release(buf.nbytes)
+
+
 class TPRun:
     """What one rank needs to run :class:`TPPropagate`: the layout and its exchanges, the
-    propagation matrix, the rounds and coefficients, and time/volume accounting."""
+    propagation matrix, the rounds and coefficients, time/volume accounting and, on the
+    staged path, the :class:`DeviceStage`."""
 
-    def __init__(self, tp: TPComm, layout: TPLayout, prop, pipeline: bool):
+    def __init__(self, tp: TPComm, layout: TPLayout, prop, pipeline: bool, stage: DeviceStage | None = None):
         self.tp, self.layout, self.prop, self.pipeline = tp, layout, prop, pipeline
+        self.stage = stage
         self.aggregate_s = 0.0
         self.edge_columns = 0
         self.alltoalls = 0
@@ -198,6 +397,8 @@ class TPPropagate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: float):
+        if run.stage is not None:
+            return _staged_forward(ctx, h, edge_weight, run, k, c, alpha)
         lay, prop, tp = run.layout, run.prop, run.tp
         h = h.detach().contiguous()
         width = int(h.shape[1])
@@ -248,6 +449,8 @@ class TPPropagate(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
+        if ctx.run.stage is not None:
+            return _staged_backward(ctx, grad_out)
         run, k, c, alpha, width, w = ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w
         (edge_weight,) = ctx.saved_tensors
         lay, prop, tp = run.layout, run.prop, run.tp
@@ -291,6 +494,98 @@ class TPPropagate(torch.autograd.Function):
         run._collective(2)
         ctx.saved_z = None
         return grad_h, grad_w, None, None, None, None
+
+
+def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: float):
+    """:meth:`TPPropagate.forward` on the staged path: ``h`` and the output on the compute
+    device, the feature-layout slices in host memory, the rounds through :class:`DeviceStage`.
+    The exchanges and their order are the unstaged path's (same collectives, same overlap)."""
+    lay, tp, st = run.layout, run.tp, run.stage
+    h = h.detach().contiguous()
+    width = int(h.shape[1])
+    w = int(np.diff(column_bounds(width, lay.size))[lay.rank])
+    n, v = lay.num_chunks, lay.num_nodes
+    need_saved = edge_weight is not None and ctx.needs_input_grad[1]
+    z0 = st.host_buffer("z0", (v, w), h.dtype, zero=True)
+    out = h.new_zeros((lay.num_own, width))
+    splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.split_transfer(j), h, z0, "split"))
+                              for j in range(n)])
+    gathers, saved = [], []
+    prev = z0
+    for r in range(1, k + 1):
+        nxt = st.host_buffer(f"z{r}" if need_saved else f"z{2 - r % 2}", (v, w), h.dtype)
+
+        def before_load(j, first=r == 1):
+            if first:
+                _finish(splits, j)
+                _drive(splits, j + 1)
+
+        def after_store(j, last=r == k, nxt=nxt):
+            if not last:
+                return
+            st.mover.synchronize()          # chunk j's rows are in host memory
+            start = (lambda j=j: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
+            gathers.append(start() if run.pipeline else start)
+            if not run.pipeline:
+                _finish(gathers, j)
+            _drive(gathers, j - 1)
+
+        st.forward_round(run, prev, nxt, None if r == 1 else z0, c, alpha, edge_weight, before_load, after_store)
+        if need_saved:
+            saved.append(prev)
+        prev = nxt
+    for j in range(n):
+        _finish(gathers, j)
+    run._collective(2)
+    ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
+    ctx.saved_z = saved
+    ctx.save_for_backward(edge_weight if edge_weight is not None else None)
+    return out
+
+
+def _staged_backward(ctx, grad_out):
+    """:meth:`TPPropagate.backward` on the staged path (see :func:`_staged_forward`)."""
+    run, k, c, alpha, width, w = ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w
+    (edge_weight,) = ctx.saved_tensors
+    lay, tp, st = run.layout, run.tp, run.stage
+    n, v = lay.num_chunks, lay.num_nodes
+    g_out = grad_out.detach().contiguous()
+    gk = st.host_buffer("gk", (v, w), g_out.dtype, zero=True)
+    rev = list(range(n - 1, -1, -1))
+    splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.gather_transfer(j), g_out, gk, "split"))
+                              for j in rev])
+    g0 = st.host_buffer("g0", (v, w), g_out.dtype, zero=True)
+    grad_h = g_out.new_zeros((lay.num_own, width))
+    grad_w = None
+    if edge_weight is not None and ctx.needs_input_grad[1]:
+        grad_w = torch.zeros_like(edge_weight)
+    gathers = []
+    for r in range(k, 0, -1):
+        gprev = g0 if r == 1 else st.host_buffer(f"g{1 + r % 2}", (v, w), g_out.dtype, zero=True)
+
+        def before_chunk(i, j, first=r == k):
+            if first:
+                _finish(splits, i)
+                _drive(splits, i + 1)
+
+        def after_flush(i, j, last=r == 1):
+            if not last:
+                return
+            st.mover.synchronize()          # every gradient of the rows first read by chunk j is in g0
+            start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0, width, grad_h, "gather"))
+            gathers.append(start() if run.pipeline else start)
+            if not run.pipeline:
+                _finish(gathers, i)
+            _drive(gathers, i - 1)
+
+        st.backward_round(run, gk, gprev, g0, c, alpha, edge_weight,
+                          ctx.saved_z[r - 1] if grad_w is not None else None, grad_w, before_chunk, after_flush)
+        gk = gprev
+    for i in range(n):
+        _finish(gathers, i)
+    run._collective(2)
+    ctx.saved_z = None
+    return grad_h, grad_w, None, None, None, None
 
 
 class AllgatherRows(torch.autograd.Function):
@@ -350,20 +645,30 @@ class TensorEngine(Engine):
         store = cfg.data.partitions
         t0 = time.perf_counter()
         error, data = None, None
+        chunks, self._budget = 1, None
         try:
             device = resolve_device(cfg, rt)
-            if device.type != "cpu":
-                raise InputError(f"train.device = {cfg.train.device!r}: the tensor engine runs its "
-                                 "aggregation with the native CPU kernels; use train.device = 'cpu'")
+            staged = device.type != "cpu" or t.staged
+            chunks = self._chunk_count(cfg, meta, rt, device)
+        except InputError as exc:
+            error = str(exc)
+        rt.agree(error)
+        # every rank must cut the same chunks (GPUs of different sizes: the largest count)
+        from mpi4py import MPI
+
+        chunks = int(rt.comm.allreduce(chunks, op=MPI.MAX))
+        error = None
+        try:
             indptr, indices = read_topology(store, meta, rt.rank if cfg.data.verify else None)
-            bounds = chunk_bounds(indptr, t.chunks)
+            bounds = chunk_bounds(indptr, chunks)
             layout = TPLayout.build(indptr, indices, bounds, rt.size, rt.rank)
             data = read_vertex_rows(store, meta, layout.own_ids)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
         self.device = device
-        self.timer = PhaseTimer()
+        self.staged = staged
+        self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         self.layout = layout
         self.mode = t.mode
         self.kind = PROPAGATIONS[cfg.model.arch]
@@ -371,13 +676,14 @@ class TensorEngine(Engine):
         del indices
         self.stats = CommStats()
         self.tp = TPComm(rt.comm, layout, self.stats)
-        self.run = TPRun(self.tp, layout, self.prop, t.pipeline)
+        self.stage = DeviceStage(self.prop, device) if staged else None
+        self.run = TPRun(self.tp, layout, self.prop, t.pipeline, self.stage)
         self.k = t.k or cfg.model.layers
         self.c = t.gamma * (1.0 - t.alpha)
         self.alpha = t.alpha
-        self.x = torch.from_numpy(data["features"])
-        self.labels = torch.from_numpy(data["labels"])
-        self.masks = {s: torch.from_numpy(m) for s, m in data["masks"].items()}
+        self.x = torch.from_numpy(data["features"]).to(device)
+        self.labels = torch.from_numpy(data["labels"]).to(device)
+        self.masks = {s: torch.from_numpy(m).to(device) for s, m in data["masks"].items()}
         m = cfg.model
         seed_torch(cfg.train.seed, -1)
         if self.mode == "decoupled":
@@ -385,6 +691,7 @@ class TensorEngine(Engine):
                                         attention=self.kind == "attention")
         else:
             self.model = CoupledModel(meta.num_features, m.hidden, meta.num_classes, m.layers, m.dropout)
+        self.model.to(device)
         if rt.size > 1:
             broadcast_parameters(self.model, rt)
         self.optimizer = build_optimizer(cfg, self.model)
@@ -395,12 +702,41 @@ class TensorEngine(Engine):
         self.eval_stats = CommStats()
         setup_s = time.perf_counter() - t0
         sizes = rt.comm.allgather(layout.num_own)
+        from hpcgnn.engine.estimate import tensor_device_bytes
+
+        nn_b, chunk_b = tensor_device_bytes(cfg, meta, rt.size, layout.num_chunks, device.type)
+        device_attrs = dict(tensor_staged=bool(staged), tensor_chunks_setting=str(t.chunks),
+                            tensor_device_nn_bytes=int(nn_b), tensor_device_chunk_bytes=int(chunk_b))
+        if self._budget is not None:
+            device_attrs["tensor_device_budget_bytes"] = int(self._budget)
+        if staged:
+            device_attrs["tensor_stage_capacity_rows"] = int(self.stage.capacity)
+        if t.chunks == "auto" and rt.rank == 0:
+            from hpcgnn.run.memory import fmt_bytes
+
+            budget = "no device budget (the CPU's 'auto')" if self._budget is None else \
+                f"the budget {fmt_bytes(self._budget)} (tensor.device_memory = {t.device_memory!r})"
+            print(f"hpcgnn: tensor.chunks = auto: {layout.num_chunks} chunk(s); estimated device working set "
+                  f"{fmt_bytes(nn_b + chunk_b)} (NN layers {fmt_bytes(nn_b)}, one chunk {fmt_bytes(chunk_b)}) "
+                  f"within {budget}", flush=True)
         out.set_attrs(tensor_mode=self.mode, tensor_propagation=self.kind, tensor_k=self.k,
-                      tensor_chunks=layout.num_chunks, tensor_vertex_rows=sizes,
+                      tensor_chunks=layout.num_chunks, tensor_vertex_rows=sizes, **device_attrs,
                       tensor_columns=[int(x) for x in np.diff(column_bounds(meta.num_classes, rt.size))],
                       tensor_topology="indptr/indices of every partition file (whole graph on every rank)",
                       tensor_grad_reduce="sum of partial gradients of the global mean loss",
                       device=str(device), setup_seconds=setup_s)
+
+    def _chunk_count(self, cfg, meta, rt, device) -> int:
+        """``tensor.chunks`` resolved on this rank (``'auto'``: :func:`~hpcgnn.engine.specs.tensor.auto_chunks`
+        for ``tensor.device_memory``); sets ``self._budget`` (bytes or None)."""
+        from hpcgnn.engine.specs.tensor import auto_chunks, device_budget
+
+        t = cfg.tensor
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        self._budget = device_budget(t.device_memory, device.type, total)
+        if t.chunks != "auto":
+            return int(t.chunks)
+        return auto_chunks(cfg, meta, rt.size, self._budget, device.type)[0]
 
     # ---- forward -------------------------------------------------------------------------------
     def logits(self) -> torch.Tensor:
@@ -413,7 +749,8 @@ class TensorEngine(Engine):
             weight = None
             if self.kind == "attention":
                 el, er = model.scores(h)
-                both = AllgatherRows.apply(torch.stack([el, er], 1), self.tp)
+                # the scalars and the edge weights live in host memory (the topology's side)
+                both = AllgatherRows.apply(torch.stack([el, er], 1).cpu(), self.tp)
                 weight = self.prop.attention(both[:, 0], both[:, 1])
             return TPPropagate.apply(h, weight, run, self.k, self.c, self.alpha)
         h = self.x
@@ -429,6 +766,9 @@ class TensorEngine(Engine):
         timer = self.timer
         self.stats.reset()
         self.run.reset()
+        if self.stage is not None:
+            self.stage.counter.reset()
+            self.stage.meter.reset()
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.before_step(epoch, 0)
         t0 = time.perf_counter()
@@ -459,6 +799,9 @@ class TensorEngine(Engine):
         counters["layout_alltoalls"] = float(self.run.alltoalls)
         counters["nn_rows"] = float(self.layout.num_own)
         counters["agg_edge_columns"] = float(self.run.edge_columns)
+        if self.stage is not None:
+            counters.update({k: float(v) for k, v in self.stage.counter.as_dict().items()})
+            counters["peak_device_bytes"] = float(self.stage.meter.peak_bytes)
         return EpochResult(loss, counters=counters, timings=timings)
 
     @torch.no_grad()

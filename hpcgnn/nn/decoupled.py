@@ -179,6 +179,40 @@ class Propagation:
         return out
 
 
+# ---- device-generic chunk operators (the staged path, :class:`hpcgnn.engine.tensor.DeviceStage`) ----
+def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``A^T g``: [num_src, d] from destination rows ``g`` [num_dst, d] of the weighted block
+    ``A`` (``weight`` [nnz] or None = 1), the adjoint of
+    :func:`hpcgnn.nn.aggregate.aggregate_sum` (no autograd graph). CPU float32/float64: the
+    native kernel over the block's cached transpose; any other device (CUDA): ``index_add``."""
+    g = g.detach().contiguous()
+    w = None if weight is None else weight.detach().to(g.dtype).contiguous()
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+        t_ptr, t_idx, t_eid = block.transpose()
+        out = g.new_empty((block.num_src, g.shape[1]))
+        _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(),
+                       None if w is None else w.numpy(), None if w is None else t_eid.numpy(), None)
+        return out
+    msg = g.index_select(0, block.edge_dst())
+    if w is not None:
+        msg = msg * w.unsqueeze(1)
+    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices, msg)
+
+
+def edge_dot(block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[nnz]: ``g[dst_e] . x[src_e]`` per edge ``e`` of ``block`` (the gradient of the edge
+    weights of ``aggregate_sum(block, x, w)`` for the output gradient ``g``). CPU: the native
+    SDDMM kernel; any other device: torch ops."""
+    g, x = g.detach().contiguous(), x.detach().contiguous()
+    nnz, f = block.num_edges, int(g.shape[1])
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+        out = g.new_empty((nnz, 1))
+        _spmm.sddmm_heads(block.indptr.numpy(), block.indices.numpy(), g.numpy().reshape(-1, 1, f),
+                          x.numpy().reshape(-1, 1, f), out.numpy(), None)
+        return out.view(-1)
+    return (g.index_select(0, block.edge_dst()) * x.index_select(0, block.indices)).sum(1)
+
+
 class DecoupledModel(nn.Module):
     """MLP ``in_dim -> hidden ... -> num_classes`` (``layers`` linear maps; dropout on the input
     and after every hidden ReLU) and, for attention, the vectors ``attn_src`` / ``attn_dst``."""

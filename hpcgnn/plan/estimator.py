@@ -369,7 +369,9 @@ def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
             c.agg(ev, aw, times)
             c.comm(times * 2 * rows * aw * p * F32 * frac, calls=2 * times)
             c.move(times * 2 * 2 * rows * aw * p * F32)     # pack + unpack of every split/gather
-    c.ops(m.layers * OPS_PER_LAYER * max(t.chunks, 1))
+    from hpcgnn.engine.estimate import tensor_chunk_count
+
+    c.ops(m.layers * OPS_PER_LAYER * max(tensor_chunk_count(cfg, meta, p), 1))
     _allreduce(c, cfg, widths, p)
     return c
 

@@ -7,9 +7,76 @@ from __future__ import annotations
 
 from hpcgnn.engine.registry import EngineSpec
 from hpcgnn.errors import InputError
-from hpcgnn.run.config import Key, nonneg, positive
+from hpcgnn.run.config import Key, nonneg
 
 MODES = ("decoupled", "coupled")
+DEVICE_MEMORY_HELP = ("device memory budget per rank for tensor.chunks = 'auto': 'auto' (90 % of the "
+                      "GPU's memory; none on the CPU, where auto chunks = 1), a fraction in (0, 1] of "
+                      "the GPU's memory, or a size such as '2GiB' (the only form on the CPU)")
+AUTO_FRACTION = 0.9
+
+
+def device_budget(value, device_type: str, device_total: int | None) -> int | None:
+    """``tensor.device_memory`` -> bytes (None: no budget: ``'auto'`` on the CPU). A fraction
+    needs a GPU (``device_total``); on the CPU it is an InputError naming the key."""
+    from hpcgnn.run.memory import parse_size
+
+    what = "tensor.device_memory"
+    if isinstance(value, bool):
+        raise InputError(f"{what} = {value!r}: expected {DEVICE_MEMORY_HELP}")
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        value = AUTO_FRACTION if device_type == "cuda" else None
+        if value is None:
+            return None
+    if isinstance(value, (int, float)):
+        if not 0 < value <= 1:
+            raise InputError(f"{what} = {value!r}: a number is a fraction in (0, 1] of the GPU's memory; "
+                             "give a size as a string such as '2GiB'")
+        if device_type != "cuda" or device_total is None:
+            raise InputError(f"{what} = {value!r}: a fraction of the device's memory needs train.device = "
+                             "'cuda'; on the CPU give a size such as '2GiB'")
+        return int(float(value) * device_total)
+    return parse_size(value, what)
+
+
+def auto_chunks(cfg, meta, parts: int, budget: int | None, device: str) -> tuple[int, int, int]:
+    """``(chunks, nn_bytes, chunk_bytes)``: the smallest chunk count whose device working set
+    (:func:`hpcgnn.engine.estimate.tensor_device_bytes`: the NN part plus one chunk) fits
+    ``budget`` bytes (None: 1 chunk). InputError naming ``tensor.device_memory`` when even one
+    destination row per chunk does not fit."""
+    from hpcgnn.engine.estimate import tensor_device_bytes
+    from hpcgnn.run.memory import fmt_bytes
+
+    def need(k):
+        return tensor_device_bytes(cfg, meta, parts, k, device)
+
+    if budget is None:
+        return (1, *need(1))
+    v = max(int(meta.num_nodes), 1)
+    nn_b, ch_b = need(v)
+    if nn_b + ch_b > budget:
+        raise InputError(f"tensor.device_memory = {cfg.tensor.device_memory!r} ({fmt_bytes(budget)}) is too small "
+                         f"for tensor.chunks = 'auto': even one destination row per chunk needs "
+                         f"{fmt_bytes(nn_b + ch_b)} on the device (NN layers {fmt_bytes(nn_b)}, chunk "
+                         f"{fmt_bytes(ch_b)}); give more device memory or more ranks")
+    lo, hi = 1, v
+    while lo < hi:                      # the working set shrinks as the chunk count grows
+        mid = (lo + hi) // 2
+        if sum(need(mid)) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return (lo, *need(lo))
+
+
+def valid_device_memory(value) -> bool:
+    """Whether ``tensor.device_memory`` has a valid form (config check; fractions are checked
+    against the device at start-up)."""
+    try:
+        device_budget(value, "cuda", 1 << 30)
+        return True
+    except InputError:
+        return False
 
 KEYS = {
     "mode": Key(str, "decoupled", "'decoupled': all NN layers, one split, k aggregation rounds, one "
@@ -21,8 +88,16 @@ KEYS = {
                  lambda x: 0.0 <= x < 1.0, "in [0, 1)"),
     "gamma": Key(float, 1.0, "decoupled: edge-weight factor gamma of Z_k = gamma A Z_(k-1) (NeutronTP "
                  "eq. 9)", lambda x: 0.0 < x <= 1.0, "in (0, 1]"),
-    "chunks": Key(int, 1, "destination-contiguous chunks of the aggregation, same order on every "
-                  "rank; split/gather per chunk, overlapped with chunk compute", positive, "> 0"),
+    "chunks": Key((int, str), 1, "destination-contiguous chunks of the aggregation, same order on "
+                  "every rank; split/gather per chunk, overlapped with chunk compute; 'auto': the "
+                  "smallest count whose per-chunk device working set fits tensor.device_memory",
+                  lambda x: x == "auto" or (isinstance(x, int) and not isinstance(x, bool) and x > 0),
+                  "an integer > 0 or 'auto'"),
+    "device_memory": Key((str, int, float), "auto", DEVICE_MEMORY_HELP, lambda x: valid_device_memory(x),
+                         "'auto', a fraction in (0, 1] or a size such as '2GiB'"),
+    "staged": Key(bool, False, "stream the aggregation's chunks through the compute device from host "
+                  "memory (always on with train.device = 'cuda'; true on the CPU runs the same path "
+                  "with the CPU as the device)"),
     "pipeline": Key(bool, True, "chunked: start every chunk's split/gather without waiting "
                     "(non-blocking all-to-alls); false = each one completes before the next step"),
 }
@@ -55,5 +130,5 @@ SPEC = EngineSpec(
     factory="hpcgnn.engine.tensor:make_engine",
     memory_terms="hpcgnn.engine.estimate:tensor_terms",
     validate=validate,
-    safe_on_resume=("tensor.pipeline",),
+    safe_on_resume=("tensor.pipeline", "tensor.staged"),
 )
