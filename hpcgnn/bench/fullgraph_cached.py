@@ -13,7 +13,9 @@ rank), forward halo bytes per epoch (all ranks, epochs 2..; hidden layers and la
 adjoint bytes, time waiting for halo rows, final test accuracy, the largest age recorded.
 
 A case name is ``exact`` or ``S<s>`` (``fullgraph.halo = "cached"``, ``staleness = s``), with
-``+pipe`` for ``fullgraph.pipeline = true`` (``exact+pipe``: pipelined, nothing cached).
+``+pipe`` for ``fullgraph.pipeline = true`` (``exact+pipe``: pipelined, nothing cached) and/or
+``+bf16`` for ``fullgraph.halo_precision = "bf16"`` (hidden-layer rows sent as bfloat16), in
+that order (``S2+pipe+bf16``).
 """
 from __future__ import annotations
 
@@ -24,15 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_CASES = "exact,S1,S2,S4,S2+pipe"
+DEFAULT_CASES = "exact,S1,S2,S4,S2+pipe,exact+bf16,S2+bf16,S2+pipe+bf16"
 
 
 def case_overrides(case: str) -> list[str]:
     """``--set`` overrides of a case name (ValueError for a bad one)."""
-    m = re.fullmatch(r"(exact|S(\d+))(\+pipe)?", case)
+    m = re.fullmatch(r"(exact|S(\d+))(\+pipe)?(\+bf16)?", case)
     if not m:
-        raise ValueError(f"bad case {case!r}: expected exact, S<s>, or either with +pipe")
-    sets = [f"fullgraph.pipeline={'true' if m.group(3) else 'false'}"]
+        raise ValueError(f"bad case {case!r}: expected exact or S<s>, then optionally +pipe, then +bf16")
+    sets = [f"fullgraph.pipeline={'true' if m.group(3) else 'false'}",
+            f"fullgraph.halo_precision={'bf16' if m.group(4) else 'fp32'}"]
     if m.group(2) is not None:
         sets += ["fullgraph.halo=cached", f"fullgraph.staleness={int(m.group(2))}"]
     else:

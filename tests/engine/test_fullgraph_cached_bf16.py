@@ -218,3 +218,16 @@ def test_offload_with_bf16_is_refused():
     assert "\n" not in str(e.value)
     cfg = load_config(None, ["train.engine=fullgraph", "data.partitions=x"])
     assert cfg.fullgraph.halo_precision == "fp32"                   # default off
+
+
+def test_bench_case_names_with_bf16():
+    from hpcgnn.bench.fullgraph_cached import case_overrides, run_dir
+
+    assert case_overrides("S2+pipe+bf16") == ["fullgraph.pipeline=true", "fullgraph.halo_precision=bf16",
+                                              "fullgraph.halo=cached", "fullgraph.staleness=2"]
+    assert case_overrides("exact+bf16")[:2] == ["fullgraph.pipeline=false", "fullgraph.halo_precision=bf16"]
+    assert "fullgraph.halo_precision=fp32" in case_overrides("S2")          # the default, explicitly
+    assert run_dir(Path("w"), "S2+pipe+bf16", 1) == Path("w/S2-pipe-bf16-seed1")
+    for bad in ("S2+bf16+pipe", "bf16", "S+bf16"):
+        with pytest.raises(ValueError, match="bad case"):
+            case_overrides(bad)
