@@ -163,9 +163,11 @@ class DeviceStage:
     same slots, rows flushed to host memory and added there when they leave the device.
     With ``device = cpu`` the same code runs with the CPU as the device (tests, transfer
     counters); ``meter`` then counts the bytes resident in the simulated device scope.
+    ``backend = "torch"`` runs the chunk operators with torch ops even on the CPU (what CUDA
+    runs; tests).
     """
 
-    def __init__(self, prop, device, counter=None, meter=None):
+    def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto"):
         from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, natural_schedule
         from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter
         from hpcgnn.sampling.block import Block
@@ -173,6 +175,7 @@ class DeviceStage:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = self.cuda
+        self.backend = backend
         self.counter = counter if counter is not None else TransferCounter()
         self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
         self.mover = RowMover(self.device, self.counter)
@@ -260,7 +263,7 @@ class DeviceStage:
                 x = buf[:block.num_src] if self.identity[j] else buf.index_select(0, slots)
                 if not self.identity[j]:
                     self.meter.track(x)
-                out = aggregate_sum(block, x, wj)
+                out = aggregate_sum(block, x, wj, backend=self.backend)
                 self.meter.track(out)
                 if c != 1.0:
                     out.mul_(c)
@@ -318,7 +321,7 @@ class DeviceStage:
                     self.meter.track(x)
                 g = self.mover.load_range(gk, a, b, "grad").get()
                 g_rows = g * c if c != 1.0 else g
-                gx = sum_adjoint(block, g_rows, wj)
+                gx = sum_adjoint(block, g_rows, wj, backend=self.backend)
                 self.meter.track(g, g_rows, gx)
                 if self.identity[j]:
                     gbuf[:block.num_src].add_(gx)
@@ -328,8 +331,8 @@ class DeviceStage:
                     self.mover.add_rows(g * alpha, g0, np.arange(a, b, dtype=np.int64), "grad")
                 if x is not None:
                     e0, e1 = self.edges[j]
-                    self.mover.add_rows(edge_dot(block, g_rows, x), grad_w, np.arange(e0, e1, dtype=np.int64),
-                                        "edge_grad")
+                    self.mover.add_rows(edge_dot(block, g_rows, x, backend=self.backend), grad_w,
+                                        np.arange(e0, e1, dtype=np.int64), "edge_grad")
                 verts, enter_slots = self.enter[j]
                 part = gbuf.index_select(0, self._dev(enter_slots))
                 self.mover.add_rows(part, gprev, verts, "grad")

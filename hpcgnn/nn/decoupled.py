@@ -180,14 +180,21 @@ class Propagation:
 
 
 # ---- device-generic chunk operators (the staged path, :class:`hpcgnn.engine.tensor.DeviceStage`) ----
-def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+def _native(t: torch.Tensor, backend: str) -> bool:
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    return backend == "auto" and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+
+
+def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
     """``A^T g``: [num_src, d] from destination rows ``g`` [num_dst, d] of the weighted block
     ``A`` (``weight`` [nnz] or None = 1), the adjoint of
     :func:`hpcgnn.nn.aggregate.aggregate_sum` (no autograd graph). CPU float32/float64: the
-    native kernel over the block's cached transpose; any other device (CUDA): ``index_add``."""
+    native kernel over the block's cached transpose; any other device (CUDA) or
+    ``backend = "torch"``: ``index_add``."""
     g = g.detach().contiguous()
     w = None if weight is None else weight.detach().to(g.dtype).contiguous()
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+    if _native(g, backend):
         t_ptr, t_idx, t_eid = block.transpose()
         out = g.new_empty((block.num_src, g.shape[1]))
         _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(),
@@ -199,13 +206,13 @@ def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None) -> t
     return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices, msg)
 
 
-def edge_dot(block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """[nnz]: ``g[dst_e] . x[src_e]`` per edge ``e`` of ``block`` (the gradient of the edge
     weights of ``aggregate_sum(block, x, w)`` for the output gradient ``g``). CPU: the native
-    SDDMM kernel; any other device: torch ops."""
+    SDDMM kernel; any other device or ``backend = "torch"``: torch ops."""
     g, x = g.detach().contiguous(), x.detach().contiguous()
     nnz, f = block.num_edges, int(g.shape[1])
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+    if _native(g, backend):
         out = g.new_empty((nnz, 1))
         _spmm.sddmm_heads(block.indptr.numpy(), block.indices.numpy(), g.numpy().reshape(-1, 1, f),
                           x.numpy().reshape(-1, 1, f), out.numpy(), None)

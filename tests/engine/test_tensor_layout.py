@@ -15,7 +15,7 @@ from toygraph import toy_graph  # noqa: E402
 
 from hpcgnn.comm.tensor_parallel import TPComm, TPLayout, column_bounds  # noqa: E402
 from hpcgnn.engine.chunk_schedule import chunk_bounds  # noqa: E402
-from hpcgnn.engine.tensor import TPPropagate, TPRun  # noqa: E402
+from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun  # noqa: E402
 from hpcgnn.nn.decoupled import Propagation  # noqa: E402
 
 
@@ -88,15 +88,19 @@ def test_propagation_matrix_is_normalised_adjacency(graph, kind):
     assert torch.allclose(p.dense(), _dense_adj(graph, kind), atol=1e-12)
 
 
-@pytest.mark.parametrize("chunks,pipeline", [(1, True), (5, True), (5, False)])
+@pytest.mark.parametrize("chunks,pipeline,staged", [(1, True, None), (5, True, None), (5, False, None),
+                                                    (1, True, "auto"), (5, True, "auto"), (5, False, "torch")])
 @pytest.mark.parametrize("kind", ["gcn", "attention"])
-def test_propagate_forward_backward_equal_dense_torch(graph, chunks, pipeline, kind):
+def test_propagate_forward_backward_equal_dense_torch(graph, chunks, pipeline, staged, kind):
+    """Unstaged, and staged through the CPU as the device (``DeviceStage``; backend 'torch' runs
+    the torch operators CUDA runs), against dense float64 torch."""
     torch.manual_seed(0)
     v, width, k, c, alpha = graph.num_nodes, 5, 3, 0.9 * 0.8, 0.2
     cb = chunk_bounds(graph.indptr, chunks)
     lay = TPLayout.build(graph.indptr, graph.indices, cb, 1, 0)
     prop = Propagation(graph.indptr, graph.indices, kind, cb, dtype=torch.float64)
-    run = TPRun(TPComm(None, lay), lay, prop, pipeline)
+    stage = None if staged is None else DeviceStage(prop, "cpu", backend=staged)
+    run = TPRun(TPComm(None, lay), lay, prop, pipeline, stage)
     h_full = torch.randn(v, width, dtype=torch.float64)
     h = h_full[torch.from_numpy(lay.own_ids)].clone().requires_grad_(True)
     weight = None
@@ -135,3 +139,17 @@ def test_propagate_forward_backward_equal_dense_torch(graph, chunks, pipeline, k
     # four layout collectives per call, one MPI exchange per chunk and direction
     assert run.alltoalls == 4
     assert run.tp.stats.calls == {"split": 2 * lay.num_chunks, "gather": 2 * lay.num_chunks}
+    if stage is not None:
+        # every round loads the chunks' rows once each (reused between consecutive chunks), and
+        # the device never held more than one chunk's buffers and temporaries
+        counts = stage.counter.as_dict()
+        row = width * 8
+        assert counts["h2d_rows_bytes"] == k * stage.plan.rows_loaded() * row + (
+            k * stage.plan.rows_loaded() * row if kind == "attention" else 0)
+        assert counts["h2d_rows_nodedup_bytes"] >= counts["h2d_rows_bytes"]
+        assert counts["d2h_out_bytes"] == k * v * row
+        # the row terms of the estimate's per-chunk working set (estimate.tensor_device_bytes)
+        # with the plan's actual buffer rows and the largest chunk
+        dst = int(np.diff(cb).max())
+        bound = ((3 + (2 if kind == "attention" else 0)) * stage.capacity + 5 * dst) * row
+        assert 0 < stage.meter.peak_bytes <= bound, (stage.meter.peak_bytes, bound)
