@@ -222,7 +222,7 @@ def memory_estimates(store: Path, config: str, overrides: list[str]) -> dict:
         est = estimate_rank_memory(cfg, meta, p, base)
         name, size = est.largest()
         ranks.append({"rank": p, "total_bytes": est.total, "terms": est.terms, "largest": name,
-                      "largest_bytes": size, "shrink": est.shrink.get(name, "")})
+                      "largest_bytes": size, "shrink": est.shrink.get(name, ""), "device": est.device})
     avail, source = node_available_bytes()
     return {"config": str(config), "engine": cfg.train.engine, "ranks": ranks,
             "sum_bytes": sum(r["total_bytes"] for r in ranks),
@@ -243,6 +243,13 @@ def _memory_text(m: dict) -> str:
     lines.append(f"  all ranks together {m['sum_bytes'] / 2**30:.2f} GiB; this machine offers "
                  f"{m['this_machine_available_bytes'] / 2**30:.2f} GiB ({m['available_source']}); "
                  f"largest term {worst['largest']} on rank {worst['rank']}: shrink with {worst['shrink']}")
+    dev = max(m["ranks"], key=lambda r: sum(v for k, v in r.get("device", {}).items() if k != "chunks"))
+    if dev.get("device"):           # tensor engine on a GPU: bytes in device memory, not in the total
+        from hpcgnn.run.memory import fmt_bytes
+
+        d = dev["device"]
+        lines.append(f"  device memory per rank (not in the totals): NN layers {fmt_bytes(d['nn'])} + one of "
+                     f"{d['chunks']} chunk(s) {fmt_bytes(d['chunk'])}")
     return "\n".join(lines)
 
 

@@ -32,6 +32,14 @@ chunks in reverse order, so the output-gradient split of chunk ``j`` and the inp
 gather of the rows first needed by chunk ``j`` (complete once chunks ``n-1..j`` are done) are
 overlapped the same way. Results equal the unchunked ones up to floating-point order.
 
+**Device path** (``train.device = "cuda"``, or ``tensor.staged`` with the CPU as the device):
+the NN layers run on the device; the topology and the ``[V, C/P]`` slices stay in host memory
+and every aggregation round streams the chunks through the device (:class:`DeviceStage`: the
+full-graph engine's de-duplicated transfer plan and :class:`~hpcgnn.engine.transfer.RowMover`,
+:func:`~hpcgnn.nn.aggregate.aggregate_sum` on the device); the all-to-alls are unchanged (host
+buffers). ``tensor.chunks = "auto"`` picks the smallest count whose device working set
+(:func:`hpcgnn.engine.estimate.tensor_device_bytes`) fits ``tensor.device_memory``.
+
 **Run output** (per rank and epoch): timings ``nn`` (MLP forward/backward, loss), ``split``,
 ``gather`` (posting + waiting, forward and backward), ``aggregate``, ``attention``, ``compute``
 (= nn + aggregate: the load balance), ``allreduce``, ``optimizer``, ``eval``; counters
