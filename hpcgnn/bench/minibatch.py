@@ -8,7 +8,8 @@
    2 ranks.
 3. From each run file: epoch time (mean over epochs after the first, slowest rank) and its
    breakdown (mean over ranks), the share of the epoch spent waiting for AEP messages
-   (``comm_wait / epoch``, worst rank), bytes sent per epoch (all ranks), sampler throughput
+   (``comm_wait / epoch``, worst rank) and posting them (``push / epoch``: select, gather,
+   post; worst rank and epoch), bytes sent per epoch (all ranks), sampler throughput
    (sampled edges per second of sampling time), HEC hit rate per layer, final accuracies.
 
 4. The store section (:mod:`hpcgnn.bench.minibatch_store`): host-only vs tiered stores at device
@@ -16,7 +17,8 @@
    rates measured and predicted, store wait share.
 
 Targets (DistGNN-MB): AEP wait <= 5 % of the epoch at d = 1; AEP moves >= 5x fewer bytes than
-the exact mode. Prints a table and writes the figures to FILE.h5 (atomically).
+the exact mode; posting the AEP pushes <= 3 % of the epoch (issue 8). Prints a table and writes
+the figures to FILE.h5 (atomically).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from hpcgnn.bench import minibatch_store as store_bench
 from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
 
 TARGET_WAIT_SHARE = 0.05
+TARGET_PUSH_SHARE = 0.03     # posting the AEP pushes (select, gather, post), issue 8
 TARGET_BYTES_RATIO = 5.0
 
 
@@ -80,7 +83,7 @@ def _fmt(x, spec=".3f"):
 
 
 def table(results: dict) -> str:
-    head = ["run", "ranks", "epoch_s", "sample", "forward", "backward", "allreduce", "wait%",
+    head = ["run", "ranks", "epoch_s", "sample", "forward", "backward", "allreduce", "wait%", "push%",
             "MB_sent/ep", "Medges/s", "hit L0/L1/L2 %", "val%", "test%"]
     rows = [head]
     for name, r in results.items():
@@ -88,6 +91,7 @@ def table(results: dict) -> str:
         rows.append([name, str(r["ranks"]), _fmt(r["epoch_time_s"]), _fmt(ph.get("sample")),
                      _fmt(ph.get("forward")), _fmt(ph.get("backward")), _fmt(ph.get("allreduce")),
                      _fmt(100 * r["comm_wait_share"], ".2f") if "comm_wait_share" in r else "-",
+                     _fmt(100 * r["push_share"], ".2f") if "push_share" in r else "-",
                      _fmt(r["bytes_sent_per_epoch"] / 1e6, ".2f"), _fmt(r["sampled_edges_per_s"] / 1e6, ".2f"),
                      "/".join(_fmt(100 * h, ".0f") for h in r.get("hec_hit_rate", [])) or "-",
                      _fmt(100 * r["val_acc"], ".2f"), _fmt(100 * r["test_acc"], ".2f")])
@@ -160,6 +164,7 @@ def main(argv=None) -> int:
     if hec2 is not None:
         summary["comm_wait_share_d1"] = hec2["comm_wait_share"]
         summary["push_share_d1"] = hec2["push_share"]
+        summary["target_push_share"] = TARGET_PUSH_SHARE
         summary["target_wait_share"] = TARGET_WAIT_SHARE
     if hec2 is not None and exact2 is not None and hec2["bytes_sent_per_epoch"] > 0:
         summary["exact_over_aep_bytes"] = exact2["bytes_sent_per_epoch"] / hec2["bytes_sent_per_epoch"]
@@ -194,7 +199,8 @@ def main(argv=None) -> int:
     if "comm_wait_share_d1" in summary:
         s = summary["comm_wait_share_d1"]
         print(f"AEP wait share at d=1 (worst rank): {100 * s:.2f}% (target <= {100 * TARGET_WAIT_SHARE:.0f}%); "
-              f"posting pushes (select, gather, post): {100 * summary['push_share_d1']:.2f}%")
+              f"posting pushes (select, gather, post): {100 * summary['push_share_d1']:.2f}% "
+              f"(target <= {100 * TARGET_PUSH_SHARE:.0f}%)")
     if "exact_over_aep_bytes" in summary:
         s = summary["exact_over_aep_bytes"]
         print(f"exact / AEP bytes per epoch: {s:.1f}x (target >= {TARGET_BYTES_RATIO:.0f}x)")

@@ -11,9 +11,11 @@ iteration a synchronisation point). The receiver consumes the message posted at 
 iteration ``k`` at layer ``l`` of iteration ``k + d``; the messages of one layer match in the
 order they were posted (one tag pair per layer, on a communicator of the AEP's own).
 
-:class:`DestinationMap` is ``db_halo`` inverted once at start-up into a CSR from solid vertex to
-destination ranks, so selecting the candidates of a frontier costs O(|frontier| + candidates)
-vectorised numpy work, independent of the number of ranks.
+:class:`DestinationMap` is ``db_halo`` inverted once at start-up into a CSR from local vertex to
+destination ranks (none for halo vertices), so selecting the candidates of a frontier costs
+O(|frontier| + candidates) vectorised numpy work, independent of the number of ranks. The send
+and receive buffers of a layer are allocated once and reused: a push takes a free set, the
+receive that completes its exchange gives it back (at most ``d`` sets per layer are in flight).
 
 Every rank must call :meth:`AsyncEmbeddingPush.push` and :meth:`AsyncEmbeddingPush.receive` in
 the same order (they are collectives): the engine equalises the iteration count M over ranks
@@ -33,41 +35,49 @@ from hpcgnn.comm.alltoall import PendingCappedExchange
 
 
 class DestinationMap:
-    """For each solid local vertex, the ranks on which it is a halo vertex (CSR).
+    """For each local vertex, the ranks on which it is a halo vertex (CSR; none for halo rows).
 
-    ``indptr`` int64 [n_solid+1], ``ranks`` int32 [S]; built from ``Partition.send_list``.
+    ``indptr`` int64 [n_local+1] (constant over the halo rows ``num_solid..n_local``), ``ranks``
+    [S] (int16 while the rank count fits, so the grouping sort is a radix sort); built from
+    ``Partition.send_list``.
     """
 
     def __init__(self, part):
         k = part.num_parts
         counts = np.diff(part.send_indptr).astype(np.int64)
-        dest = np.repeat(np.arange(k, dtype=np.int32), counts)
+        dest = np.repeat(np.arange(k, dtype=np.int16 if k <= np.iinfo(np.int16).max else np.int32), counts)
         local = (part.send_ids - part.solid_begin).astype(np.int64)
         order = np.lexsort((dest, local))              # by vertex, then by rank
         self.num_solid = part.num_solid
+        self.num_local = part.num_solid + part.num_halo
         self.num_parts = k
         self.ranks = dest[order]
-        self.indptr = np.zeros(part.num_solid + 1, dtype=np.int64)
-        np.cumsum(np.bincount(local, minlength=part.num_solid), out=self.indptr[1:])
+        self.indptr = np.zeros(self.num_local + 1, dtype=np.int64)
+        np.cumsum(np.bincount(local, minlength=self.num_local), out=self.indptr[1:])
 
-    def expand(self, solid_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(position in ``solid_local``, destination rank) of every (vertex, rank) pair.
+    def expand(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(position in ``local``, destination rank int32) of every (vertex, rank) pair.
 
-        Pairs come grouped by destination rank (ascending); within a rank in the order of
-        ``solid_local`` (a stable sort).
+        ``local``: local vertex IDs (solid or halo; halo vertices have no destinations). Pairs
+        come grouped by destination rank (ascending); within a rank in the order of ``local``
+        (a stable sort).
         """
-        v = np.asarray(solid_local, dtype=np.int64)
+        v = np.asarray(local, dtype=np.int64)
         start = self.indptr[v]
         cnt = self.indptr[v + 1] - start
-        total = int(cnt.sum())
-        if total == 0:
+        nz = np.flatnonzero(cnt)
+        if nz.shape[0] == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        pos = np.repeat(np.arange(v.shape[0], dtype=np.int64), cnt)
-        first = np.cumsum(cnt) - cnt
-        offs = np.arange(total, dtype=np.int64) - np.repeat(first, cnt)
-        ranks = self.ranks[np.repeat(start, cnt) + offs]
+        cnt, start = cnt[nz], start[nz]
+        total = int(cnt.sum())
+        if total == nz.shape[0]:                       # one destination each (always at 2 ranks)
+            pos, at = nz, start
+        else:
+            pos = np.repeat(nz, cnt)
+            at = np.repeat(start - (np.cumsum(cnt) - cnt), cnt) + np.arange(total, dtype=np.int64)
+        ranks = self.ranks[at]
         order = np.argsort(ranks, kind="stable")
-        return pos[order], ranks[order]
+        return pos[order], ranks[order].astype(np.int32)
 
 
 @dataclass
@@ -88,6 +98,17 @@ class _Pending:
     iteration: int
     layer: int
     exchange: object         # PendingCappedExchange of (ids, rows)
+    buffers: "_Buffers"      # its send and receive buffers, in use until it completes
+
+
+@dataclass
+class _Buffers:
+    """One push's buffers: send IDs [send_cap] and rows [send_cap, D]; receive buffers per
+    array, per other rank (``recv_caps[q]`` rows)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    recv: list
 
 
 @dataclass
@@ -131,11 +152,17 @@ class AsyncEmbeddingPush:
         owned = np.bincount(np.asarray(part.halo_owner, dtype=np.int64), minlength=self.size)
         self.recv_caps = np.minimum(owned[:self.size], self.nc)
         self.recv_caps[self.rank] = 0
+        self.peers = [q for q in range(self.size) if q != self.rank]
+        # The most rows this rank pushes per layer: per destination nc, or its halo vertices there.
+        sends = np.diff(np.asarray(part.send_indptr, dtype=np.int64))[:self.size].copy()
+        sends[self.rank] = 0
+        self.send_cap = int(np.minimum(sends, self.nc).sum())
         self.delay = int(delay)
         self.record = record
         self.pushes: list[PushRecord] = []
         self.receives: list[PushRecord] = []
         self._queues = [collections.deque() for _ in range(self.num_layers)]
+        self._free: list[list[_Buffers]] = [[] for _ in range(self.num_layers)]
         self.reset_counters()
 
     def reset_counters(self, epoch: int = 0) -> None:
@@ -153,9 +180,7 @@ class AsyncEmbeddingPush:
         :func:`~hpcgnn.sampling.choice.degree_biased_choice` with key ``(rng_key, dest)`` mixed.
         """
         f = np.asarray(frontier_local, dtype=np.int64)
-        solid_pos = np.flatnonzero(f < self.num_solid)
-        pos, ranks = self.destinations.expand(f[solid_pos])
-        pos = solid_pos[pos]
+        pos, ranks = self.destinations.expand(f)
         counts = np.bincount(ranks, minlength=self.size).astype(np.int64)
         candidates = int(pos.shape[0])
         if counts.max(initial=0) > self.nc:
@@ -174,22 +199,43 @@ class AsyncEmbeddingPush:
             pos = np.concatenate(keep) if keep else pos[:0]
         return pos, counts, candidates
 
+    def _buffers(self, layer: int, width: int, rows: int) -> "_Buffers":
+        """A free buffer set of ``layer`` for ``rows`` send rows of ``width`` floats (allocated on
+        first use, when the width changed, or larger when ``rows`` exceeds ``send_cap``)."""
+        free = self._free[layer]
+        while free:
+            b = free.pop()
+            if b.rows.shape[1] == width:
+                if b.ids.shape[0] < rows:
+                    b.ids, b.rows = np.empty(rows, np.int64), np.empty((rows, width), np.float32)
+                return b
+        n = max(self.send_cap, rows)
+        return _Buffers(np.empty(n, np.int64), np.empty((n, width), np.float32),
+                        [[np.empty(int(self.recv_caps[q]), np.int64) for q in self.peers],
+                         [np.empty((int(self.recv_caps[q]), width), np.float32) for q in self.peers]])
+
     def push(self, layer: int, iteration: int, frontier_local: np.ndarray, h: torch.Tensor,
              rng_key: int) -> None:
         """Collective: post the push of layer ``layer`` at ``iteration`` (rows of ``h`` = frontier)."""
         t0 = time.perf_counter()
         pos, counts, candidates = self.select(frontier_local, rng_key)
-        ids = np.asarray(frontier_local, dtype=np.int64)[pos] + self.solid_begin
-        if pos.shape[0]:
-            rows = h.detach().index_select(0, torch.from_numpy(pos).to(h.device)).to(
-                "cpu", torch.float32).contiguous().numpy()
-        else:
-            rows = np.zeros((0, int(h.shape[1])), dtype=np.float32)
-        exchange = PendingCappedExchange(self.comm, [ids, rows], counts, self.recv_caps, tag=2 * layer)
-        self._queues[layer].append(_Pending(self.epoch, iteration, layer, exchange))
+        n = int(pos.shape[0])
+        buf = self._buffers(layer, int(h.shape[1]), n)
+        ids = buf.ids[:n]
+        np.take(np.asarray(frontier_local, dtype=np.int64), pos, out=ids)
+        ids += self.solid_begin
+        rows = buf.rows[:n]
+        hd = h.detach()
+        if n and hd.device.type == "cpu" and hd.dtype == torch.float32:
+            torch.index_select(hd, 0, torch.from_numpy(pos), out=torch.from_numpy(rows))
+        elif n:
+            rows[...] = hd.index_select(0, torch.from_numpy(pos).to(hd.device)).to("cpu", torch.float32).numpy()
+        exchange = PendingCappedExchange(self.comm, [ids, rows], counts, self.recv_caps, tag=2 * layer,
+                                         recv_buffers=buf.recv)
+        self._queues[layer].append(_Pending(self.epoch, iteration, layer, exchange, buf))
         c = self.counters
-        c.bytes_sent += int(counts.sum()) * (8 + 4 * int(rows.shape[1]))
-        c.rows_sent[layer] += int(counts.sum())
+        c.bytes_sent += n * (8 + 4 * int(rows.shape[1]))
+        c.rows_sent[layer] += n
         c.candidates[layer] += candidates
         c.max_rows_to_one_rank[layer] = max(int(c.max_rows_to_one_rank[layer]), int(counts.max(initial=0)))
         if self.record:
@@ -209,6 +255,7 @@ class AsyncEmbeddingPush:
         t0 = time.perf_counter()
         (ids, rows), sources = pending.exchange.wait()
         self.counters.wait_seconds += time.perf_counter() - t0
+        self._free[layer].append(pending.buffers)      # the exchange is complete: reusable
         self.counters.rows_received[layer] += int(ids.shape[0])
         self.counters.bytes_received += int(ids.shape[0]) * (8 + 4 * int(rows.shape[1]))
         if self.record:
@@ -220,6 +267,10 @@ class AsyncEmbeddingPush:
         for q in self._queues:
             for p in q:
                 p.exchange.test()
+
+    def buffer_sets(self) -> int:
+        """Buffer sets this channel holds, free or in flight (``d`` per layer once warmed up)."""
+        return sum(len(f) for f in self._free) + sum(len(q) for q in self._queues)
 
     def outstanding(self) -> int:
         return sum(len(q) for q in self._queues)

@@ -140,11 +140,14 @@ class PendingCappedExchange:
     (``send_counts[r]`` rows for rank ``r``, none for this rank); the same dtype and row shape
     on every rank. ``recv_caps`` int [size]: the most rows rank ``q`` may send this rank (a
     larger message is an MPI truncation error). ``tag``: the first of ``len(arrays)`` tags.
-    Memory: receive buffers of ``sum(recv_caps)`` rows per array.
+    Memory: receive buffers of ``sum(recv_caps)`` rows per array, or ``recv_buffers`` reused
+    in place: per array a list with, per other rank in ascending order, an array of at least
+    ``recv_caps[q]`` rows of the array's dtype and row shape; the caller must not touch them
+    until :meth:`wait` returned (its results are copies, so they are free again then).
     """
 
     def __init__(self, comm, arrays: list[np.ndarray], send_counts: np.ndarray, recv_caps: np.ndarray,
-                 tag: int):
+                 tag: int, recv_buffers: list[list[np.ndarray]] | None = None):
         self.comm = comm
         rank, size = comm.Get_rank(), comm.Get_size()
         self.send_counts = np.asarray(send_counts, dtype=np.int64)
@@ -163,8 +166,20 @@ class PendingCappedExchange:
         self.peers = [q for q in range(size) if q != rank]
         self._row_items = [max(int(np.prod(a.shape[1:], dtype=np.int64)), 1) for a in self._send]
         self._types = types
-        self._recv = [[np.empty((int(caps[q]),) + a.shape[1:], dtype=a.dtype) for q in self.peers]
-                      for a in self._send]
+        if recv_buffers is None:
+            self._recv = [[np.empty((int(caps[q]),) + a.shape[1:], dtype=a.dtype) for q in self.peers]
+                          for a in self._send]
+        else:
+            self._recv = [[b[:int(caps[q])] for b, q in zip(bufs, self.peers)]
+                          for bufs in recv_buffers]
+            if len(self._recv) != len(self._send) or any(
+                    len(bufs) != len(self.peers) or any(
+                        b.shape != (int(caps[q]),) + a.shape[1:] or b.dtype != a.dtype or
+                        not b.flags.c_contiguous for b, q in zip(bufs, self.peers))
+                    for bufs, a in zip(self._recv, self._send)):
+                raise ValueError("capped exchange: recv_buffers must hold, per array and other rank, "
+                                 "a C-contiguous array of at least recv_caps[q] rows of the array's "
+                                 "dtype and row shape")
         bounds = np.concatenate([[0], np.cumsum(self.send_counts)])
         self._recv_requests, self._send_requests = [], []
         for j, (a, t) in enumerate(zip(self._send, types)):
