@@ -745,9 +745,18 @@ class TensorEngine(Engine):
         t = cfg.tensor
         total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
         self._budget = device_budget(t.device_memory, device.type, total)
-        if t.chunks != "auto":
-            return int(t.chunks)
-        return auto_chunks(cfg, meta, rt.size, self._budget, device.type)[0]
+        if t.chunks == "auto":
+            return auto_chunks(cfg, meta, rt.size, self._budget, device.type)[0]
+        if self._budget is not None and rt.rank == 0 and (device.type != "cpu" or t.staged):
+            from hpcgnn.engine.estimate import tensor_device_bytes
+            from hpcgnn.run.memory import fmt_bytes
+            from hpcgnn.run.output import warn
+
+            need = sum(tensor_device_bytes(cfg, meta, rt.size, int(t.chunks), device.type))
+            if need > self._budget:
+                warn(f"tensor.chunks = {t.chunks}: the estimated device working set {fmt_bytes(need)} exceeds "
+                     f"tensor.device_memory ({fmt_bytes(self._budget)}); tensor.chunks = 'auto' sizes the chunks")
+        return int(t.chunks)
 
     # ---- forward -------------------------------------------------------------------------------
     def logits(self) -> torch.Tensor:
