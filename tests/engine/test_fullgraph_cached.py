@@ -231,13 +231,18 @@ def test_train_report_and_resume_with_cached_pipelined_halo(tmp_path):
     assert "layers" in rep.stdout.strip().splitlines()[-1] and (tmp_path / "b.png").stat().st_size > 0
     # resume: the cache is soft state (its settings may change); the first epoch after the
     # checkpoint fetches fresh rows
-    p = train(tmp_path / "b", "--resume", "--set", "fullgraph.staleness=4")
+    # (and the wire format: bf16 hidden-layer rows from the resumed epochs on)
+    p = train(tmp_path / "b", "--resume", "--set", "fullgraph.staleness=4", "--set", "fullgraph.halo_precision=bf16")
     assert p.returncode == 0, p.stderr[-3000:]
     b = read_run(tmp_path / "b")
     assert b["metrics"]["loss"].shape == (4,) and b["attrs"]["status"] == "finished"
+    assert b["attrs"]["fullgraph_halo_precision"] == "bf16"
     ages = b["per_layer"]["halo_age_max"][:, :, 1]
     assert (ages[2] == 0).all() and (ages[3] == 1).all()           # epoch 3 cold (blocking), 4 pipelined
     assert b["metrics"]["loss"][3] < b["metrics"]["loss"][0]
+    fwd, sent = b["per_layer"]["halo_fwd_bytes"][:, :, 1], b["per_layer"]["halo_rows_sent"][:, :, 1]
+    assert sent.min() > 0
+    assert (fwd[:2] == sent[:2] * (4 * 8 + 4)).all() and (fwd[2:] == sent[2:] * (2 * 8 + 4)).all()
 
 
 @pytest.mark.parametrize("sets,match", [
