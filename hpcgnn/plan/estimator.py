@@ -245,12 +245,13 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     fg = cfg.fullgraph
     cached = getattr(fg, "halo", "exact") == "cached"
     pipelined = bool(getattr(fg, "pipeline", False))
+    wire = 2 if getattr(fg, "halo_precision", "fp32") == "bf16" else F32   # forward bytes a value
     for l in range(1, layers):                       # halo rows forward, their gradients back
         if topo.ranks == 1:
             continue
-        fwd = nh * widths[l] * F32
+        fwd = nh * widths[l] * wire
         if cached:                                   # a cached row is re-sent once per S + 1 epochs
-            fwd = nh * (widths[l] * F32 + 4) / (getattr(fg, "staleness", 0) + 1)
+            fwd = nh * (widths[l] * wire + 4) / (getattr(fg, "staleness", 0) + 1)
         if pipelined:                                # overlapped with the rest of the epoch
             c.sent += fwd
         else:
