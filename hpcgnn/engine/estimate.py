@@ -312,8 +312,9 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     staged = t.staged or cfg.train.device == "cuda"
     topo = (v + 1 + e) * I64                       # the CSR read from the store
     topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
-    if staged:                                     # the chunks' CSRs (local sources), slots
-        topo += 3 * ev * I64                       # and, on the CPU, their transposes
+    if staged:                                     # the chunks' CSRs (local sources), source
+        topo += (4 + (2 if cfg.train.device != "cuda" else 0)) * ev * I64   # slots, transfer rows
+                                                   # and slots, on the CPU their transposes
     elif chunks > 1:                               # the chunks' own transposes ...
         topo += 4 * ev * I64
     else:                                          # ... or the transpose (one chunk)
@@ -358,9 +359,10 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     parameters with their gradients and Adam moments. ``chunk``: one chunk on the device: its
     sources (destinations plus the expected distinct in-neighbours of (E+V)/chunks edge
     draws, all V with one chunk) x C/P columns three times (row buffer, prefetched rows,
-    gathered rows; backward: gradient buffer, A^T g, flushed rows; GAT twice more), five
-    destination-row temporaries, the chunk's CSR, weights and slots and, off the CPU (the
-    torch backend), the edge-to-destination map and two edge-message tensors [edges, C/P]."""
+    gathered rows; backward: gradient buffer, A^T g, flushed rows; GAT twice more) and five
+    destination-row temporaries; off the CPU also the chunk's CSR, weights and slots (copied
+    to the device) and the torch backend's edge-to-destination map and two edge-message
+    tensors [edges, C/P]."""
     m = cfg.model
     v, e = int(meta.num_nodes), int(meta.num_edges)
     f, c, hid = int(meta.num_features), int(meta.num_classes), int(m.hidden)
@@ -373,10 +375,11 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     dst = -(-v // k)
     edges = -(-(e + v) // k)
     src = v if k == 1 else min(v, dst + _distinct(v, e / k))
-    per = cols * F32 * (3 * src + 5 * dst) + edges * (2 * I64 + F32) + (dst + 1) * I64 + src * I64
+    per = cols * F32 * (3 * src + 5 * dst)
     if m.arch == "gat":
         per += 2 * src * cols * F32 + 2 * edges * F32
-    if device != "cpu":
+    if device != "cpu":                 # copied to the device (the CPU uses the host arrays)
+        per += edges * (2 * I64 + F32) + (dst + 1) * I64 + src * I64
         per += edges * I64 + 2 * edges * cols * F32
     return int(nn_bytes), int(per)
 

@@ -188,14 +188,15 @@ class DeviceStage:
         self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
         self.mover = RowMover(self.device, self.counter)
         chunks = build_chunks(prop.indptr, prop.indices, prop.chunk_bounds)
-        self.plan = build_transfer_plan(chunks, natural_schedule(len(chunks), 1), prop.num_nodes, dedup=True)
-        self.capacity = int(self.plan.capacity)
+        plan = build_transfer_plan(chunks, natural_schedule(len(chunks), 1), prop.num_nodes, dedup=True)
+        self.capacity = int(plan.capacity)
+        self.rows_loaded = plan.rows_loaded()          # source rows loaded per pass
         host = self._host
         self.blocks = [Block(c.num_src, c.num_dst, host(torch.from_numpy(c.indptr)), host(torch.from_numpy(c.indices)))
                        for c in chunks]
         self.bounds = [(c.dst_begin, c.dst_end) for c in chunks]
         self.edges = [prop.edge_range(c.dst_begin, c.dst_end) for c in chunks]
-        units = self.plan.units
+        units = plan.units                              # kept only as the arrays below
         # per chunk: slots of its sources, of the rows entering in forward / in backward
         self.slots = [host(torch.from_numpy(u.chunk_slots[0])) for u in units]
         self.enter = [(u.vertices[u.enter], host(torch.from_numpy(u.slots[u.enter]))) for u in units]

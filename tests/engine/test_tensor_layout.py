@@ -144,8 +144,8 @@ def test_propagate_forward_backward_equal_dense_torch(graph, chunks, pipeline, s
         # the device never held more than one chunk's buffers and temporaries
         counts = stage.counter.as_dict()
         row = width * 8
-        assert counts["h2d_rows_bytes"] == k * stage.plan.rows_loaded() * row + (
-            k * stage.plan.rows_loaded() * row if kind == "attention" else 0)
+        assert counts["h2d_rows_bytes"] == k * stage.rows_loaded * row + (
+            k * stage.rows_loaded * row if kind == "attention" else 0)
         assert counts["h2d_rows_nodedup_bytes"] >= counts["h2d_rows_bytes"]
         assert counts["d2h_out_bytes"] == k * v * row
         # the row terms of the estimate's per-chunk working set (estimate.tensor_device_bytes)
