@@ -45,8 +45,19 @@ void apply(const T* x, T* out, int64_t n, double p, uint64_t seed, bool relu) {
 // where out[i] > 0 (kept and positive), else 0.
 template <typename T>
 void relu_dropout_backward(const T* g, const T* out, T* gi, int64_t n, T scale) {
+    // Branch-free: the product's bits ANDed with an all-ones/all-zeros mask of out > 0. A
+    // conditional (even with the product hoisted) compiles to a branch per element, taken at
+    // random at dropout 0.5: 5-8x slower than the forward pass. Same values: g * scale where
+    // the output is positive, +0 elsewhere whatever g holds there.
+    using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) gi[i] = out[i] > T(0) ? g[i] * scale : T(0);
+    for (int64_t i = 0; i < n; ++i) {
+        const T p = g[i] * scale;
+        U bits;
+        std::memcpy(&bits, &p, sizeof(T));
+        bits &= U(0) - static_cast<U>(out[i] > T(0));
+        std::memcpy(gi + i, &bits, sizeof(T));
+    }
 }
 
 }  // namespace HPCGNN_ISA_NS

@@ -110,11 +110,29 @@ class InMemoryFullGraph:
         self.meter = DeviceMemoryMeter(self.device)
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
+        # Layer 0's aggregation reads only the features, which never change (no dropout before
+        # layer 0): a cacheable layer 0 (SAGE, GCN) aggregates them once, and every forward runs
+        # only its update (conv.update_from_aggregate). Not with a halo cache, whose layer-0
+        # fetches are part of its protocol and counters.
+        self.agg0: torch.Tensor | None = None
+        self.cache_agg0 = self.ops.can_cache(0) and not self.fetch_x0
+
+    def _layer0(self) -> torch.Tensor:
+        """Layer 0's output rows [num_solid, ...] from the cached aggregate of the features."""
+        ns = self.graph.num_solid
+        if self.agg0 is None:
+            with torch.no_grad():
+                self.agg0 = self.ops.aggregate(0, self.block, self.x0, self.ctx)
+        x_dst = self.x0[:ns] if self.ops.update_needs_dst(0) else None
+        return self.ops.update(0, self.block, x_dst, self.agg0, self.ctx)
 
     def logits(self) -> torch.Tensor:
         """Forward over all layers: [num_solid, C] (autograd graph when grad is enabled)."""
         h = self.x0
         for l in range(self.ops.num_layers):
+            if l == 0 and self.cache_agg0:
+                h = self._layer0()
+                continue
             if l > 0:
                 h = self.halo.exchange(l, h)
             elif self.fetch_x0:

@@ -153,6 +153,54 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     return out.reshape(block.num_dst, *feat_shape)
 
 
+class _SpmmSumDst(torch.autograd.Function):
+    """(diag(row_scale) A x, x[:num_dst]) with one gradient buffer for x: backward writes
+    ``A^T diag(row_scale) g`` into a new [num_src, D] tensor and adds the destinations' own
+    gradient into its first rows in place (autograd would zero-fill a [num_src, D] tensor for
+    the slice and add the two: three more passes over the largest tensor of the layer)."""
+
+    @staticmethod
+    def forward(ctx, block, x, row_scale):
+        x = x.contiguous()
+        out = x.new_empty(block.num_dst, x.shape[1])
+        ip, ix = _csr(block)
+        _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), None, None, _np(row_scale))
+        ctx.block = block
+        ctx.save_for_backward(row_scale)
+        return out, x[:block.num_dst]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_dst):
+        (row_scale,) = ctx.saved_tensors
+        block = ctx.block
+        nd = block.num_dst
+        t_ptr, t_idx, _ = _transpose(block)
+        if grad_out is None:
+            grad_x = grad_dst.new_zeros(block.num_src, grad_dst.shape[1])
+        else:
+            g = grad_out.contiguous()
+            grad_x = g.new_empty(block.num_src, g.shape[1])
+            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), None, None, None, _np(row_scale))
+        if grad_dst is not None:
+            grad_x[:nd] += grad_dst
+        return None, grad_x, None
+
+
+def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | None = None,
+                           backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(aggregate_sum(block, x, row_scale=row_scale), x[:num_dst])`` for a layer that reads
+    both (SAGE, GCN: the neighbours and the destination's own row), x [num_src, D]. Same values;
+    on the native backend the gradient of ``x`` is built in one buffer (see ``_SpmmSumDst``)
+    instead of autograd's zero-filled slice gradient plus a sum of two full-size gradients."""
+    _check_rows(block, x, "aggregate_sum_with_dst")
+    if x.dim() != 2 or not _use_native(x, backend) or not x.requires_grad or not torch.is_grad_enabled():
+        return aggregate_sum(block, x, row_scale=row_scale, backend=backend), x[:block.num_dst]
+    if row_scale is not None:
+        row_scale = row_scale.detach().to(x.dtype)
+    return _SpmmSumDst.apply(block, x, row_scale)
+
+
 def aggregate_sum_adjoint(block, g: torch.Tensor) -> torch.Tensor:
     """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges, the
     adjoint of an unweighted :func:`aggregate_sum` (no autograd graph). The native kernel over

@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
-from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, gat_aggregate,
-                                  mean_scale)
+from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, aggregate_sum_with_dst,
+                                  gat_aggregate, mean_scale)
 
 GAT_VARIANTS = ("distgnn", "standard")
 
@@ -64,7 +64,11 @@ class SAGEConv(nn.Module):
         return torch.addmm(out, neigh, self.lin_neigh.weight.t())
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
-        return self.combine(block, self.source_rows(h), h[:block.num_dst])
+        if self.project_first:
+            return self.combine(block, self.source_rows(h), h[:block.num_dst])
+        # h is both the aggregated rows and the destinations' own: one gradient buffer for both
+        neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), backend=self.backend)
+        return self.update(neigh, h_dst)
 
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
@@ -129,7 +133,10 @@ class GCNConv(nn.Module):
             raise ValueError(f"GCNConv: src_scale/dst_scale must have shapes ({block.num_src},)/"
                              f"({block.num_dst},), got {tuple(src_scale.shape)}/{tuple(dst_scale.shape)}")
         y = self.source_rows(h, src_scale)
-        return self.combine(block, y, y[:block.num_dst], dst_scale)
+        dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
+        # y is both the aggregated rows and the self loop's: one gradient buffer for both
+        agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, backend=self.backend)
+        return self._finish(agg, y_dst, dst_scale)
 
     @property
     def project_first(self) -> bool:
@@ -147,7 +154,11 @@ class GCNConv(nn.Module):
         """Output rows of ``block``'s destinations from ``y = source_rows(h, src_scale)``, the
         destinations' own rows of ``y`` (``y_dst``, the self loop) and ``dst_scale`` [num_dst]."""
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
-        out = aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend) + y_dst * dst_scale.unsqueeze(1)
+        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend), y_dst, dst_scale)
+
+    def _finish(self, agg: torch.Tensor, y_dst: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
+        """The layer's output from the scaled neighbour sum ``agg``, the self loop's rows and scale."""
+        out = agg + y_dst * dst_scale.unsqueeze(1)
         if not self.project_first:
             out = self.lin(out)
         return out if self.bias is None else out + self.bias

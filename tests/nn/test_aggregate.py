@@ -160,3 +160,33 @@ def test_gather_rows_equals_index_select_with_invalid_rows_zero(backend):
     inside = index[index < 500]
     assert torch.equal(agg.gather_rows(x, inside, backend=backend), x[inside])
     assert agg.gather_rows(x, index[:0], 500, backend=backend).shape == (0, 37)
+
+
+@pytest.mark.parametrize("shape", BLOCKS)
+@pytest.mark.parametrize("use", ["both", "agg", "dst"])
+def test_sum_with_dst_equals_sum_and_slice_bitwise(shape, use):
+    """aggregate_sum_with_dst: the same values as (aggregate_sum, x[:num_dst]) and, with one
+    gradient buffer, bitwise the gradient autograd builds from the slice and the sum (float32),
+    also when only one of the two outputs is used."""
+    b = _block(shape, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(b.num_src, 7, generator=gen, requires_grad=True)
+    scale = torch.rand(b.num_dst, generator=gen)
+    ga, gd = torch.randn(b.num_dst, 7, generator=gen), torch.randn(b.num_dst, 7, generator=gen)
+
+    def run(fused):
+        x.grad = None
+        if fused:
+            a, d = agg.aggregate_sum_with_dst(b, x, row_scale=scale)
+        else:
+            a, d = agg.aggregate_sum(b, x, row_scale=scale), x[:b.num_dst]
+        loss = {"both": (a * ga).sum() + (d * gd).sum(), "agg": (a * ga).sum(), "dst": (d * gd).sum()}[use]
+        loss.backward()
+        return a.detach(), d.detach(), x.grad.clone()
+
+    for got, want in zip(run(True), run(False)):
+        assert torch.equal(got, want)
+    if b.num_src:
+        assert torch.autograd.gradcheck(
+            lambda x: agg.aggregate_sum_with_dst(b, x, row_scale=scale.double(), backend="native"),
+            (x.detach().double().requires_grad_(),), fast_mode=True)

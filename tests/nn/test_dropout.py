@@ -108,3 +108,19 @@ def test_relu_dropout_equals_relu_then_dropout_and_its_gradient(dtype):
     assert float((o1 == 0).double().mean()) > 0.5               # ReLU zeros about half, dropout 30 % more
     torch.manual_seed(5)
     assert torch.equal(relu_dropout(x, 0.3, training=False).nan_to_num(-7), torch.relu(x).nan_to_num(-7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_relu_dropout_backward_is_zero_where_the_output_is_not_positive(dtype):
+    """The branch-free backward: g * scale where out > 0, +0 elsewhere even for NaN/inf g."""
+    from hpcgnn.native import dropout as native_dropout
+
+    n = 4099
+    out = torch.randn(n, dtype=dtype)
+    out[:4] = torch.tensor([0.0, -0.0, -1.0, 2.0], dtype=dtype)
+    g = torch.randn(n, dtype=dtype)
+    g[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), 3.0], dtype=dtype)
+    gi = torch.empty_like(g)
+    native_dropout.relu_dropout_backward(g.numpy(), out.numpy(), gi.numpy(), 0.5)
+    want = torch.where(out > 0, g * 2.0, torch.zeros((), dtype=dtype))
+    assert torch.equal(gi, want) and not torch.signbit(gi[out <= 0]).any()
