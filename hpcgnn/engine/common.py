@@ -77,6 +77,7 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     ``extra`` is passed to :func:`hpcgnn.nn.models.build_model` (e.g. GCN normalisation).
     """
     from hpcgnn.nn.models import build_model
+    from hpcgnn.nn.precision import set_precision
 
     m = cfg.model
     seed_torch(cfg.train.seed, -1)
@@ -84,7 +85,7 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     if m.arch == "gat":
         kwargs.setdefault("gat_variant", m.gat_variant)
     model = build_model(m.arch, in_dim, m.hidden, num_classes, m.layers, m.heads, m.dropout, **kwargs)
-    model = model.to(device)
+    model = set_precision(model, cfg.train.precision).to(device)
     if rt is not None and rt.size > 1:
         broadcast_parameters(model, rt)
     return model

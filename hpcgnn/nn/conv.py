@@ -22,6 +22,7 @@ from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, aggregate_sum_with_dst,
                                   gat_aggregate, mean_scale)
+from hpcgnn.nn.precision import Linear
 
 GAT_VARIANTS = ("distgnn", "standard")
 
@@ -33,8 +34,8 @@ class SAGEConv(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
         super().__init__()
         self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
-        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
-        self.lin_self = nn.Linear(in_dim, out_dim, bias=bias)
+        self.lin_neigh = Linear(in_dim, out_dim, bias=False)
+        self.lin_self = Linear(in_dim, out_dim, bias=bias)
 
     @property
     def project_first(self) -> bool:
@@ -61,6 +62,8 @@ class SAGEConv(nn.Module):
         out = self.lin_self(h_dst)
         if self.project_first if projected is None else projected:
             return out + neigh
+        if self.lin_neigh.compute_dtype is not None:
+            return out + self.lin_neigh(neigh)
         return torch.addmm(out, neigh, self.lin_neigh.weight.t())
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
@@ -118,7 +121,7 @@ class GCNConv(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
         super().__init__()
         self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
-        self.lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin = Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
     def forward(self, block, h: torch.Tensor, src_scale: torch.Tensor | None = None,
@@ -213,7 +216,7 @@ class GATConv(nn.Module):
         self.negative_slope, self.attn_dropout, self.self_loop = negative_slope, attn_dropout, self_loop
         self.project_activation = project_activation and variant == "distgnn"
         self.backend = backend
-        self.fc = nn.Linear(in_dim, heads * out_dim, bias=bias and variant == "distgnn")
+        self.fc = Linear(in_dim, heads * out_dim, bias=bias and variant == "distgnn")
         self.attn_src = nn.Parameter(torch.empty(1, heads, out_dim))
         self.attn_dst = nn.Parameter(torch.empty(1, heads, out_dim))
         self.bias = nn.Parameter(torch.zeros(heads * out_dim)) if bias and variant == "standard" else None

@@ -79,6 +79,9 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
                                 nonneg, ">= 0"),
         "device": Key(str, "cpu", "compute device: cpu, cuda, or auto", choices=("cpu", "cuda", "auto")),
+        "precision": Key(str, "fp32", "products of the linear layers: fp32, or bf16 (bfloat16 GEMMs with "
+                         "float32 accumulation, parameters and everything else float32; opt-in, "
+                         "hpcgnn.nn.precision)", choices=("fp32", "bf16")),
         "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
                             "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
         "debug_kill": Key(list, [], "tests: [rank, epoch, step] makes that rank SIGKILL itself "

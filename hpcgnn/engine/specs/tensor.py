@@ -104,8 +104,12 @@ KEYS = {
 
 
 def validate(cfg, label: str) -> None:
-    """Coupled mode is a plain GCN/SAGE stack: one aggregation per layer, no teleport, no GAT."""
+    """Coupled mode is a plain GCN/SAGE stack: one aggregation per layer, no teleport, no GAT.
+    The tensor engine's dense layers are float32 only (train.precision)."""
     t = cfg.tensor
+    if cfg.train.precision != "fp32":
+        raise InputError(f"{label}: train.precision = {cfg.train.precision!r} with train.engine = 'tensor': "
+                         "the tensor engine computes in float32 only; use train.precision = 'fp32'")
     if t.mode == "coupled":
         if cfg.model.arch == "gat":
             raise InputError(f"{label}: model.arch = 'gat' with tensor.mode = 'coupled': attention is "
