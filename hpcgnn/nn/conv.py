@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, aggregate_sum_with_dst,
@@ -59,11 +60,17 @@ class SAGEConv(nn.Module):
         ``projected``, default :attr:`project_first`). Unprojected, ``lin_neigh`` accumulates
         into ``lin_self``'s output inside one GEMM (``addmm``): no separate pass adding two
         [rows, out_dim] tensors. Row-wise, so it may be computed in row chunks."""
+        projected = self.project_first if projected is None else projected
+        cd = self.lin_self.compute_dtype
+        if cd is not None and not projected:
+            # lower precision: one GEMM over [h_dst | neigh] and [W_s | W_n] (one rounding pass of
+            # the operands, one widening of the result, no separate sum)
+            w = torch.cat([self.lin_self.weight, self.lin_neigh.weight], 1).to(cd)
+            b = None if self.lin_self.bias is None else self.lin_self.bias.to(cd)
+            return F.linear(torch.cat([h_dst.to(cd), neigh.to(cd)], 1), w, b).to(neigh.dtype)
         out = self.lin_self(h_dst)
-        if self.project_first if projected is None else projected:
+        if projected:
             return out + neigh
-        if self.lin_neigh.compute_dtype is not None:
-            return out + self.lin_neigh(neigh)
         return torch.addmm(out, neigh, self.lin_neigh.weight.t())
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
