@@ -75,13 +75,15 @@ def best_bandwidth(repeats: int, *args, **kwargs) -> dict:
     return best
 
 
-def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None) -> dict:
-    """Epoch times of the in-memory (settings None) or offloaded engine on one rank."""
+def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None, precision: str = "fp32") -> dict:
+    """Epoch times of the in-memory (settings None) or offloaded engine on one rank; ``precision``
+    as ``train.precision``."""
     from hpcgnn.engine.common import PhaseTimer
     from hpcgnn.engine.fullgraph import InMemoryFullGraph, OffloadedFullGraph
     from hpcgnn.nn.models import build_model
+    from hpcgnn.nn.precision import set_precision
 
-    model = build_model(**model_args).to(device)
+    model = set_precision(build_model(**model_args), precision).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     runner = InMemoryFullGraph(model, graph, None, device) if settings is None else \
         OffloadedFullGraph(model, graph, None, device, settings)

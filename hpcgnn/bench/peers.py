@@ -309,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=0, help="epochs per round (default 4 full-graph, 8 minibatch)")
     p.add_argument("--config", default=str(Path(__file__).resolve().parents[2] / "inputs" / "products-sage.toml"))
     p.add_argument("--set", action="append", default=[], help="minibatch train --set overrides")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="hpcgnn's train.precision in both comparisons (DGL stays float32)")
     p.add_argument("--profile-ops", type=int, default=0, metavar="N",
                    help="also one epoch of each under torch.profiler: the N largest ops (full-graph hpcgnn, "
                         "both DGL modes)")
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         (g1,) = local_graphs(graph_file, stores[1])
 
         def ours(_round: int) -> dict:
-            r = time_hpcgnn(g1, model_args, torch.device("cpu"), args.epochs or 4)
+            r = time_hpcgnn(g1, model_args, torch.device("cpu"), args.epochs or 4, precision=args.precision)
             r.pop("grad0")
             return r
         c = fullgraph_vs_dgl(graph_file, model_args, threads, args.epochs or 4, args.rounds, ours, args.timeout, extra)
@@ -352,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 c["hpcgnn_top_ops"] = _hpcgnn_top_ops(g1, model_args, args.profile_ops)
             out["fullgraph"] = c
         del g1
+    if args.precision != "fp32":
+        args.set = [*args.set, f"train.precision={args.precision}"]
     if args.only in (None, "minibatch"):
         epochs = args.epochs or 8
         c = minibatch_vs_dgl(graph_file, Path(args.config), args.set, epochs, args.seed, args.rounds,
