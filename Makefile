@@ -157,8 +157,9 @@ bench-scale: $(NATIVE_STAMP)
 # packages (about 3 GB); where the PyTorch CPU index is reachable, install the CPU wheel instead:
 #   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
 DGL_VENV  ?= .venv-dgl
-DGL_TORCH_VERSION := 2.2.1
-DGL_TORCH ?= torch==$(DGL_TORCH_VERSION)
+DGL_TORCH_PIN := torch==2.2.1
+DGL_TORCH_VERSION := $(word 2,$(subst ==, ,$(DGL_TORCH_PIN)))
+DGL_TORCH ?= $(DGL_TORCH_PIN)
 DGL_DEPS  := dgl==2.1.0 "numpy<2" "pandas<2.3" torchdata==0.7.1 h5py pydantic pyyaml psutil requests tqdm scipy
 DGL_STAMP := $(DGL_VENV)/.peer-dgl-stamp
 
@@ -169,7 +170,7 @@ peer-dgl: $(DGL_STAMP)
 $(DGL_STAMP):
 	@test -x $(DGL_VENV)/bin/python || $(PYTHON3) -m venv $(DGL_VENV)
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH)
-	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==$(DGL_TORCH_VERSION) $(DGL_DEPS)
+	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH_PIN) $(DGL_DEPS)
 	$(DGL_VENV)/bin/python -c "import torch, dgl, h5py; assert torch.__version__.split('+')[0] == '$(DGL_TORCH_VERSION)', torch.__version__; print('peer-dgl: torch', torch.__version__, 'dgl', dgl.__version__)"
 	@touch $@
 
