@@ -400,6 +400,22 @@ def _drive(handles: list, i: int) -> None:
         handles[i].test()
 
 
+def _post(run: TPRun, handles: list, i: int, start) -> None:
+    """Append the ``i``-th exchange of a sequence: started now (pipelined) or run to completion
+    now (not pipelined); then let the previous one progress."""
+    handles.append(start() if run.pipeline else start)
+    if not run.pipeline:
+        _finish(handles, i)
+    _drive(handles, i - 1)
+
+
+def _finish_all(handles: list, n: int, run: TPRun) -> None:
+    """Complete the ``n`` exchanges of a sequence (2 all-to-alls counted: split and gather)."""
+    for i in range(n):
+        _finish(handles, i)
+    run._collective(2)
+
+
 class TPPropagate(torch.autograd.Function):
     """``TPPropagate.apply(h_rows, edge_weight, run, k, c, alpha)``: vertex-layout rows
     [n_i, C] -> split -> ``Z_r = c A Z_(r-1) + alpha Z_0`` for r = 1..k on the column slice ->
@@ -443,16 +459,11 @@ class TPPropagate(torch.autograd.Function):
                 run._agg(time.perf_counter() - t0, (e1 - e0) * w)
                 if r == k:
                     start = (lambda j=j, nxt=nxt: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
-                    gathers.append(start() if run.pipeline else start)
-                    if not run.pipeline:
-                        _finish(gathers, j)
-                    _drive(gathers, j - 1)
+                    _post(run, gathers, j, start)
             if need_saved:
                 saved.append(prev)
             prev = nxt
-        for j in range(n):
-            _finish(gathers, j)
-        run._collective(2)
+        _finish_all(gathers, n, run)
         ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
         ctx.saved_z = saved
         ctx.save_for_backward(edge_weight if edge_weight is not None else None)
@@ -496,14 +507,9 @@ class TPPropagate(torch.autograd.Function):
                 run._agg(time.perf_counter() - t0, (e1 - e0) * w)
                 if r == 1:
                     start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0, width, grad_h, "gather"))
-                    gathers.append(start() if run.pipeline else start)
-                    if not run.pipeline:
-                        _finish(gathers, i)
-                    _drive(gathers, i - 1)
+                    _post(run, gathers, i, start)
             gk = gprev
-        for i in range(n):
-            _finish(gathers, i)
-        run._collective(2)
+        _finish_all(gathers, n, run)
         ctx.saved_z = None
         return grad_h, grad_w, None, None, None, None
 
@@ -537,18 +543,13 @@ def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: fl
                 return
             st.mover.synchronize()          # chunk j's rows are in host memory
             start = (lambda j=j: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
-            gathers.append(start() if run.pipeline else start)
-            if not run.pipeline:
-                _finish(gathers, j)
-            _drive(gathers, j - 1)
+            _post(run, gathers, j, start)
 
         st.forward_round(run, prev, nxt, None if r == 1 else z0, c, alpha, edge_weight, before_load, after_store)
         if need_saved:
             saved.append(prev)
         prev = nxt
-    for j in range(n):
-        _finish(gathers, j)
-    run._collective(2)
+    _finish_all(gathers, n, run)
     ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
     ctx.saved_z = saved
     ctx.save_for_backward(edge_weight if edge_weight is not None else None)
@@ -585,17 +586,12 @@ def _staged_backward(ctx, grad_out):
                 return
             st.mover.synchronize()          # every gradient of the rows first read by chunk j is in g0
             start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0, width, grad_h, "gather"))
-            gathers.append(start() if run.pipeline else start)
-            if not run.pipeline:
-                _finish(gathers, i)
-            _drive(gathers, i - 1)
+            _post(run, gathers, i, start)
 
         st.backward_round(run, gk, gprev, g0, c, alpha, edge_weight,
                           ctx.saved_z[r - 1] if grad_w is not None else None, grad_w, before_chunk, after_flush)
         gk = gprev
-    for i in range(n):
-        _finish(gathers, i)
-    run._collective(2)
+    _finish_all(gathers, n, run)
     ctx.saved_z = None
     return grad_h, grad_w, None, None, None, None
 
