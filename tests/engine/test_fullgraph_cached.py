@@ -4,7 +4,6 @@ the pipeline) every recorded age is <= S and the bound is reached; hidden-layer 
 once every S + 1 (pipelined: S) epochs; the loss stays close to exact training."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,7 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fg_cached_support import counter, per_layer, run_report  # noqa: E402
 from mpiutil import run_mpi  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 
@@ -80,25 +81,8 @@ if r == 0:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fgcached")
-    g = toy_graph(240, 6.0, num_features=F, num_classes=4, seed=7)
-    store = toy_store(d / "store4", g, 4, seed=4)
-    script = d / "cached.py"
-    script.write_text(SCRIPT)
-    out = d / "report.json"
-    proc = run_mpi(4, [script, store, out, EPOCHS, F, HIDDEN, LAYERS], timeout=240,
-                   env={"HPCGNN_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_report(tmp_path_factory.mktemp("fgcached"), SCRIPT, EPOCHS, F, HIDDEN, LAYERS)
 
-
-def _per_layer(rep, case, name):
-    """[epoch, rank, layer] array of a per-layer figure."""
-    return np.array([[e["per_layer"][name] for e in rank] for rank in rep[case]["reps"]]).transpose(1, 0, 2)
-
-
-def _counter(rep, case, name):
-    return np.array([[e["counters"][name] for e in rank] for rank in rep[case]["reps"]]).T
 
 
 def test_layer0_cache_is_exact_and_resends_only_uncached_rows(report):
@@ -106,25 +90,25 @@ def test_layer0_cache_is_exact_and_resends_only_uncached_rows(report):
     assert report["layer0-budget"]["loss"] == report["layer0-none"]["loss"]
     # and the exact engine's loss (which may aggregate layer 0 in another order: to rounding)
     np.testing.assert_allclose(report["layer0-budget"]["loss"], report["exact"]["loss"], rtol=1e-6, atol=0)
-    assert (_per_layer(report, "layer0-none", "halo_rows_received")[:, :, 0]
+    assert (per_layer(report, "layer0-none", "halo_rows_received")[:, :, 0]
             == np.array(report["num_halo"])[None, :]).all()                 # nothing cached there
     halo = np.array(report["num_halo"])
     assert halo.min() > 5
     uncached = halo - np.minimum(halo, 5)                                    # 5 rows fit the budget
-    got0 = _per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 0]   # [epoch, rank]
+    got0 = per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 0]   # [epoch, rank]
     assert np.array_equal(got0[0], halo)                                     # epoch 1: all of them
-    sent_bytes = _per_layer(report, "layer0-budget", "halo_fwd_bytes")[:, :, 0].sum(axis=1)
+    sent_bytes = per_layer(report, "layer0-budget", "halo_fwd_bytes")[:, :, 0].sum(axis=1)
     for e in range(1, EPOCHS):
         assert np.array_equal(got0[e], uncached)                             # then the uncached only
         assert sent_bytes[e] == uncached.sum() * (4 * F + 4)                 # rows + int32 positions
-    dev = _per_layer(report, "layer0-budget", "halo_hits_device")[1:, :, 0]
-    host = _per_layer(report, "layer0-budget", "halo_hits_host")[1:, :, 0]
+    dev = per_layer(report, "layer0-budget", "halo_hits_device")[1:, :, 0]
+    host = per_layer(report, "layer0-budget", "halo_hits_host")[1:, :, 0]
     assert (dev == 2).all() and (host == 3).all()                            # tiers: 2 + 3 rows
     # S = 0: hidden layers are sent in full every epoch
-    got = _per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 1:]
+    got = per_layer(report, "layer0-budget", "halo_rows_received")[:, :, 1:]
     assert (got == halo[None, :, None]).all()
     # with every row cached, layer 0 costs nothing after epoch 1
-    assert (_per_layer(report, "S1", "halo_fwd_bytes")[1:, :, 0] == 0).all()
+    assert (per_layer(report, "S1", "halo_fwd_bytes")[1:, :, 0] == 0).all()
 
 
 @pytest.mark.parametrize("s", [1, 2, 4])
@@ -132,18 +116,18 @@ def test_layer0_cache_is_exact_and_resends_only_uncached_rows(report):
 def test_every_recorded_age_is_within_the_bound(report, s, pipe):
     case = f"S{s}-pipe" if pipe else f"S{s}"
     halo = np.array(report["num_halo"])
-    used = _per_layer(report, case, "halo_rows_used")
+    used = per_layer(report, case, "halo_rows_used")
     assert (used == halo[None, :, None]).all()
-    assert (_per_layer(report, case, "halo_age_over_bound") == 0).all()
-    ages = _per_layer(report, case, "halo_age_max")
+    assert (per_layer(report, case, "halo_age_over_bound") == 0).all()
+    ages = per_layer(report, case, "halo_age_max")
     assert ages.max() <= s and (ages[:, :, 0] == 0).all()                  # layer 0 is exact
     assert ages[:, :, 1:].max() == s                                        # the bound is used
-    hist = sum(_per_layer(report, case, f"halo_age_{a}") for a in range(max(s, 1) + 1))
+    hist = sum(per_layer(report, case, f"halo_age_{a}") for a in range(max(s, 1) + 1))
     assert (hist == used).all()
-    sent = _per_layer(report, case, "halo_rows_received")[:, :, 1:]
+    sent = per_layer(report, case, "halo_rows_received")[:, :, 1:]
     period = s if pipe else s + 1
     if pipe:      # pipelined: one epoch old at best
-        assert (_per_layer(report, case, "halo_age_0")[1:, :, 1:] == 0).all()
+        assert (per_layer(report, case, "halo_age_0")[1:, :, 1:] == 0).all()
     # hidden rows arrive in epoch 1 and then once every `period` epochs (pipelined: the rows
     # sent at epochs 1 + kS, k >= 1, arrive one epoch later)
     sends = (sent == halo[None, :, None]).all(axis=(1, 2))
@@ -151,8 +135,8 @@ def test_every_recorded_age_is_within_the_bound(report, s, pipe):
     expect = [t == 1 or (t >= s + 2 and (t - 2) % s == 0) if pipe else (t - 1) % period == 0
               for t in range(1, EPOCHS + 1)]
     assert sends.tolist() == expect, (case, sends.tolist())
-    dev = _per_layer(report, case, "halo_hits_device")
-    host = _per_layer(report, case, "halo_hits_host")
+    dev = per_layer(report, case, "halo_hits_device")
+    host = per_layer(report, case, "halo_hits_host")
     if pipe:
         assert (dev <= 7).all() and host.sum() > 0
     else:
@@ -164,13 +148,13 @@ def test_every_recorded_age_is_within_the_bound(report, s, pipe):
 
 def test_pipeline_without_cache_uses_rows_one_epoch_old(report):
     halo = np.array(report["num_halo"])
-    ages1 = _per_layer(report, "exact-pipe", "halo_age_1")
+    ages1 = per_layer(report, "exact-pipe", "halo_age_1")
     assert (ages1[1:, :, 1:] == halo[None, :, None]).all()          # from epoch 2: every row age 1
-    assert (_per_layer(report, "exact-pipe", "halo_age_0")[0, :, 1:] == halo[:, None]).all()
-    assert (_per_layer(report, "exact-pipe", "halo_hits_device") == 0).all()
-    got = _per_layer(report, "exact-pipe", "halo_rows_received")[:, :, 1:]
+    assert (per_layer(report, "exact-pipe", "halo_age_0")[0, :, 1:] == halo[:, None]).all()
+    assert (per_layer(report, "exact-pipe", "halo_hits_device") == 0).all()
+    got = per_layer(report, "exact-pipe", "halo_rows_received")[:, :, 1:]
     assert (got == halo[None, :, None]).all()       # epoch 1 blocking, then the pipelined messages
-    sent = _per_layer(report, "exact-pipe", "halo_rows_sent")[:, :, 1:].sum(axis=1)
+    sent = per_layer(report, "exact-pipe", "halo_rows_sent")[:, :, 1:].sum(axis=1)
     assert (sent[0] == 2 * halo.sum()).all() and (sent[1:] == halo.sum()).all()
 
 

@@ -6,7 +6,6 @@ hidden-layer row bytes are exactly half of float32's, layer 0 and the indices un
 evaluation stays float32; a bad value is refused with one line and exit 2 on every rank."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,7 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fg_cached_support import counter, per_layer, run_report  # noqa: E402
 from mpiutil import run_mpi  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 
@@ -113,26 +114,8 @@ if r == 0:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fgbf16")
-    g = toy_graph(240, 6.0, num_features=F, num_classes=4, seed=7)
-    store = toy_store(d / "store4", g, 4, seed=4)
-    script = d / "bf16.py"
-    script.write_text(SCRIPT)
-    out = d / "report.json"
-    proc = run_mpi(4, [script, store, out, EPOCHS, F, HIDDEN, LAYERS], timeout=240,
-                   env={"HPCGNN_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_report(tmp_path_factory.mktemp("fgbf16"), SCRIPT, EPOCHS, F, HIDDEN, LAYERS)
 
-
-def _per_layer(rep, case, name):
-    """[epoch, rank, layer] array of a per-layer figure."""
-    return np.array([[e["per_layer"][name] for e in rank] for rank in rep[case]["reps"]]).transpose(1, 0, 2)
-
-
-def _counter(rep, case, name):
-    """[epoch, rank] array of a counter."""
-    return np.array([[e["counters"][name] for e in rank] for rank in rep[case]["reps"]]).T
 
 
 def test_bf16_training_equals_a_reference_that_rounds_the_rows_itself(report):
@@ -147,8 +130,8 @@ def test_bf16_training_equals_a_reference_that_rounds_the_rows_itself(report):
     exact, got = np.array(report["exact"]["loss"]), np.array(report["exact-bf16"]["loss"])
     assert np.abs(got - exact).max() < 0.01 * exact.max()
     # the staleness bound holds with bf16 rows
-    assert (_per_layer(report, "S2-pipe-bf16", "halo_age_max") <= 2).all()
-    assert (_per_layer(report, "S2-pipe-bf16", "halo_age_over_bound") == 0).all()
+    assert (per_layer(report, "S2-pipe-bf16", "halo_age_max") <= 2).all()
+    assert (per_layer(report, "S2-pipe-bf16", "halo_age_over_bound") == 0).all()
 
 
 def test_evaluation_stays_fp32(report):
@@ -160,20 +143,20 @@ def test_evaluation_stays_fp32(report):
 
 
 def test_bf16_halves_the_hidden_row_bytes_and_leaves_layer0_alone(report):
-    fp32 = _counter(report, "exact", "halo_fwd_bytes")
-    bf16 = _counter(report, "exact-bf16", "halo_fwd_bytes")
+    fp32 = counter(report, "exact", "halo_fwd_bytes")
+    bf16 = counter(report, "exact-bf16", "halo_fwd_bytes")
     assert fp32.min() > 0 and (2 * bf16 == fp32).all()             # every epoch, every rank
     a, b = "S2-pipe", "S2-pipe-bf16"
-    fwd_a, fwd_b = _per_layer(report, a, "halo_fwd_bytes"), _per_layer(report, b, "halo_fwd_bytes")
-    rows_a, rows_b = _per_layer(report, a, "halo_rows_sent"), _per_layer(report, b, "halo_rows_sent")
+    fwd_a, fwd_b = per_layer(report, a, "halo_fwd_bytes"), per_layer(report, b, "halo_fwd_bytes")
+    rows_a, rows_b = per_layer(report, a, "halo_rows_sent"), per_layer(report, b, "halo_rows_sent")
     assert np.array_equal(rows_a, rows_b)                           # the same rows on the same schedule
     assert np.array_equal(fwd_a[:, :, 0], fwd_b[:, :, 0]) and fwd_a[0, :, 0].sum() > 0  # layer 0: fp32
     idx = 4 * rows_a[:, :, 1:]                                      # int32 positions, unchanged
     assert np.array_equal(2 * (fwd_b[:, :, 1:] - idx), fwd_a[:, :, 1:] - idx)
     assert (fwd_a[:, :, 1:] - idx).sum() > 0
     assert np.array_equal(fwd_a[:, :, 1:] - idx, 4 * HIDDEN * rows_a[:, :, 1:])
-    noc_a = _per_layer(report, a, "halo_fwd_nocache_bytes")
-    noc_b = _per_layer(report, b, "halo_fwd_nocache_bytes")
+    noc_a = per_layer(report, a, "halo_fwd_nocache_bytes")
+    noc_b = per_layer(report, b, "halo_fwd_nocache_bytes")
     assert np.array_equal(noc_a[:, :, 0], noc_b[:, :, 0]) and np.array_equal(2 * noc_b[:, :, 1:], noc_a[:, :, 1:])
 
 
