@@ -4,7 +4,7 @@ Steps (each a child process, timed, with the child's peak RSS from ``wait4``):
 prepare products-like at ``--scale`` (default 1.0) -> partition into ``--ranks`` METIS parts
 (the store records its own per-step peaks) -> ``--epochs`` minibatch epochs on ``--ranks`` ranks
 with ``inputs/products-sage.toml`` and a full evaluation at the end -> one full-graph epoch on
-``--ranks`` ranks (``inputs/products-fullgraph.toml``: offloaded, chunked). A step that the
+``--ranks`` ranks (``inputs/products-fullgraph.toml``: in memory on the CPU). A step that the
 pre-run memory check refuses is recorded with its one-line reason instead of being run into the
 OOM killer. Prints a table; writes ``--out`` (HDF5: one group per step with wall seconds, peak
 RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).

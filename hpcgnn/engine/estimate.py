@@ -156,9 +156,11 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
                     ns * row_bytes)
         rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
             nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
-        ev = 3 * ns * wmax * F32 + rnd + chunk + ne * 2 + nl * I64
+        ev = rnd + chunk + ne * 2 + nl * I64
         if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
-            ev += nl * wmax * F32 * 2
+            ev += 3 * ns * wmax * F32 + nl * wmax * F32 * 2
+        else:                                # input, projected rows, accumulator, output
+            ev += ns * F32 * max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers))
         est.terms["eval"] = int(ev)
         est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
         # training and evaluation do not overlap: count the larger of the two
@@ -166,6 +168,16 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             est.terms["activations"] = 0
         else:
             est.terms["eval"] = 0
+
+
+def _inference_row_widths(w_in: int, w_out: int) -> int:
+    """Floats per solid row that one SAGE/GCN layer of the layer-wise inference holds
+    (engine/inference.py): its input; projecting first (``w_out < w_in``), the projected rows
+    and their accumulator, which becomes the output; else the accumulator at ``w_in`` and the
+    output, which is the accumulator when the widths agree."""
+    if w_out < w_in:
+        return w_in + 2 * w_out
+    return 2 * w_in + (w_out if w_out != w_in else 0)
 
 
 def store_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
@@ -226,7 +238,9 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.terms["chunks"] = int(5 * ne * I64)
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
-        est.terms["activations"] = int(x0 + sum(per_layer))
+        sage = cfg.model.arch == "sage" and fg.halo != "cached" and layers >= 2
+        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers) if sage else \
+            int(x0 + sum(per_layer))
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
                                      "holds the rows then)") if cfg.train.device != "cuda" else \
@@ -246,6 +260,31 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             wire = 2 if fg.halo_precision == "bf16" else F32     # bytes a value on the wire
             est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * wire + 4) for l in range(1, layers)))
             est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
+
+
+def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int) -> int:
+    """SAGE on the in-memory full-graph engine (engine/fullgraph.py ``InMemoryFullGraph``).
+
+    Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
+    are released: ``ns x w0`` twice (own rows, aggregate), after a start-up transient of all
+    ``nl`` feature rows. Each later layer keeps ``ns x (2 w_l + w_l+1)`` for backward (its own
+    rows, their neighbour mean, the ReLU+dropout output), or, when it projects first
+    (``SAGEConv.projects_first``: few halo rows), all ``nl x w_l`` source rows. One layer at a
+    time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
+    they join) and in backward the gradient of the same size. Plus the transpose of the local
+    graph that backward's aggregation reads (two int64 per edge).
+    """
+    kept = (2 * widths[0] + widths[1]) * ns * F32
+    transient = 0
+    for l in range(1, layers):
+        wi, wo = widths[l], widths[l + 1]
+        if wo < wi and (nl - ns) * wi * wo <= 8 * ne * (wi - wo):
+            kept += (nl * wi + 2 * ns * wo) * F32
+        else:
+            kept += ns * (2 * wi + wo) * F32
+        transient = max(transient, 2 * nl * wi * F32)
+    start = (nl + ns) * widths[0] * F32
+    return int(max(start, kept + transient) + 2 * ne * I64)
 
 
 def describe(est: MemoryEstimate) -> str:

@@ -50,7 +50,9 @@ from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter
 class LocalGraph:
     """One rank's share of the graph for full-graph training.
 
-    x0       float [num_local, F] host features of solid then halo vertices
+    x0       float [num_local, F] host features of solid then halo vertices (an in-memory
+             runner that caches layer 0's aggregate may release the rows it does not read:
+             :meth:`InMemoryFullGraph.release_graph_inputs`)
     degree   int64 [num_local]   full-graph degree of every local vertex
     labels   int64 [num_solid]; masks: bool [num_solid] per split
     """
@@ -96,7 +98,8 @@ def masked_loss_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tens
 class InMemoryFullGraph:
     """The whole partition on the device; halo exchange between layers (autograd through it)."""
 
-    def __init__(self, model, graph: LocalGraph, comm, device, halo: HaloProvider | None = None):
+    def __init__(self, model, graph: LocalGraph, comm, device, halo: HaloProvider | None = None,
+                 cache_layer0: bool = True):
         from hpcgnn.sampling.block import Block
 
         self.model, self.graph = model, graph
@@ -115,14 +118,30 @@ class InMemoryFullGraph:
         # only its update (conv.update_from_aggregate). Not with a halo cache, whose layer-0
         # fetches are part of its protocol and counters.
         self.agg0: torch.Tensor | None = None
-        self.cache_agg0 = self.ops.can_cache(0) and not self.fetch_x0
+        self.cache_agg0 = cache_layer0 and self.ops.can_cache(0) and not self.fetch_x0
+        if self.cache_agg0:
+            # aggregate now and keep only the solid rows of the features: the halo rows (often
+            # more than the solid ones) are read by this aggregation alone. ``graph.x0`` is the
+            # caller's; FullGraphEngine drops it (``release_graph_inputs``).
+            ns = graph.num_solid
+            with torch.no_grad():
+                self.agg0 = self.ops.aggregate(0, self.block, self.x0, self.ctx)
+            if not self.ops.update_needs_dst(0):
+                self.x0 = self.x0.new_empty((0, self.x0.shape[1]))
+            elif self.x0.shape[0] > ns:
+                self.x0 = self.x0[:ns].clone()
+
+    def release_graph_inputs(self, graph: LocalGraph) -> None:
+        """Let ``graph`` hold this runner's rows instead of all of its own (the runner keeps
+        only what it reads: with layer 0's aggregate cached, the solid feature rows, or none;
+        on a GPU the host copy keeps no rows, only its width)."""
+        if self.cache_agg0:
+            graph.x0 = self.x0 if self.x0.device.type == "cpu" else \
+                torch.empty((0, self.x0.shape[1]), dtype=self.x0.dtype)
 
     def _layer0(self) -> torch.Tensor:
         """Layer 0's output rows [num_solid, ...] from the cached aggregate of the features."""
         ns = self.graph.num_solid
-        if self.agg0 is None:
-            with torch.no_grad():
-                self.agg0 = self.ops.aggregate(0, self.block, self.x0, self.ctx)
         x_dst = self.x0[:ns] if self.ops.update_needs_dst(0) else None
         return self.ops.update(0, self.block, x_dst, self.agg0, self.ctx)
 
@@ -309,6 +328,8 @@ class FullGraphEngine(Engine):
             error = str(exc)
         rt.agree(error)
         self.runner = runner
+        if isinstance(runner, InMemoryFullGraph):
+            runner.release_graph_inputs(graph)
         self.reducer = GradientAllreduce(self.model, rt, op="sum")
         self.n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
         if self.n_train == 0:

@@ -8,7 +8,8 @@ memory that does not grow with the halo:
   rows; the halo rows of that result arrive in ``halo.rounds`` collectives
   (:class:`~hpcgnn.comm.halo.HaloRounds`), and each round's contribution is summed into a
   [num_solid, width] accumulator and freed. A layer holds its input and output (solid rows
-  only), the accumulator, one round of halo rows and one destination chunk's temporaries.
+  only; the output overwrites the accumulator chunk by chunk when their widths agree), the
+  accumulator, one round of halo rows and one destination chunk's temporaries.
 * **GAT** (softmax over all in-edges): the layer's halo rows are exchanged at once and its
   input is materialised over solid + halo rows; destinations still run in chunks.
 
@@ -211,7 +212,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                             res = conv.lin(res)
                         if conv.bias is not None:
                             res = res + conv.bias
-                    out = _store_rows(out, res, a, b, num_solid, model, final)
+                    out = _store_rows(out, res, a, b, num_solid, model, final, reuse=acc)
                 if out is None:
                     out = h.new_empty((0, _layer_width(model, l)))
                 del acc, src
@@ -277,13 +278,19 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
 
 
 
-def _store_rows(out, res: torch.Tensor, a: int, b: int, num_solid: int, model, final: bool) -> torch.Tensor:
+def _store_rows(out, res: torch.Tensor, a: int, b: int, num_solid: int, model, final: bool,
+                reuse: torch.Tensor | None = None) -> torch.Tensor:
     """Write destination rows ``a:b`` of a layer's output (ReLU + dropout unless ``final``) into
-    ``out`` [num_solid, width], allocated at the first chunk; returns ``out``."""
+    ``out`` [num_solid, width], allocated at the first chunk; returns ``out``. ``reuse``: a
+    [num_solid, ...] buffer whose rows ``a:b`` the caller has read for the last time when it
+    writes them (the layer's aggregate): it becomes ``out`` when its shape and type fit, so a
+    layer holds one solid-row buffer less."""
     if not final:
         res = model.dropout.forward_relu(res)
     if out is None:
-        out = res.new_empty((num_solid, res.shape[1]))
+        fits = reuse is not None and tuple(reuse.shape) == (num_solid, res.shape[1]) and \
+            reuse.dtype == res.dtype and reuse.device == res.device
+        out = reuse if fits else res.new_empty((num_solid, res.shape[1]))
     out[a:b] = res
     return out
 

@@ -6,8 +6,13 @@ batches of ``local_train // M`` (+1 for the first ``local_train % M``), so ranks
 training vertices run smaller (possibly empty) batches but take part in every collective.
 
 Iteration ``k`` (DistGNN-MB §2.4): sample the minibatch inside the local partition
-(:class:`~hpcgnn.sampling.neighbor.NeighborSampler`, no remote access); then before each layer
-``l`` (:class:`HaloHooks`, called by the model):
+(:class:`~hpcgnn.sampling.neighbor.NeighborSampler`, no remote access) and drop the work no
+halo row needs (:meth:`~hpcgnn.sampling.neighbor.SampledBatch.halo_last`: every frontier is
+[solid vertices, halo vertices that send an edge], and a layer computes only its solid
+destinations, since a halo row of the next layer's input is always replaced or dropped below;
+at products-like scale 1.0 on 4 ranks a third of layer 0's rows); then before each layer ``l``
+(:class:`HaloHooks`, called by the model; for ``l > 0`` it first appends the halo rows to the
+layer below's output):
 
 a. ``k >= d``: wait for the AEP message posted at layer ``l`` of iteration ``k - d`` and store
    it in HEC_l;
@@ -89,7 +94,12 @@ class HaloHooks:
     def before_layer(self, l: int, h: torch.Tensor, block):
         t = self.t
         f = self.frontiers[l]
-        halo_pos = np.flatnonzero(f >= t.num_solid)
+        computed = h.shape[0]      # halo-last batches: the layer below computed the solid rows only
+        if computed < f.size:
+            halo_pos = np.arange(computed, f.size)
+            h = torch.cat([h, h.new_zeros(f.size - computed, h.shape[1])])
+        else:
+            halo_pos = np.flatnonzero(f >= t.num_solid)
         if t.halo_mode == "off":
             if block is not None and halo_pos.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
@@ -112,7 +122,8 @@ class HaloHooks:
                     idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
                     # the layer-0 input is a fresh gather outside autograd: fill it in place
                     # (a copy of the whole frontier's rows otherwise)
-                    h = h.index_copy_(0, idx, rows) if not h.requires_grad else h.index_copy(0, idx, rows)
+                    h = h.index_copy_(0, idx, rows) if not h.requires_grad or computed < f.size \
+                        else h.index_copy(0, idx, rows)
                 missed = halo_pos[~hit_np]
             if block is not None and missed.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
@@ -340,6 +351,8 @@ class MinibatchEngine(Engine):
             return None
         with self.timer.phase("sample"):
             batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
+            if self.halo_mode in ("hec", "off"):
+                batch = batch.halo_last(self.num_solid)
             self.graph.account(self.store.counters, batch, True)
         with self.timer.phase("store_wait"):     # planning the gather is store time too
             handle = self.store.prefetch.submit(batch.frontiers[0]) if self.num_solid else None

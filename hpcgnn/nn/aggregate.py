@@ -167,7 +167,10 @@ class _SpmmSumDst(torch.autograd.Function):
         _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), None, None, _np(row_scale))
         ctx.block = block
         ctx.save_for_backward(row_scale)
-        return out, x[:block.num_dst]
+        # the destinations' rows as their own tensor when they are fewer than the sources: a
+        # layer keeps them for its weight gradient, and a view would keep every source row
+        # (halo rows, sampled frontiers) alive until backward
+        return out, x[:block.num_dst].clone() if block.num_dst < block.num_src else x[:block.num_dst]
 
     @staticmethod
     @torch.autograd.function.once_differentiable

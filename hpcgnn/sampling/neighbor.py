@@ -49,6 +49,46 @@ class SampledBatch:
         return SampledBatch(self.seeds.to(device), [f.to(device) for f in self.frontiers],
                             [b.to(device) for b in self.blocks])
 
+    def halo_last(self, num_solid: int) -> "SampledBatch":
+        """The batch without the work no halo row needs (CPU tensors; local IDs ``>= num_solid``
+        are halo vertices, which the sampler never expands: leaves with no in-edges).
+
+        A halo row of a layer's input is always replaced (HEC hit) or dropped (miss) before
+        that layer, so the layer below need not compute it, and a halo vertex that sends no
+        edge in block ``l`` needs no row of ``h_l`` at all. Here frontier ``l`` is reordered to
+        ``[its solid vertices, its halo vertices with an edge in block l]`` (each part in the
+        sampler's order; the seeds' frontier is unchanged) and block ``l`` keeps only its solid
+        destinations: ``num_dst`` = solid vertices of frontier ``l + 1``, which are the prefix
+        of the new frontier ``l``. So layer ``l`` outputs the solid rows of ``h_{l+1}`` and the
+        caller appends the halo rows (``h_{l+1}`` = [layer output, halo rows]). Every solid
+        destination keeps its edges in the same order, so its sums are unchanged.
+        """
+        fr = [f.numpy() for f in self.frontiers]
+        if (fr[-1] >= num_solid).any():
+            raise ValueError("halo_last: the seeds must be solid vertices (training seeds are)")
+        layers = len(self.blocks)
+        frontiers: list = [None] * (layers + 1)
+        blocks: list = [None] * layers
+        frontiers[layers] = self.frontiers[layers]
+        for l in range(layers):
+            f, blk = fr[l], self.blocks[l]
+            indptr, indices = blk.indptr.numpy(), blk.indices.numpy()
+            solid = f < num_solid
+            used = np.zeros(f.shape[0], dtype=bool)
+            used[indices] = True
+            order = np.concatenate([np.flatnonzero(solid), np.flatnonzero(used & ~solid)])
+            new_pos = np.full(f.shape[0], -1, dtype=np.int64)
+            new_pos[order] = np.arange(order.shape[0], dtype=np.int64)
+            dst = np.flatnonzero(fr[l + 1] < num_solid)
+            if int(np.diff(indptr)[dst].sum()) != indices.shape[0]:
+                raise ValueError(f"halo_last: block {l} has edges into halo destinations "
+                                 "(halo vertices must be leaves)")
+            new_indptr = np.append(indptr[dst], indptr[-1])   # halo rows are empty
+            blocks[l] = Block(int(order.shape[0]), int(dst.shape[0]), torch.from_numpy(new_indptr),
+                              torch.from_numpy(new_pos[indices]))
+            frontiers[l] = torch.from_numpy(f[order])
+        return SampledBatch(self.seeds, frontiers, blocks)
+
 
 def check_fanouts(fanouts, where: str = "fanouts") -> list[int]:
     """Validated fanout list: each an integer >= 1 or -1 (all neighbours); InputError otherwise."""

@@ -253,3 +253,42 @@ def test_build_model_rejects_bad_values(kwargs, match):
     args.update(kwargs)
     with pytest.raises(InputError, match=match):
         build_model(**args)
+
+
+def test_sage_aggregates_first_on_blocks_with_many_more_sources():
+    """A sampled block (many sources, few destinations) aggregates at the input width and
+    projects the destinations only; a square block with many edges projects first. Both are the
+    same function."""
+    conv = SAGEConv(64, 16)
+    torch.manual_seed(0)
+    sampled = random_block(900, 60, 600, seed=1)
+    square = random_block(300, 300, 6000, seed=2)
+    assert not conv.projects_first(sampled) and conv.projects_first(square)
+    assert not SAGEConv(16, 64).projects_first(square)          # widening: never
+    for blk in (sampled, square):
+        h = torch.randn(blk.num_src, 64, dtype=torch.float64)
+        conv64 = SAGEConv(64, 16).double()
+        conv64.load_state_dict(conv.state_dict())
+        deg = (blk.indptr[1:] - blk.indptr[:-1]).clamp(min=1).unsqueeze(1).double()
+        mean = torch.zeros(blk.num_dst, 64, dtype=torch.float64).index_add_(
+            0, torch.repeat_interleave(torch.arange(blk.num_dst), blk.indptr[1:] - blk.indptr[:-1]),
+            h[blk.indices]) / deg
+        want = conv64.lin_self(h[:blk.num_dst]) + conv64.lin_neigh(mean)
+        torch.testing.assert_close(conv64(blk, h), want, rtol=1e-10, atol=1e-10)
+
+
+def test_sage_backward_keeps_destination_rows_not_all_source_rows():
+    """What a layer keeps for backward does not pin its input: once the caller drops a sampled
+    block's [num_src, in] input, only destination-sized tensors remain."""
+    import weakref
+
+    conv = SAGEConv(32, 32)
+    blk = random_block(5000, 100, 400, seed=3)
+    leaf = torch.randn(blk.num_src, 32, requires_grad=True)
+    h = leaf * 1.0                       # a non-leaf input, as between layers
+    ref = weakref.ref(h)
+    out = conv(blk, h)
+    del h
+    assert ref() is None                 # the source rows were freed after the forward
+    out.sum().backward()
+    assert leaf.grad is not None and leaf.grad.shape == leaf.shape

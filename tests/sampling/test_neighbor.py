@@ -234,3 +234,72 @@ def test_empty_seeds_and_halo_seeds():
     halo = sampler.sample([ns, ns + 3])                                        # halo seeds: leaves
     assert [f.tolist() for f in halo.frontiers] == [[ns, ns + 3]] * 3
     assert all(blk.num_edges == 0 for blk in halo.blocks)
+
+
+def _layerwise_sums(batch: SampledBatch, num_solid: int, x: np.ndarray) -> list[dict]:
+    """Per layer, {solid destination vertex: (its source vertices in edge order, their
+    summed rows)}, with every halo row of a layer input > 0 set to a value of its own (the
+    engine's cached row), so the sums are comparable between batch layouts."""
+    out, h = [], {int(v): x[v] for v in batch.frontiers[0].tolist()}
+    for l, blk in enumerate(batch.blocks):
+        src, dst = batch.frontiers[l].numpy(), batch.frontiers[l + 1].numpy()
+        ip, ix = blk.indptr.numpy(), blk.indices.numpy()
+        layer, nxt = {}, {}
+        for i in range(blk.num_dst):
+            v = int(dst[i])
+            if v >= num_solid:
+                continue
+            nbrs = src[ix[ip[i]:ip[i + 1]]]
+            total = np.zeros_like(x[0])
+            for u in nbrs:
+                total = total + h[int(u)]
+            layer[v] = (nbrs.tolist(), total)
+            nxt[v] = total + h[v]
+        for v in dst.tolist():
+            if v >= num_solid:
+                nxt[v] = x[v] * (l + 2)          # the "cached" row of a halo vertex
+        out.append(layer)
+        h = nxt
+    return out
+
+
+@pytest.mark.parametrize("fanouts", [[3, 5], [2, 4, 6], [-1, 4]])
+def test_halo_last_keeps_every_solid_destination_and_its_sums(fanouts):
+    indptr, indices, ns, nl = small_partition()
+    sampler = NeighborSampler(indptr, indices, ns, fanouts, seed=5, num_local=nl)
+    x = np.random.default_rng(0).standard_normal((nl, 3)).astype(np.float32)
+    for step, seeds in enumerate([[2, 7, 11, 30], [1, 4, 5], [59]]):
+        orig = sampler.sample(seeds, epoch=1, step=step)
+        new = orig.halo_last(ns)
+        assert new.seeds.tolist() == list(seeds) and new.frontiers[-1].tolist() == list(seeds)
+        for l, blk in enumerate(new.blocks):
+            f, up = new.frontiers[l].numpy(), new.frontiers[l + 1].numpy()
+            solid = f < ns
+            assert solid[:solid.sum()].all()                         # [solid..., halo...]
+            assert blk.num_src == f.size and blk.num_dst == int((up < ns).sum())
+            assert (f[:blk.num_dst] == up[up < ns]).all()            # solid dsts: the prefix
+            halo_src = np.flatnonzero(~solid)
+            assert np.isin(halo_src, blk.indices.numpy()).all()      # every halo row is used
+            # the solid vertices are the original frontier's, in the same order
+            assert (f[solid] == orig.frontiers[l].numpy()[orig.frontiers[l].numpy() < ns]).all()
+        a, b = _layerwise_sums(orig, ns, x), _layerwise_sums(new, ns, x)
+        for la, lb in zip(a, b):
+            assert la.keys() == lb.keys()
+            for v in la:
+                assert la[v][0] == lb[v][0]                          # same sources, same order
+                assert np.array_equal(la[v][1], lb[v][1])            # bitwise equal sums
+        assert sum(blk.num_edges for blk in new.blocks) == orig.num_sampled_edges
+        assert sum(blk.num_dst for blk in new.blocks) < sum(blk.num_dst for blk in orig.blocks) or \
+            all((f.numpy() < ns).all() for f in orig.frontiers)
+
+
+def test_halo_last_refuses_halo_seeds_and_edges_into_halo():
+    indptr, indices, ns, nl = small_partition()
+    sampler = NeighborSampler(indptr, indices, ns, [3, 4], seed=1, num_local=nl)
+    with pytest.raises(ValueError, match="seeds must be solid"):
+        sampler.sample([ns, 2]).halo_last(ns)
+    batch = sampler.sample([2, 7])
+    expanded = batch.frontiers[1].numpy()[batch.blocks[0].in_degree().numpy() > 0]
+    assert (expanded > 7).any()
+    with pytest.raises(ValueError, match="edges into halo destinations"):
+        batch.halo_last(8)          # calls vertices >= 8 halo, though some were expanded
