@@ -95,12 +95,15 @@ class HaloHooks:
         t = self.t
         f = self.frontiers[l]
         computed = h.shape[0]      # halo-last batches: the layer below computed the solid rows only
+        tail = None                # then the halo rows, filled outside autograd and appended
         if computed < f.size:
             halo_pos = np.arange(computed, f.size)
-            h = torch.cat([h, h.new_zeros(f.size - computed, h.shape[1])])
+            tail = h.new_zeros(f.size - computed, h.shape[1])
         else:
             halo_pos = np.flatnonzero(f >= t.num_solid)
         if t.halo_mode == "off":
+            if tail is not None:
+                h = torch.cat([h, tail])
             if block is not None and halo_pos.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
                 keep[torch.from_numpy(halo_pos)] = False
@@ -119,16 +122,20 @@ class HaloHooks:
                 t.store.count_hec(l, hit_np.size, int(hit_np.sum()), h.shape[1])
                 if hit_np.any():
                     rows = hec.load(slots[hit]).to(h.device, h.dtype)
-                    idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
-                    # the layer-0 input is a fresh gather outside autograd: fill it in place
-                    # (a copy of the whole frontier's rows otherwise)
-                    h = h.index_copy_(0, idx, rows) if not h.requires_grad or computed < f.size \
-                        else h.index_copy(0, idx, rows)
+                    if tail is not None:
+                        tail.index_copy_(0, torch.from_numpy(halo_pos[hit_np] - computed).to(h.device), rows)
+                    else:
+                        idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
+                        # the layer-0 input is a fresh gather outside autograd: fill it in place
+                        # (a copy of the whole frontier's rows otherwise)
+                        h = h.index_copy_(0, idx, rows) if not h.requires_grad else h.index_copy(0, idx, rows)
                 missed = halo_pos[~hit_np]
             if block is not None and missed.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
                 keep[torch.from_numpy(missed)] = False
                 block = block.drop_sources(keep.to(block.device))
+        if tail is not None:
+            h = torch.cat([h, tail])
         if t.hooks.wants_layer_inputs:
             t.hooks.layer_input(t, self.epoch, self.k, l, f, h)
         if self.k < self.m - t.delay:
