@@ -77,21 +77,27 @@ def run_watched(work: Callable[[], int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    # The watcher takes signals synchronously (sigtimedwait) with them blocked from before the
+    # fork: a Python-level handler could miss one that arrives just before a blocking wait4
+    # (the handler runs only when the wait returns), and the rank would never get it.
+    forwarded = {getattr(signal, name) for name in FORWARDED}
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded | {signal.SIGCHLD})
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _die_with_parent(parent)
         return work()
-    for name in FORWARDED:
-        sig = getattr(signal, name)
-        signal.signal(sig, lambda signum, _frame: _forward(child, signum))
     while True:
         try:
-            _, status, usage = os.wait4(child, 0)
-            break
+            pid, status, usage = os.wait4(child, os.WNOHANG)
         except ChildProcessError:       # pragma: no cover - reaped elsewhere
             os._exit(1)
-        except InterruptedError:        # pragma: no cover - PEP 475 retries wait4 itself
-            continue
+        if pid == child:
+            break
+        info = signal.sigtimedwait(forwarded | {signal.SIGCHLD}, 1.0)
+        if info is not None and info.si_signo in forwarded:
+            _forward(child, info.si_signo)
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         print(f"hpcgnn: error: {death_message(launcher_rank(), signum, usage.ru_maxrss * 1024)}",
@@ -109,6 +115,10 @@ def _die_by(signum: int) -> None:
     try:
         signal.signal(signum, signal.SIG_DFL)
     except (OSError, ValueError):   # SIGKILL/SIGSTOP cannot be caught: their default is death
+        pass
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})   # the watcher blocks what it forwards
+    except (OSError, ValueError):
         pass
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)          # a signal whose default is not death (e.g. SIGCHLD)
