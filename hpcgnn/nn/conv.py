@@ -78,10 +78,11 @@ class SAGEConv(nn.Module):
         """Whether :meth:`forward` runs ``lin_neigh`` before the aggregation on ``block``: when
         it shrinks the width (:attr:`project_first`) and projecting the sources that are not
         destinations costs less than the narrower aggregation saves. A GEMM row costs about
-        ``in x out`` units and a gathered edge value 8 units on the CPU (measured: 75 GFLOPS
-        against 17 GB/s of gathers), so a sampled block or a partition with a large halo
-        aggregates first; it then also keeps destination-sized tensors for backward instead of
-        all source rows."""
+        ``in x out`` units and a gathered edge value 4-9 units on the development CPU (75 GFLOPS
+        GEMMs against 17-35 GB/s of row gathers; 8 is used), so a sampled block or a partition
+        with a large halo aggregates first; it then also keeps destination-sized tensors for
+        backward instead of all source rows. A block whose sources are its destinations (one
+        rank's full graph) projects first as before."""
         if not self.project_first:
             return False
         extra = block.num_src - block.num_dst
