@@ -78,6 +78,36 @@ def prefer_huge_pages() -> bool:
     return os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+RETAIN_TOP_PAD = 512 << 20
+
+
+def retain_freed_host_memory() -> None:
+    """``runtime.host_memory = "retain"``: keep memory that freed tensors return in the process
+    (glibc ``mallopt``: large blocks from the heap instead of their own mappings, no trimming,
+    the heap grown 512 MiB at a time), so the next iteration's large tensors reuse pages that
+    are already mapped instead of faulting fresh ones in. On the development VM a fresh 61 MB
+    buffer cost about 60 ms of page faults; a 1-rank bf16 minibatch epoch on products-like 0.04
+    was about 15 % shorter with 9 % more peak memory (docs/dgl.md). Applies to allocations made
+    after the call. InputError where the C library has no ``mallopt`` (not glibc)."""
+    import ctypes
+
+    from hpcgnn.errors import InputError
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        raise InputError("runtime.host_memory = 'retain' needs glibc's mallopt, which this C "
+                         "library does not have (use 'release')") from None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok = mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) and \
+        mallopt(_M_TOP_PAD, RETAIN_TOP_PAD)
+    if not ok:
+        raise InputError("runtime.host_memory = 'retain': the C library refused the mallopt "
+                         "settings (use 'release')")
+
+
 def _gpus_per_task(value: str | None) -> int | None:
     """SLURM_GPUS_PER_TASK ('[type:]count', e.g. '1' or 'a100:2') -> count; None if unset/odd."""
     last = (value or "").strip().rsplit(":", 1)[-1]

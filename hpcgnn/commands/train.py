@@ -42,6 +42,10 @@ def _train(args) -> int:
         threads = rt.agree_on(lambda: rt.configured_threads(cfg.runtime.threads))
         if threads and not os.environ.get("HPCGNN_THREADS"):
             rt.set_threads(threads)
+        if cfg.runtime.host_memory == "retain":
+            from hpcgnn.runtime import retain_freed_host_memory
+
+            rt.agree_on(retain_freed_host_memory)
         meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
         if meta.num_parts != rt.size:
             rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "

@@ -101,6 +101,9 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                        "an integer >= 0 or a list of integers >= 1, one per rank"),
         "backend": Key(str, "mpi4py", "collectives: mpi4py, or a torch.distributed backend",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
+        "host_memory": Key(str, "release", "what freed host memory does: 'release' (glibc's "
+                           "default: large blocks go back to the system) or 'retain' (kept for "
+                           "reuse: fewer page faults, more peak memory)", choices=("release", "retain")),
         "memory_check": Key(bool, True, "refuse to start when the ranks of a node are estimated to "
                             "need more memory than it offers"),
         "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
