@@ -72,6 +72,7 @@ SAFE_ON_RESUME = (
     "train.debug_record", "train.debug_kill",
     "output.dir", "output.keep_checkpoints",
     "runtime.threads", "runtime.backend", "runtime.memory_check", "runtime.memory_limit",
+    "runtime.host_memory",    # where freed pages go; no value changes (tests/runtime/test_host_memory.py)
 )
 
 
