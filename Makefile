@@ -159,7 +159,7 @@ bench-scale: $(NATIVE_STAMP)
 DGL_VENV  ?= .venv-dgl
 DGL_TORCH_PIN := torch==2.2.1
 DGL_TORCH_VERSION := $(word 2,$(subst ==, ,$(DGL_TORCH_PIN)))
-DGL_TORCH ?= $(DGL_TORCH_PIN)
+DGL_TORCH ?= torch==2.2.1
 DGL_DEPS  := dgl==2.1.0 "numpy<2" "pandas<2.3" torchdata==0.7.1 h5py pydantic pyyaml psutil requests tqdm scipy
 DGL_STAMP := $(DGL_VENV)/.peer-dgl-stamp
 
