@@ -274,11 +274,13 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     they join) and in backward the gradient of the same size. Plus the transpose of the local
     graph that backward's aggregation reads (two int64 per edge).
     """
+    from hpcgnn.nn.conv import sage_projects_first
+
     kept = (2 * widths[0] + widths[1]) * ns * F32
     transient = 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
-        if wo < wi and (nl - ns) * wi * wo <= 8 * ne * (wi - wo):
+        if sage_projects_first(wi, wo, nl, ns, ne):
             kept += (nl * wi + 2 * ns * wo) * F32
         else:
             kept += ns * (2 * wi + wo) * F32

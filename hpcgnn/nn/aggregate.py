@@ -195,7 +195,10 @@ def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | 
     """``(aggregate_sum(block, x, row_scale=row_scale), x[:num_dst])`` for a layer that reads
     both (SAGE, GCN: the neighbours and the destination's own row), x [num_src, D]. Same values;
     on the native backend the gradient of ``x`` is built in one buffer (see ``_SpmmSumDst``)
-    instead of autograd's zero-filled slice gradient plus a sum of two full-size gradients."""
+    instead of autograd's zero-filled slice gradient plus a sum of two full-size gradients, and
+    the destination rows come as their own tensor when fewer than the sources (a layer keeps
+    them for backward; a view would keep all of ``x``). Without a gradient to ``x`` (a layer-0
+    input) they stay a view, which keeps ``x`` until backward."""
     _check_rows(block, x, "aggregate_sum_with_dst")
     if x.dim() != 2 or not _use_native(x, backend) or not x.requires_grad or not torch.is_grad_enabled():
         return aggregate_sum(block, x, row_scale=row_scale, backend=backend), x[:block.num_dst]

@@ -29,6 +29,15 @@ from hpcgnn.nn.precision import Linear
 GAT_VARIANTS = ("distgnn", "standard")
 
 
+def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, num_edges: int) -> bool:
+    """The rule of :meth:`SAGEConv.projects_first` from shapes alone (the memory estimate uses
+    it too): project first when that shrinks the width and the extra rows it projects cost less
+    than the narrower aggregation saves (see there)."""
+    if out_dim >= in_dim:
+        return False
+    return (num_src - num_dst) * in_dim * out_dim <= 8 * num_edges * (in_dim - out_dim)
+
+
 class SAGEConv(nn.Module):
     """GraphSAGE-mean (DistGNN-MB eq. 1 without the activation):
     ``out_v = W_n · mean_{u in N(v)} h_u + W_s · h_v + b``; mean over no neighbours = 0."""
@@ -83,10 +92,7 @@ class SAGEConv(nn.Module):
         with a large halo aggregates first; it then also keeps destination-sized tensors for
         backward instead of all source rows. A block whose sources are its destinations (one
         rank's full graph) projects first as before."""
-        if not self.project_first:
-            return False
-        extra = block.num_src - block.num_dst
-        return extra * self.in_dim * self.out_dim <= 8 * block.num_edges * (self.in_dim - self.out_dim)
+        return sage_projects_first(self.in_dim, self.out_dim, block.num_src, block.num_dst, block.num_edges)
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         if self.projects_first(block):
