@@ -111,7 +111,11 @@ def arch_flags() -> tuple[str, list[str]]:
 
 
 ARCH, ARCH_FLAGS = arch_flags()
-extra_compile = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function", *ARCH_FLAGS]
+# -fno-wrapv undoes the -fwrapv that Python's own CFLAGS put first: with signed overflow defined,
+# GCC kept the SpMM's accumulators for partial chunks (47- and 100-wide rows) in memory, and a
+# 47-wide gather took 1.5-2x as long (docs/benchmarks.md). The native code does not rely on
+# signed wrap-around (its hashes are unsigned).
+extra_compile = ["-O3", "-std=c++17", "-fno-wrapv", "-fopenmp", "-Wall", "-Wno-unused-function", *ARCH_FLAGS]
 FLAGS_FILE = os.path.join("build", "native-flags.txt")
 
 

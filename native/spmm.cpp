@@ -14,6 +14,9 @@
 //   wrong dtype, layout or shape raises ValueError.
 // * Source indices are range-checked inside the loops (ValueError after the kernel).
 //
+// spmm_sum_bf16 is spmm_sum without edge weights over bfloat16 rows (int16 bit patterns, widened
+// exactly): float32 sums and output, half the bytes gathered per edge.
+//
 // Speed: spmm_sum accumulates up to 512-byte chunks of a row (one pass for 128 float32
 // columns), the multi-head kernels 256-byte chunks; the whole source row of the edge about
 // kPrefetchBytes ahead (across row boundaries) is software-prefetched: random row gathers are
@@ -57,6 +60,7 @@ template <typename T>
 const char* dtype_name() {
     if constexpr (std::is_same_v<T, float>) return "float32";
     if constexpr (std::is_same_v<T, double>) return "float64";
+    if constexpr (std::is_same_v<T, int16_t>) return "int16 (bfloat16 bits)";
     return "int64";
 }
 
@@ -219,6 +223,32 @@ void spmm_sum(const py::object& indptr, const py::object& indices, const py::obj
     if (py::isinstance<cbuf<double>>(X))
         return spmm_sum_t<double>(g, X, out, edge_weight, weight_index, row_scale, col_scale);
     throw std::invalid_argument("X: expected a C-contiguous float32 or float64 numpy array");
+}
+
+// ---- SpMM over bfloat16 rows (see spmm_bf16_run) -------------------------------------------
+
+void spmm_sum_bf16(const py::object& indptr, const py::object& indices, const py::object& X_o, const py::object& out_o,
+                   const py::object& scale_o, const py::object& cs_o) {
+    Csr g = get_csr(indptr, indices);
+    auto X = get<int16_t>(X_o, "X", 2);
+    auto out = get<float>(out_o, "out", 2);
+    const int64_t n_src = X.shape(0), D = X.shape(1);
+    require_dim(out.shape(0), g.rows, "out rows (= len(indptr) - 1)");
+    require_dim(out.shape(1), D, "out columns (= X columns)");
+    cbuf<float> s_a, cs_a;
+    const float* scale = opt_in<float>(scale_o, "row_scale", 1, s_a);
+    if (scale) require_dim(s_a.shape(0), g.rows, "row_scale length (= rows)");
+    const float* col_scale = opt_in<float>(cs_o, "col_scale", 1, cs_a);
+    if (col_scale) require_dim(cs_a.shape(0), n_src, "col_scale length (= X rows)");
+    float* o = out_ptr_checked(out, "out");
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(X.data());
+    bool bad;
+    {
+        py::gil_scoped_release nogil;
+        bad = any_out_of_range(g.indices, g.nnz, n_src);
+        if (!bad) HPCGNN_ISA_CALL(spmm_bf16_run, g, x, D, scale, col_scale, o);
+    }
+    require(!bad, "spmm_sum_bf16: a source index is outside [0, X.shape[0])");
 }
 
 // ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------
@@ -603,6 +633,11 @@ PYBIND11_MODULE(_native_spmm, m) {
           "out[v] = row_scale[v] * sum_j w[j] col_scale[u_j] X[u_j] over row v's edges j, u_j = indices[j] "
           "(absent factors = 1; w read at weight_index[j] when given). X [num_src, D], out [rows, D], "
           "overwritten; row_scale [rows], col_scale [num_src].");
+    m.def("spmm_sum_bf16", &spmm_sum_bf16, py::arg("indptr"), py::arg("indices"), py::arg("X"), py::arg("out"),
+          py::arg("row_scale") = none, py::arg("col_scale") = none,
+          "spmm_sum without edge weights over bfloat16 rows: X int16 [num_src, D] holding bfloat16 bit "
+          "patterns (a torch bfloat16 tensor viewed as int16), widened exactly to float32; sums, row_scale "
+          "[rows], col_scale [num_src] and out [rows, D] float32, same order as spmm_sum.");
     m.def("spmm_heads", &spmm_heads, py::arg("indptr"), py::arg("indices"), py::arg("alpha"), py::arg("Z"),
           py::arg("out"), py::arg("alpha_index") = none, py::arg("self_weight") = none,
           "out[v, h] = sum_j alpha[j, h] Z[indices[j], h] (alpha row alpha_index[j] when given), plus "

@@ -22,11 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_sum, aggregate_sum_adjoint, aggregate_sum_with_dst,
-                                  gat_aggregate, mean_scale)
+from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
+                                  aggregate_sum_with_dst, bf16_gather_pays, gat_aggregate, mean_scale)
 from hpcgnn.nn.precision import Linear
 
 GAT_VARIANTS = ("distgnn", "standard")
+
+
+def dst_rows(block, h: torch.Tensor) -> torch.Tensor:
+    """The destinations' own rows ``h[:num_dst]``; ``h`` itself when every row is a destination
+    (one rank's full graph), whose backward then needs no zero-filled full-size gradient buffer
+    (a slice's backward writes its gradient into a fresh zero tensor of ``h``'s shape)."""
+    return h if block.num_dst == h.shape[0] else h[:block.num_dst]
 
 
 def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, num_edges: int) -> bool:
@@ -96,10 +103,26 @@ class SAGEConv(nn.Module):
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         if self.projects_first(block):
-            return self.combine(block, self.source_rows(h), h[:block.num_dst])
+            return self.combine(block, self.source_rows(h), dst_rows(block, h))
+        cd = self.lin_self.compute_dtype
+        if cd == torch.bfloat16 and bf16_gather_pays(block, h, self.backend):
+            return self._forward_bf16_gather(block, h)
         # h is both the aggregated rows and the destinations' own: one gradient buffer for both
         neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), backend=self.backend)
         return self.update(neigh, h_dst, projected=False)
+
+    def _forward_bf16_gather(self, block, h: torch.Tensor) -> torch.Tensor:
+        """The unprojected layer with bfloat16 products whose neighbour mean gathers the rows
+        already rounded to bfloat16 for the product (:func:`aggregate_mean_bf16`: half the bytes
+        per edge, float32 sums; the mean is rounded once where the float32 path rounds it
+        before its product too). One GEMM over ``[h_dst | neigh]`` as in :meth:`update`."""
+        cd = torch.bfloat16
+        hc = h.to(cd)  # one rounding of every source row serves the gather and the product
+        neigh = aggregate_mean_bf16(block, h, hc)
+        hc_dst = dst_rows(block, hc)
+        w = torch.cat([self.lin_self.weight, self.lin_neigh.weight], 1).to(cd)
+        b = None if self.lin_self.bias is None else self.lin_self.bias.to(cd)
+        return F.linear(torch.cat([hc_dst, neigh], 1), w, b).to(h.dtype)
 
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
@@ -204,7 +227,7 @@ class GCNConv(nn.Module):
         s_src = src_scale.to(h.dtype).unsqueeze(1)
         s_dst = dst_scale.to(h.dtype)
         y = h * s_src
-        return aggregate_sum(block, y, row_scale=s_dst, backend=self.backend) + y[:block.num_dst] * s_dst.unsqueeze(1)
+        return aggregate_sum(block, y, row_scale=s_dst, backend=self.backend) + dst_rows(block, y) * s_dst.unsqueeze(1)
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
         """``lin(agg) + bias``: ``forward(block, h, s, d) == update_from_aggregate(aggregate(block, h, s, d))``."""
@@ -278,6 +301,6 @@ class GATConv(nn.Module):
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         z, el = self.source_rows(h)
-        return self.combine(block, z, el, z[:block.num_dst])
+        return self.combine(block, z, el, dst_rows(block, z))
 
     cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer

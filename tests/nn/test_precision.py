@@ -43,3 +43,54 @@ def test_set_precision_reaches_every_linear_of_a_model_and_back(arch):
     assert all(m.compute_dtype is None for m in lins if set_precision(model, "fp32"))
     with pytest.raises(ValueError, match="precision must be one of"):
         set_precision(model, "fp16")
+
+
+def _dense_block(n: int = 60, nnz: int = 600, seed: int = 3):
+    """A full-graph-like block (every source a destination, 10 edges a row on average, a few
+    rows without in-edges): the shape :func:`bf16_gather_pays` serves."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from nn_blocks import random_block
+    return random_block(n, n, nnz, seed=seed, zero_rows=4)
+
+
+def test_bf16_mean_gathers_the_rounded_rows_and_rounds_the_mean_once():
+    from hpcgnn.nn.aggregate import aggregate_mean, aggregate_mean_bf16, bf16_gather_pays
+    b = _dense_block()
+    x = torch.randn(60, 100, requires_grad=True)
+    assert bf16_gather_pays(b, x)
+    xc = x.detach().bfloat16()
+    out = aggregate_mean_bf16(b, x, xc)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, aggregate_mean(b, xc.float()).bfloat16())   # float32 sums, one rounding
+    g = torch.randn(60, 100).bfloat16()
+    out.backward(g)
+    xf = x.detach().clone().requires_grad_(True)
+    aggregate_mean(b, xf).backward(g.float())                             # the float32 adjoint of the same g
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad, xf.grad, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="xc must be"):
+        aggregate_mean_bf16(b, x, xc.float())
+
+
+@pytest.mark.parametrize("in_dim,out_dim", [(16, 32), (100, 128)])
+def test_bf16_sage_layer_on_a_dense_block_matches_float32(in_dim, out_dim):
+    from hpcgnn.nn.conv import SAGEConv
+    b = _dense_block()
+    torch.manual_seed(4)
+    conv = SAGEConv(in_dim, out_dim)
+    x = torch.randn(60, in_dim, requires_grad=True)
+    ref = conv(b, x)
+    ref.square().sum().backward()
+    gx, gw = x.grad.clone(), conv.lin_neigh.weight.grad.clone()
+    x.grad = None
+    conv.zero_grad()
+    set_precision(conv, "bf16")
+    out = conv(b, x)                    # the bf16-gather path (every source a destination)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=3e-2, atol=3e-2)
+    out.square().sum().backward()
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad, gx, rtol=5e-2, atol=5e-2 * float(gx.abs().max()))
+    torch.testing.assert_close(conv.lin_neigh.weight.grad, gw, rtol=5e-2, atol=5e-2 * float(gw.abs().max()))
