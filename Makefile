@@ -46,7 +46,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale peer-dgl clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale bench-dgl peer-dgl clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -148,6 +148,17 @@ bench-plan: $(NATIVE_STAMP)
 SCALE ?= 1.0
 bench-scale: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5
+
+# hpcgnn against DGL at issue 13's targets (full graph <= 0.67x, minibatch <= 0.5x of DGL's epoch),
+# products-like scales 0.04 and 0.25, 1 process, back to back; needs `make peer-dgl` (about 25 min).
+# hpcgnn runs with train.precision=$(DGL_PRECISION) (DGL in float32) and, in the minibatch runs,
+# runtime.host_memory=retain; tables printed, figures in $(RUNS)/bench/dgl-s<scale>.h5.
+DGL_PRECISION ?= bf16
+bench-dgl: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.peers --scale 0.04 --rounds 3 --epochs 4 --precision $(DGL_PRECISION) \
+	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work --out $(RUNS)/bench/dgl-s0.04.h5
+	$(PY) -m hpcgnn.bench.peers --scale 0.25 --rounds 2 --epochs 3 --precision $(DGL_PRECISION) \
+	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work-0.25 --out $(RUNS)/bench/dgl-s0.25.h5
 
 # DGL as an optional benchmark peer (issue 13): `make peer-dgl` creates its own virtual
 # environment $(DGL_VENV) with torch 2.2.1 + DGL 2.1.0 (never the project's .venv: the torch

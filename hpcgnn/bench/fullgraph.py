@@ -247,7 +247,9 @@ def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: in
     return out
 
 
-def _write_h5(path: Path, results: dict, meta: dict) -> None:
+def write_h5(path: Path, results: dict, meta: dict, fmt: str = "hpcgnn-bench-fullgraph") -> None:
+    """``results`` (nested dicts: groups; scalars and strings: attributes; lists: datasets) and
+    ``meta`` (root attributes) to ``path``, atomically; root attribute ``format`` = ``fmt``."""
     import h5py
 
     from hpcgnn.fileio import atomic_file
@@ -272,7 +274,7 @@ def _write_h5(path: Path, results: dict, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as tmp:
         with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = "hpcgnn-bench-fullgraph"
+            f.attrs["format"] = fmt
             for k, v in meta.items():
                 f.attrs[k] = str(v) if isinstance(v, str) else (v if isinstance(v, (int, float, bool))
                                                                  else json.dumps(v))
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             "edge_cut": m.edge_cut, "model": json.dumps(model_args), "total_wall_s": time.perf_counter() - t_start}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
-    _write_h5(out, results, meta)
+    write_h5(out, results, meta)
     print_table(results, meta)
     print(f"wrote {out}")
     return 0

@@ -153,6 +153,36 @@ def _comparison(ours: dict, theirs: dict, log: list[dict]) -> dict:
             "dgl_top_ops": theirs.get("top_ops", []), "hpcgnn_top_ops": ours.get("top_ops", [])}
 
 
+# issue 13's targets: hpcgnn's epoch at most this fraction of DGL's
+TARGETS = {"fullgraph": 0.67, "minibatch": 0.5}
+
+
+def print_targets(out: dict, scale: float, precision: str) -> None:
+    """The comparisons against :data:`TARGETS` as a table (fastest epochs and means)."""
+    print(f"hpcgnn / DGL at products-like scale {scale:g}, hpcgnn train.precision={precision}:")
+    print("  what      | hpcgnn s | DGL s   | fastest | means | target | met (fastest / means)")
+    for what, c in out.items():
+        t = TARGETS[what]
+        print(f"  {what:<9} | {c['hpcgnn_epoch_s']:8.3f} | {c['dgl_epoch_s']:7.3f} | {c['hpcgnn_over_dgl']:6.2f}x | "
+              f"{c['hpcgnn_over_dgl_mean']:4.2f}x | <= {t:.2f} | {'yes' if c['hpcgnn_over_dgl'] <= t else 'no'} / "
+              f"{'yes' if c['hpcgnn_over_dgl_mean'] <= t else 'no'}", flush=True)
+
+
+def write_comparisons(path: Path, out: dict, meta: dict) -> None:
+    """The comparisons ``{"fullgraph" | "minibatch": comparison}`` to HDF5 ``path`` (atomically):
+    one group each with the epoch seconds, ratios, every round, both sides' phases, and the
+    target with whether the fastest epochs and the means meet it; ``meta`` as root attributes."""
+    from hpcgnn.bench.fullgraph import write_h5
+
+    groups = {}
+    for what, c in out.items():
+        t = TARGETS[what]
+        g = {k: v for k, v in c.items() if k not in ("hpcgnn_top_ops", "dgl_top_ops")}
+        g.update(target=t, met_fastest=bool(c["hpcgnn_over_dgl"] <= t), met_mean=bool(c["hpcgnn_over_dgl_mean"] <= t))
+        groups[what] = g
+    write_h5(path, groups, meta, fmt="hpcgnn-bench-peers")
+
+
 def print_comparison(what: str, c: dict) -> None:
     """One line: both fastest epochs and the ratio."""
     print(f"{what}: hpcgnn {c['hpcgnn_epoch_s']:.3f} s, DGL {c['dgl_version']} {c['dgl_epoch_s']:.3f} s per epoch "
@@ -315,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also one epoch of each under torch.profiler: the N largest ops (full-graph hpcgnn, "
                         "both DGL modes)")
     p.add_argument("--json", default=None, help="write both comparisons to this JSON file")
+    p.add_argument("--out", default=None, help="write both comparisons (and the targets) to this HDF5 file")
     p.add_argument("--timeout", type=float, default=3600)
     args = p.parse_args(argv)
     python = dgl_python()
@@ -383,8 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         _print_ops("hpcgnn", c["hpcgnn_top_ops"])
         _print_ops("DGL", c["dgl_top_ops"])
         print_comparison(f"{what} (scale {args.scale:g})", c)
+    if out:
+        print_targets(out, args.scale, args.precision)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.out and out:
+        write_comparisons(Path(args.out), out, {"scale": args.scale, "precision": args.precision,
+                                                "rounds": args.rounds, "threads": threads, "set": json.dumps(args.set)})
+        print(f"wrote {args.out}")
     return 0 if out else 1
 
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--timeout", type=float, default=1800)
     args = p.parse_args(argv)
-    from hpcgnn.bench.fullgraph import _write_h5
+    from hpcgnn.bench.fullgraph import write_h5
     from hpcgnn.partition.store import read_meta
 
     out = Path(args.out)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, r in results.items():
         name, rk = key.split("/")
         nested.setdefault(name, {})[rk] = r
-    _write_h5(out, nested, meta)
+    write_h5(out, nested, meta)
     print_table(results, meta)
     print(f"wrote {out}")
     return 0

@@ -218,3 +218,26 @@ def test_aggregate_comparison_times_hpcgnn_and_keeps_the_peers_fastest(cora_grap
         assert 0 < r["hpcgnn_fwd_s"] < 10 and 0 < r["hpcgnn_bwd_s"] < 10
     monkeypatch.setenv(peers.DGL_ENV, str(_fake_dgl(tmp_path, ok=False)))
     assert peers.aggregate_vs_dgl(cora_graph, store, [8], reps=2, rounds=1, timeout=60) is None
+
+
+def test_targets_are_printed_and_written_with_the_figures(tmp_path, capsys):
+    import h5py
+    c = {"hpcgnn_epoch_s": 1.0, "hpcgnn_epoch_mean_s": 1.4, "dgl_epoch_s": 2.0, "dgl_epoch_mean_s": 2.5,
+         "hpcgnn_over_dgl": 0.5, "hpcgnn_over_dgl_mean": 0.56, "rounds_hpcgnn_epoch_s": [1.0, 1.1],
+         "rounds_dgl_epoch_s": [2.0, 2.1], "dgl_version": "2.1.0", "dgl_torch": "2.2.1",
+         "dgl_phases_min_s": {"forward": 0.9}, "hpcgnn_phases_min_s": {}, "dgl_top_ops": [], "hpcgnn_top_ops": []}
+    out = {"fullgraph": dict(c), "minibatch": dict(c)}
+    peers.print_targets(out, 0.25, "bf16")
+    lines = capsys.readouterr().out.splitlines()
+    assert "scale 0.25" in lines[0] and "train.precision=bf16" in lines[0]
+    full, mini = (next(x for x in lines if x.strip().startswith(w)) for w in ("fullgraph", "minibatch"))
+    assert full.endswith("<= 0.67 | yes / yes")          # 0.50x and 0.56x against 0.67
+    assert mini.endswith("<= 0.50 | yes / no")           # 0.50x meets 0.5, the means (0.56x) do not
+    path = tmp_path / "dgl.h5"
+    peers.write_comparisons(path, out, {"scale": 0.25, "precision": "bf16"})
+    with h5py.File(path, "r") as f:
+        assert f.attrs["format"] == "hpcgnn-bench-peers" and f.attrs["precision"] == "bf16"
+        m = f["minibatch"]
+        assert m.attrs["target"] == 0.5 and m.attrs["met_fastest"] and not m.attrs["met_mean"]
+        assert list(m["rounds_dgl_epoch_s"][:]) == [2.0, 2.1] and m["dgl_phases_min_s"].attrs["forward"] == 0.9
+        assert bool(f["fullgraph"].attrs["met_mean"]) and "hpcgnn_top_ops" not in f["fullgraph"]
