@@ -1,6 +1,9 @@
 """train.precision = "bf16": the minibatch and full-graph engines train with bfloat16 products
 of their linear layers (a loss curve near, but not equal to, float32's); the tensor engine
-refuses it with one line, exit 2, on every rank."""
+refuses it with one line, exit 2, on every rank. Three layers on a graph of mean degree 12, so
+that the full graph's middle layer (32 -> 32, aggregated before its product, about 7 edges per
+source row with the halo) takes the bfloat16-row mean (hpcgnn.nn.aggregate.aggregate_mean_bf16)
+on two ranks."""
 from __future__ import annotations
 
 import sys
@@ -21,7 +24,7 @@ CONFIG = """
 [model]
 arch = "sage"
 hidden = 32
-layers = 2
+layers = 3
 dropout = 0.0
 [train]
 epochs = 6
@@ -30,7 +33,7 @@ seed = 3
 eval_every = 6
 [minibatch]
 batch_size = 64
-fanouts = [5, 5]
+fanouts = [5, 5, 5]
 """
 ENV = {"HPCGNN_THREADS": "1"}
 
@@ -40,7 +43,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("precision")
     cfg = d / "p.toml"
     cfg.write_text(CONFIG)
-    return d, cfg, toy_store(d / "p2", toy_graph(300, 6.0, num_features=8, num_classes=4, seed=5), 2, seed=2)
+    return d, cfg, toy_store(d / "p2", toy_graph(300, 12.0, num_features=8, num_classes=4, seed=5), 2, seed=2)
 
 
 def _train(d, cfg, store, engine, precision):
