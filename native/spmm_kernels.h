@@ -46,6 +46,16 @@ inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, i
     }
 }
 
+// A stored value as the accumulator type: float/double as they are; bfloat16 (uint16_t bit
+// patterns, the high half of a float32) widened exactly.
+template <typename T, typename S>
+inline T widen(S v) {
+    if constexpr (std::is_same_v<S, uint16_t>)
+        return __builtin_bit_cast(float, static_cast<uint32_t>(v) << 16);
+    else
+        return v;
+}
+
 // gather_chunk for a partial chunk of len = NV * 8 + tail columns (tail < 8) with NV fixed at
 // compile time: the accumulators stay in registers across the row's edges, as in the
 // full-chunk case (a runtime-length loop keeps them in memory: a load and a store per element
@@ -54,12 +64,12 @@ inline void gather_chunk(T* acc, const int64_t* indices, int64_t b, int64_t e, i
 // len >= 8: a fixed-width vector that reads nothing outside the row; its lanes below
 // 8 - tail repeat columns already summed and are dropped. (A runtime-length tail loop put
 // every accumulator in memory again: a 47-wide gather took twice as long as a 48-wide one.)
-// Same sums, same order, same roundings as a plain loop.
-template <typename T, int64_t NV, bool TAIL, bool WEIGHTED, bool INDEXED, bool COLSCALE>
-inline void gather_part_edges(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X,
+// Same sums, same order, same roundings as a plain loop. X stored as S (widen).
+template <typename T, typename S, int64_t NV, bool TAIL, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+inline void gather_part_edges(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const S* X,
                               int64_t D, int64_t c, int64_t tail, const T* w, const int64_t* widx, const T* cs) {
     constexpr int64_t W = NV * 8;
-    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T)), pf = prefetch_distance(row_bytes);
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(S)), pf = prefetch_distance(row_bytes);
     const int64_t toff = W + tail - 8;  // first of the 8 columns ending the chunk (NV > 0)
     alignas(64) T a[W > 0 ? W : 1];
     alignas(64) T t[8];
@@ -72,16 +82,16 @@ inline void gather_part_edges(T* acc, const int64_t* indices, int64_t b, int64_t
             prefetch_bytes(X + indices[j + pf] * D, row_bytes);
             if (INDEXED) __builtin_prefetch(w + widx[j + pf], 0, 3);
         }
-        const T* x = X + indices[j] * D + c;
+        const S* x = X + indices[j] * D + c;
         T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
         if (COLSCALE) wj *= cs[indices[j]];
 #pragma omp simd
-        for (int64_t k = 0; k < W; ++k) a[k] += wj * x[k];
+        for (int64_t k = 0; k < W; ++k) a[k] += wj * widen<T>(x[k]);
         if constexpr (TAIL && NV > 0) {
 #pragma omp simd
-            for (int64_t k = 0; k < 8; ++k) t[k] += wj * x[toff + k];
+            for (int64_t k = 0; k < 8; ++k) t[k] += wj * widen<T>(x[toff + k]);
         } else if constexpr (TAIL) {
-            for (int64_t k = 0; k < tail; ++k) t[k] += wj * x[k];
+            for (int64_t k = 0; k < tail; ++k) t[k] += wj * widen<T>(x[k]);
         }
     }
     for (int64_t k = 0; k < W; ++k) acc[k] = a[k];
@@ -89,29 +99,25 @@ inline void gather_part_edges(T* acc, const int64_t* indices, int64_t b, int64_t
         for (int64_t k = 0; k < tail; ++k) acc[W + k] = t[NV > 0 ? 8 - tail + k : k];
 }
 
-template <typename T, int64_t NV, bool WEIGHTED, bool INDEXED, bool COLSCALE>
-inline void gather_part(T* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const T* X, int64_t D,
-                        int64_t c, int64_t tail, const T* w, const int64_t* widx, const T* cs) {
-    if constexpr (NV < 16) {  // NV == 16: a whole 128-float chunk, no tail
-        if (tail > 0)
-            return gather_part_edges<T, NV, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, tail,
-                                                                               w, widx, cs);
-    }
-    gather_part_edges<T, NV, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, tail, w, widx, cs);
-}
-
-// Dispatch of a float partial chunk (len < 128) to gather_part<NV = len / 8>.
-template <bool WEIGHTED, bool INDEXED, bool COLSCALE, int64_t NV = 0>
-inline void gather_part_float(float* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const float* X,
+// Dispatch of a float chunk of len <= 128 columns (stored as S) to gather_part_edges<NV = len / 8>.
+template <typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE, int64_t NV = 0>
+inline void gather_part_float(float* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const S* X,
                               int64_t D, int64_t c, int64_t len, const float* w, const int64_t* widx,
                               const float* cs) {
-    if constexpr (NV < 16) {
-        if (len / 8 == NV)
-            gather_part<float, NV, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len - NV * 8, w,
-                                                                widx, cs);
-        else
-            gather_part_float<WEIGHTED, INDEXED, COLSCALE, NV + 1>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
-                                                                   cs);
+    if constexpr (NV <= 16) {
+        if (len / 8 == NV) {
+            const int64_t tail = len - NV * 8;  // 0 when NV == 16 (len <= 128)
+            if constexpr (NV < 16) {
+                if (tail > 0)
+                    return gather_part_edges<float, S, NV, true, WEIGHTED, INDEXED, COLSCALE>(
+                        acc, indices, b, e, nnz, X, D, c, tail, w, widx, cs);
+            }
+            gather_part_edges<float, S, NV, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c,
+                                                                                 tail, w, widx, cs);
+        } else {
+            gather_part_float<S, WEIGHTED, INDEXED, COLSCALE, NV + 1>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
+                                                                      cs);
+        }
     }
 }
 
@@ -159,10 +165,11 @@ inline void store_fence(bool stream) {
     (void)stream;
 }
 
-// One pass over a row's edges per CH-column chunk; CH = 512 bytes (a 128-wide float32 row
-// in one pass: the accumulator lives in registers and L1, and each edge's index is read once).
-template <typename T, bool WEIGHTED, bool INDEXED, bool COLSCALE>
-void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+// One pass over a row's edges per CH-column chunk; CH = 512 bytes of accumulators (a 128-wide
+// float32 row in one pass: the accumulator lives in registers and L1, and each edge's index is
+// read once). S = the stored type of X: T, or uint16_t (bfloat16 bits) with T = float.
+template <typename T, typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
                const T* cs, T* out) {
     constexpr int64_t CH = 512 / sizeof(T);
     const int64_t* indptr = g.indptr;
@@ -181,14 +188,18 @@ void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_
                 alignas(64) T acc[CH];
 #pragma omp simd
                 for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
-                if (D == CH)  // one chunk per row: rows of CH * sizeof(T) / 64 lines
+                if constexpr (!std::is_same_v<S, T>)  // bfloat16 rows: chunks of up to 128 floats
+                    gather_part_float<S, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
+                                                                      cs);
+                else if (D == CH)  // one chunk per row: rows of CH * sizeof(T) / 64 lines
                     gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE, CH * sizeof(T) / 64>(
                         acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
                 else if (len == CH)
                     gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
                                                                            widx, cs);
                 else if constexpr (std::is_same_v<T, float>)
-                    gather_part_float<WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
+                    gather_part_float<T, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
+                                                                      cs);
                 else
                     gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len,
                                                                             w, widx, cs);
@@ -200,100 +211,26 @@ void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_
 }
 
 // ---- SpMM over bfloat16 rows: out[v, :] = row_scale[v] * sum_j col_scale[u_j] * float(X[u_j, :]) --
-// X holds bfloat16 bit patterns (the high 16 bits of a float32, so the widening is exact);
-// sums and output are float32, in the same order and chunk forms as spmm_rows (half the bytes
-// gathered per edge). Unweighted: the mean of a layer (row_scale) and its adjoint (col_scale).
-
-inline float bf16_bits_to_float(uint16_t v) { return __builtin_bit_cast(float, static_cast<uint32_t>(v) << 16); }
-
-template <int64_t NV, bool TAIL, bool COLSCALE>
-inline void gather_bf16_edges(float* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz,
-                              const uint16_t* X, int64_t D, int64_t c, int64_t tail, const float* cs) {
-    constexpr int64_t W = NV * 8;
-    const int64_t row_bytes = D * 2, pf = prefetch_distance(row_bytes);
-    const int64_t toff = W + tail - 8;  // first of the 8 columns ending the chunk (NV > 0)
-    alignas(64) float a[W > 0 ? W : 1];
-    alignas(64) float t[8];
-#pragma omp simd
-    for (int64_t k = 0; k < W; ++k) a[k] = 0.0f;
-#pragma omp simd
-    for (int64_t k = 0; k < 8; ++k) t[k] = 0.0f;
-    for (int64_t j = b; j < e; ++j) {
-        if (c == 0 && j + pf < nnz) prefetch_bytes(X + indices[j + pf] * D, row_bytes);
-        const uint16_t* x = X + indices[j] * D + c;
-        const float wj = COLSCALE ? cs[indices[j]] : 1.0f;
-#pragma omp simd
-        for (int64_t k = 0; k < W; ++k) a[k] += wj * bf16_bits_to_float(x[k]);
-        if constexpr (TAIL && NV > 0) {
-#pragma omp simd
-            for (int64_t k = 0; k < 8; ++k) t[k] += wj * bf16_bits_to_float(x[toff + k]);
-        } else if constexpr (TAIL) {
-            for (int64_t k = 0; k < tail; ++k) t[k] += wj * bf16_bits_to_float(x[k]);
-        }
-    }
-    for (int64_t k = 0; k < W; ++k) acc[k] = a[k];
-    if constexpr (TAIL)
-        for (int64_t k = 0; k < tail; ++k) acc[W + k] = t[NV > 0 ? 8 - tail + k : k];
-}
-
-template <bool COLSCALE, int64_t NV = 0>
-inline void gather_bf16(float* acc, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const uint16_t* X,
-                        int64_t D, int64_t c, int64_t len, const float* cs) {
-    if constexpr (NV <= 16) {
-        if (len / 8 == NV) {
-            const int64_t tail = len - NV * 8;  // 0 when NV == 16 (len <= 128)
-            if constexpr (NV < 16) {
-                if (tail > 0) return gather_bf16_edges<NV, true, COLSCALE>(acc, indices, b, e, nnz, X, D, c, tail, cs);
-            }
-            gather_bf16_edges<NV, false, COLSCALE>(acc, indices, b, e, nnz, X, D, c, tail, cs);
-        } else {
-            gather_bf16<COLSCALE, NV + 1>(acc, indices, b, e, nnz, X, D, c, len, cs);
-        }
-    }
-}
-
-template <bool COLSCALE>
-void spmm_bf16_rows(const Csr& g, const uint16_t* X, int64_t D, const float* row_scale, const float* cs, float* out) {
-    constexpr int64_t CH = 128;  // float accumulators per pass (256 bytes of bfloat16 input)
-    const int64_t* indptr = g.indptr;
-    const int64_t* indices = g.indices;
-    const int64_t nnz = g.nnz;
-    const bool stream = can_stream(out, g.rows, D);
-#pragma omp parallel if (worth_threads(g.rows, g.nnz, D))
-    {
-#pragma omp for schedule(dynamic, kRowsPerTask) nowait
-        for (int64_t v = 0; v < g.rows; ++v) {
-            const int64_t b = indptr[v], e = indptr[v + 1];
-            const float s = row_scale ? row_scale[v] : 1.0f;
-            float* o = out + v * D;
-            for (int64_t c = 0; c < D; c += CH) {
-                const int64_t len = std::min(CH, D - c);
-                alignas(64) float acc[CH];
-                gather_bf16<COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, cs);
-                store_scaled(o + c, acc, len, s, stream);
-            }
-        }
-        store_fence(stream);
-    }
-}
-
+// X holds bfloat16 bit patterns (widened exactly); sums and output float32, in the same order
+// and chunk forms as the float32 kernel (half the bytes gathered per edge). Unweighted: the
+// mean of a layer (row_scale) and its adjoint (col_scale).
 inline void spmm_bf16_run(const Csr& g, const uint16_t* X, int64_t D, const float* row_scale, const float* col_scale,
                           float* out) {
     if (col_scale)
-        spmm_bf16_rows<true>(g, X, D, row_scale, col_scale, out);
+        spmm_rows<float, uint16_t, false, false, true>(g, nullptr, nullptr, X, D, row_scale, col_scale, out);
     else
-        spmm_bf16_rows<false>(g, X, D, row_scale, col_scale, out);
+        spmm_rows<float, uint16_t, false, false, false>(g, nullptr, nullptr, X, D, row_scale, col_scale, out);
 }
 
 template <typename T, bool COLSCALE>
 void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
                    const T* cs, T* out) {
     if (!w)
-        spmm_rows<T, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, T, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
     else if (!widx)
-        spmm_rows<T, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, T, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
     else
-        spmm_rows<T, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, T, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
 }
 
 template <typename T>

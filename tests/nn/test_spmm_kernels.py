@@ -84,6 +84,26 @@ def test_spmm_sum_is_the_plain_loop_bitwise(dim):
     assert torch.equal(out, plain_loop_sum(b, x, scale))
 
 
+@pytest.mark.parametrize("dim", [1, 7, 9, 47, 100, 128, 129, 256])
+def test_spmm_sum_bf16_is_the_float32_kernel_on_the_widened_rows(dim):
+    """bfloat16 rows (int16 bit patterns) give bitwise the float32 kernel's result on the same
+    rows widened, with a row scale and with a column scale (the mean and its adjoint)."""
+    b = random_block(300, 200, 3000, seed=dim, zero_rows=17)
+    g = torch.Generator().manual_seed(3)
+    xb = torch.randn(300, dim, generator=g).bfloat16()
+    bits, xf = xb.view(torch.int16).numpy(), xb.float()
+    scale, col = torch.rand(200, generator=g), torch.rand(300, generator=g)
+    out, ref = torch.full((200, dim), float("nan")), torch.empty(200, dim)
+    for kw in ({}, {"row_scale": np_(scale)}, {"col_scale": np_(col)}):
+        spmm.spmm_sum_bf16(np_(b.indptr), np_(b.indices), bits, np_(out), **kw)
+        spmm.spmm_sum(np_(b.indptr), np_(b.indices), np_(xf), np_(ref), **kw)
+        assert torch.equal(out, ref), kw
+    with pytest.raises(ValueError, match="int16"):
+        spmm.spmm_sum_bf16(np_(b.indptr), np_(b.indices), np_(xf), np_(out))
+    with pytest.raises(ValueError, match="outside"):
+        spmm.spmm_sum_bf16(np_(b.indptr), np_(b.indices + 300), bits, np_(out))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("hd,dtype", [
     ((1, 5), torch.float64), ((4, 16), torch.float64), ((3, 70), torch.float64),   # double: 32-wide chunks
