@@ -80,11 +80,7 @@ class SAGEConv(nn.Module):
         projected = self.project_first if projected is None else projected
         cd = self.lin_self.compute_dtype
         if cd is not None and not projected:
-            # lower precision: one GEMM over [h_dst | neigh] and [W_s | W_n] (one rounding pass of
-            # the operands, one widening of the result, no separate sum)
-            w = torch.cat([self.lin_self.weight, self.lin_neigh.weight], 1).to(cd)
-            b = None if self.lin_self.bias is None else self.lin_self.bias.to(cd)
-            return F.linear(torch.cat([h_dst.to(cd), neigh.to(cd)], 1), w, b).to(neigh.dtype)
+            return self._joint_product(h_dst.to(cd), neigh.to(cd)).to(neigh.dtype)
         out = self.lin_self(h_dst)
         if projected:
             return out + neigh
@@ -119,10 +115,16 @@ class SAGEConv(nn.Module):
         cd = torch.bfloat16
         hc = h.to(cd)  # one rounding of every source row serves the gather and the product
         neigh = aggregate_mean_bf16(block, h, hc)
-        hc_dst = dst_rows(block, hc)
+        return self._joint_product(dst_rows(block, hc), neigh).to(h.dtype)
+
+    def _joint_product(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
+        """``lin_self(h_dst) + lin_neigh(neigh)`` for lower-precision operands (both in the
+        compute dtype): one GEMM over ``[h_dst | neigh]`` and ``[W_s | W_n]`` (one rounding pass of
+        the weights, no separate sum); the result stays in the compute dtype."""
+        cd = h_dst.dtype
         w = torch.cat([self.lin_self.weight, self.lin_neigh.weight], 1).to(cd)
         b = None if self.lin_self.bias is None else self.lin_self.bias.to(cd)
-        return F.linear(torch.cat([hc_dst, neigh], 1), w, b).to(h.dtype)
+        return F.linear(torch.cat([h_dst, neigh], 1), w, b)
 
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
