@@ -3,10 +3,10 @@
 #   make demo        create .venv, build native/, import Cora, partition it, train on 2 ranks
 #   make test        same set-up, then the test suite
 #
-# TORCH picks the torch requirement and its pip options (default: the pinned CPU
-# wheel from PyPI). On a GPU cluster point it at a CUDA build, e.g.
+# TORCH picks the PyTorch requirement (an exact torch==X.Y.Z pin) and its pip options
+# (default: the pinned CPU wheel from PyPI). On a GPU cluster point it at a CUDA build, e.g.
 #   make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-# torch is installed in a pip step of its own (the index applies to torch alone; the
+# PyTorch is installed in a pip step of its own (the index applies to PyTorch alone; the
 # other packages come from PyPI), and again whenever TORCH changes, also on an existing
 # .venv. NATIVE_ARCH (or the HPCGNN_NATIVE_ARCH environment variable) picks the -march
 # of native/ (default: the portable x86-64-v2 baseline with AVX2 kernels chosen at run
@@ -37,7 +37,8 @@ PYTEST_ARGS ?=
 value_stamp = $(VENV)/.$(1)-$(firstword $(shell printf '%s' '$(2)' | cksum))
 
 PIP_STAMP    := $(VENV)/.pip-stamp
-TORCH_STAMP  := $(call value_stamp,torch,$(TORCH))
+# the PyTorch step's stamp, named after a checksum of TORCH
+PT_STAMP     := $(call value_stamp,torch,$(TORCH))
 # cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
 # (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
 DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel
@@ -55,9 +56,9 @@ $(PIP_STAMP):
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	@touch $@
 
-# torch alone, with the options in TORCH (an --index-url there applies to torch and its
+# PyTorch alone, with the options in TORCH (an --index-url there applies to PyTorch and its
 # own dependencies only).
-$(TORCH_STAMP): $(PIP_STAMP)
+$(PT_STAMP): $(PIP_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
 	@rm -f $(VENV)/.torch-[0-9]*
 	@printf '%s\n' '$(TORCH)' > $@
@@ -77,7 +78,7 @@ $(ARCH_STAMP): $(PIP_STAMP)
 # without compiling again. A failed compile stops here.
 EDITABLE_STAMP := $(VENV)/.editable-stamp
 
-$(NATIVE_STAMP): $(TORCH_STAMP) $(DEPS_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
+$(NATIVE_STAMP): $(PT_STAMP) $(DEPS_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
 	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(PY) setup.py -q build_ext --inplace --parallel 2
 	@$(PY) -c "import hpcgnn.native" || { echo "hpcgnn: native extension did not import"; exit 1; }
 	@test -f $(EDITABLE_STAMP) || { HPCGNN_PREBUILT=1 HPCGNN_TORCH="$(firstword $(TORCH))" \
@@ -161,28 +162,28 @@ bench-dgl: $(NATIVE_STAMP)
 	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work-0.25 --out $(RUNS)/bench/dgl-s0.25.h5
 
 # DGL as an optional benchmark peer (issue 13): `make peer-dgl` creates its own virtual
-# environment $(DGL_VENV) with torch 2.2.1 + DGL 2.1.0 (never the project's .venv: the torch
+# environment $(DGL_VENV) with torch==2.2.1 + DGL 2.1.0 (never the project's .venv: the PyTorch
 # versions differ). When $(DGL_VENV)/bin/python exists, bench-fullgraph and bench-minibatch also
 # time DGL on the same graph file in a subprocess (hpcgnn/bench/peer_dgl.py) and print the ratio;
-# without it they run as before. Made once (stamp file). PyPI's torch 2.2.1 wheel brings the CUDA
+# without it they run as before. Made once (stamp file). PyPI's torch==2.2.1 wheel brings the CUDA
 # packages (about 3 GB); where the PyTorch CPU index is reachable, install the CPU wheel instead:
 #   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
 DGL_VENV  ?= .venv-dgl
 DGL_TORCH_PIN := torch==2.2.1
-DGL_TORCH_VERSION := $(word 2,$(subst ==, ,$(DGL_TORCH_PIN)))
+DGL_PT_VERSION := $(word 2,$(subst ==, ,$(DGL_TORCH_PIN)))
 DGL_TORCH ?= torch==2.2.1
 DGL_DEPS  := dgl==2.1.0 "numpy<2" "pandas<2.3" torchdata==0.7.1 h5py pydantic pyyaml psutil requests tqdm scipy
 DGL_STAMP := $(DGL_VENV)/.peer-dgl-stamp
 
 peer-dgl: $(DGL_STAMP)
 
-# torch alone first (DGL_TORCH's index options apply to it only), then DGL and the rest from
-# PyPI with torch pinned to the version just installed.
+# PyTorch alone first (DGL_TORCH's index options apply to it only), then DGL and the rest from
+# PyPI with PyTorch pinned (torch==2.2.1) to the version just installed.
 $(DGL_STAMP):
 	@test -x $(DGL_VENV)/bin/python || $(PYTHON3) -m venv $(DGL_VENV)
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH)
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH_PIN) $(DGL_DEPS)
-	$(DGL_VENV)/bin/python -c "import torch, dgl, h5py; assert torch.__version__.split('+')[0] == '$(DGL_TORCH_VERSION)', torch.__version__; print('peer-dgl: torch', torch.__version__, 'dgl', dgl.__version__)"
+	$(DGL_VENV)/bin/python -c "import torch, dgl, h5py; assert torch.__version__.split('+')[0] == '$(DGL_PT_VERSION)', torch.__version__; print('peer-dgl: torch', torch.__version__, 'dgl', dgl.__version__)"
 	@touch $@
 
 clean:
