@@ -172,20 +172,22 @@ const int64_t* opt_index(const py::object& o, const char* name, int64_t nnz, int
 #endif
 
 // SpMM (see spmm_run): true if a source index is out of range (then nothing is computed).
-template <typename T>
-bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t n_src, int64_t D,
+template <typename T, typename S>
+bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t n_src, int64_t D,
                  const T* row_scale, const T* col_scale, T* out) {
     if (any_out_of_range(g.indices, g.nnz, n_src)) return true;
-    HPCGNN_ISA_CALL(spmm_run<T>, g, w, widx, X, D, row_scale, col_scale, out);
+    HPCGNN_ISA_CALL(spmm_run, g, w, widx, X, D, row_scale, col_scale, out);  // T, S deduced
     return false;
 }
 
 // ---- SpMM: out[v, :] = row_scale[v] * sum_j w[j] * col_scale[u_j] * X[u_j, :] -----------------
 
-template <typename T>
+// X's numpy dtype A: T, or int16 holding bfloat16 bit patterns (read as uint16_t, T = float).
+template <typename T, typename A = T>
 void spmm_sum_t(const Csr& g, const py::object& X_o, const py::object& out_o, const py::object& w_o,
                 const py::object& widx_o, const py::object& scale_o, const py::object& cs_o) {
-    auto X = get<T>(X_o, "X", 2);
+    using S = std::conditional_t<std::is_same_v<A, int16_t>, uint16_t, A>;
+    auto X = get<A>(X_o, "X", 2);
     auto out = get<T>(out_o, "out", 2);
     const int64_t n_src = X.shape(0), D = X.shape(1);
     require_dim(out.shape(0), g.rows, "out rows (= len(indptr) - 1)");
@@ -205,11 +207,11 @@ void spmm_sum_t(const Csr& g, const py::object& X_o, const py::object& out_o, co
     const T* col_scale = opt_in<T>(cs_o, "col_scale", 1, cs_a);
     if (col_scale) require_dim(cs_a.shape(0), n_src, "col_scale length (= X rows)");
     T* o = out_ptr_checked(out, "out");
-    const T* x = X.data();
+    const S* x = reinterpret_cast<const S*>(X.data());
     bool bad;
     {
         py::gil_scoped_release nogil;
-        bad = spmm_kernel<T>(g, w, widx, x, n_src, D, scale, col_scale, o);
+        bad = spmm_kernel<T, S>(g, w, widx, x, n_src, D, scale, col_scale, o);
     }
     require(!bad, "spmm_sum: a source index is outside [0, X.shape[0])");
 }
@@ -225,30 +227,11 @@ void spmm_sum(const py::object& indptr, const py::object& indices, const py::obj
     throw std::invalid_argument("X: expected a C-contiguous float32 or float64 numpy array");
 }
 
-// ---- SpMM over bfloat16 rows (see spmm_bf16_run) -------------------------------------------
-
-void spmm_sum_bf16(const py::object& indptr, const py::object& indices, const py::object& X_o, const py::object& out_o,
-                   const py::object& scale_o, const py::object& cs_o) {
-    Csr g = get_csr(indptr, indices);
-    auto X = get<int16_t>(X_o, "X", 2);
-    auto out = get<float>(out_o, "out", 2);
-    const int64_t n_src = X.shape(0), D = X.shape(1);
-    require_dim(out.shape(0), g.rows, "out rows (= len(indptr) - 1)");
-    require_dim(out.shape(1), D, "out columns (= X columns)");
-    cbuf<float> s_a, cs_a;
-    const float* scale = opt_in<float>(scale_o, "row_scale", 1, s_a);
-    if (scale) require_dim(s_a.shape(0), g.rows, "row_scale length (= rows)");
-    const float* col_scale = opt_in<float>(cs_o, "col_scale", 1, cs_a);
-    if (col_scale) require_dim(cs_a.shape(0), n_src, "col_scale length (= X rows)");
-    float* o = out_ptr_checked(out, "out");
-    const uint16_t* x = reinterpret_cast<const uint16_t*>(X.data());
-    bool bad;
-    {
-        py::gil_scoped_release nogil;
-        bad = any_out_of_range(g.indices, g.nnz, n_src);
-        if (!bad) HPCGNN_ISA_CALL(spmm_bf16_run, g, x, D, scale, col_scale, o);
-    }
-    require(!bad, "spmm_sum_bf16: a source index is outside [0, X.shape[0])");
+// spmm_sum without edge weights over bfloat16 rows (X int16 bit patterns, out float32).
+void spmm_sum_bf16(const py::object& indptr, const py::object& indices, const py::object& X, const py::object& out,
+                   const py::object& row_scale, const py::object& col_scale) {
+    const py::object none = py::none();
+    spmm_sum_t<float, int16_t>(get_csr(indptr, indices), X, out, none, none, row_scale, col_scale);
 }
 
 // ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------

@@ -210,36 +210,26 @@ void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_
     }
 }
 
-// ---- SpMM over bfloat16 rows: out[v, :] = row_scale[v] * sum_j col_scale[u_j] * float(X[u_j, :]) --
-// X holds bfloat16 bit patterns (widened exactly); sums and output float32, in the same order
-// and chunk forms as the float32 kernel (half the bytes gathered per edge). Unweighted: the
-// mean of a layer (row_scale) and its adjoint (col_scale).
-inline void spmm_bf16_run(const Csr& g, const uint16_t* X, int64_t D, const float* row_scale, const float* col_scale,
-                          float* out) {
-    if (col_scale)
-        spmm_rows<float, uint16_t, false, false, true>(g, nullptr, nullptr, X, D, row_scale, col_scale, out);
-    else
-        spmm_rows<float, uint16_t, false, false, false>(g, nullptr, nullptr, X, D, row_scale, col_scale, out);
-}
-
-template <typename T, bool COLSCALE>
-void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+// X stored as S: T itself, or uint16_t bfloat16 bit patterns with T = float (widened exactly;
+// half the bytes gathered per edge, same sums in the same order as the float32 rows).
+template <typename T, typename S, bool COLSCALE>
+void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
                    const T* cs, T* out) {
     if (!w)
-        spmm_rows<T, T, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, S, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
     else if (!widx)
-        spmm_rows<T, T, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, S, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
     else
-        spmm_rows<T, T, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+        spmm_rows<T, S, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
 }
 
-template <typename T>
-void spmm_run(const Csr& g, const T* w, const int64_t* widx, const T* X, int64_t D, const T* row_scale,
+template <typename T, typename S>
+void spmm_run(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
               const T* col_scale, T* out) {
     if (col_scale)
-        spmm_dispatch<T, true>(g, w, widx, X, D, row_scale, col_scale, out);
+        spmm_dispatch<T, S, true>(g, w, widx, X, D, row_scale, col_scale, out);
     else
-        spmm_dispatch<T, false>(g, w, widx, X, D, row_scale, col_scale, out);
+        spmm_dispatch<T, S, false>(g, w, widx, X, D, row_scale, col_scale, out);
 }
 
 // ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------

@@ -75,6 +75,13 @@ def _check_rows(block, x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: x has {x.shape[0]} rows, the block has num_src={block.num_src}")
 
 
+def dst_rows(block, h: torch.Tensor) -> torch.Tensor:
+    """The destinations' own rows ``h[:num_dst]``; ``h`` itself when every row is a destination
+    (one rank's full graph), whose backward then needs no zero-filled full-size gradient buffer
+    (a slice's backward writes its gradient into a fresh zero tensor of ``h``'s shape)."""
+    return h if block.num_dst == h.shape[0] else h[:block.num_dst]
+
+
 def mean_scale(block, dtype=torch.float32) -> torch.Tensor:
     """[num_dst] ``1 / in_degree`` (0 for destinations without in-edges)."""
     deg = (block.indptr[1:] - block.indptr[:-1]).to(dtype)
@@ -201,8 +208,7 @@ def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | 
     input) they stay a view, which keeps ``x`` until backward."""
     _check_rows(block, x, "aggregate_sum_with_dst")
     if x.dim() != 2 or not _use_native(x, backend) or not x.requires_grad or not torch.is_grad_enabled():
-        return aggregate_sum(block, x, row_scale=row_scale, backend=backend), \
-            x if block.num_dst == x.shape[0] else x[:block.num_dst]
+        return aggregate_sum(block, x, row_scale=row_scale, backend=backend), dst_rows(block, x)
     if row_scale is not None:
         row_scale = row_scale.detach().to(x.dtype)
     return _SpmmSumDst.apply(block, x, row_scale)

@@ -23,17 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
-                                  aggregate_sum_with_dst, bf16_gather_pays, gat_aggregate, mean_scale)
+                                  aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate, mean_scale)
 from hpcgnn.nn.precision import Linear
 
 GAT_VARIANTS = ("distgnn", "standard")
-
-
-def dst_rows(block, h: torch.Tensor) -> torch.Tensor:
-    """The destinations' own rows ``h[:num_dst]``; ``h`` itself when every row is a destination
-    (one rank's full graph), whose backward then needs no zero-filled full-size gradient buffer
-    (a slice's backward writes its gradient into a fresh zero tensor of ``h``'s shape)."""
-    return h if block.num_dst == h.shape[0] else h[:block.num_dst]
 
 
 def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, num_edges: int) -> bool:
