@@ -171,14 +171,6 @@ const int64_t* opt_index(const py::object& o, const char* name, int64_t nnz, int
 #pragma GCC pop_options
 #endif
 
-// SpMM (see spmm_run): true if a source index is out of range (then nothing is computed).
-template <typename T, typename S>
-bool spmm_kernel(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t n_src, int64_t D,
-                 const T* row_scale, const T* col_scale, T* out) {
-    if (any_out_of_range(g.indices, g.nnz, n_src)) return true;
-    HPCGNN_ISA_CALL(spmm_run, g, w, widx, X, D, row_scale, col_scale, out);  // T, S deduced
-    return false;
-}
 
 // ---- SpMM: out[v, :] = row_scale[v] * sum_j w[j] * col_scale[u_j] * X[u_j, :] -----------------
 
@@ -211,7 +203,7 @@ void spmm_sum_t(const Csr& g, const py::object& X_o, const py::object& out_o, co
     bool bad;
     {
         py::gil_scoped_release nogil;
-        bad = spmm_kernel<T, S>(g, w, widx, x, n_src, D, scale, col_scale, o);
+        bad = HPCGNN_ISA_CALL(spmm_run, g, w, widx, x, n_src, D, scale, col_scale, o);  // T, S deduced
     }
     require(!bad, "spmm_sum: a source index is outside [0, X.shape[0])");
 }

@@ -165,71 +165,180 @@ inline void store_fence(bool stream) {
     (void)stream;
 }
 
-// One pass over a row's edges per CH-column chunk; CH = 512 bytes of accumulators (a 128-wide
-// float32 row in one pass: the accumulator lives in registers and L1, and each edge's index is
-// read once). S = the stored type of X: T, or uint16_t (bfloat16 bits) with T = float.
-template <typename T, typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE>
-void spmm_rows(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
-               const T* cs, T* out) {
-    constexpr int64_t CH = 512 / sizeof(T);
-    const int64_t* indptr = g.indptr;
-    const int64_t* indices = g.indices;
-    const int64_t nnz = g.nnz;
-    const bool stream = can_stream(out, g.rows, D);
-#pragma omp parallel if (worth_threads(g.rows, g.nnz, D))
-    {
-#pragma omp for schedule(dynamic, kRowsPerTask) nowait
-        for (int64_t v = 0; v < g.rows; ++v) {
-            const int64_t b = indptr[v], e = indptr[v + 1];
-            const T s = row_scale ? row_scale[v] : T(1);
-            T* o = out + v * D;
-            for (int64_t c = 0; c < D; c += CH) {
-                const int64_t len = std::min(CH, D - c);
-                alignas(64) T acc[CH];
-#pragma omp simd
-                for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
-                if constexpr (!std::is_same_v<S, T>)  // bfloat16 rows: chunks of up to 128 floats
-                    gather_part_float<S, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
-                                                                      cs);
-                else if (D == CH)  // one chunk per row: rows of CH * sizeof(T) / 64 lines
-                    gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE, CH * sizeof(T) / 64>(
-                        acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
-                else if (len == CH)
-                    gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w,
-                                                                           widx, cs);
-                else if constexpr (std::is_same_v<T, float>)
-                    gather_part_float<T, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
-                                                                      cs);
-                else
-                    gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len,
-                                                                            w, widx, cs);
-                store_scaled(o + c, acc, len, s, stream);
+#if HPCGNN_KERNELS_AVX
+// 8 consecutive stored values from x as a 32-byte vector of T: float/double loaded as they are;
+// bfloat16 bit patterns (S = uint16_t, T = float) widened exactly (shifted into the high half).
+template <typename T, typename S>
+inline auto load_vector(const S* x) {
+    typedef T vec __attribute__((vector_size(32)));
+    if constexpr (std::is_same_v<S, uint16_t>) {
+        typedef uint16_t half_bits __attribute__((vector_size(16), aligned(2)));
+        typedef uint32_t bits __attribute__((vector_size(32)));
+        return reinterpret_cast<vec>(__builtin_convertvector(*reinterpret_cast<const half_bits*>(x), bits) << 16);
+    } else {
+        typedef T vec_unaligned __attribute__((vector_size(32), aligned(sizeof(T))));
+        return vec(*reinterpret_cast<const vec_unaligned*>(x));
+    }
+}
+
+// o[0:CH) = s * sum over row edges [b, e) of w_j * cs[u_j] * X[u_j, c:c+CH) for a full chunk
+// of CH = 512 / sizeof(T) columns (streaming stores when `stream`), with the 16 accumulators as
+// 32-byte vectors (GCC vector extension), which stay in registers across the edges.
+// gather_chunk's local array makes GCC load and store every vector once per edge: 10-25 %
+// slower (docs/benchmarks.md). X stored as S (load_vector). Same sums, same order as
+// gather_chunk. Prefetches as gather_chunk (ROW_LINES > 0: rows of that many lines).
+template <typename T, typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE, int64_t ROW_LINES>
+inline void gather_chunk_in_registers(T* o, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const S* X,
+                                      int64_t D, int64_t c, const T* w, const int64_t* widx, const T* cs, T s,
+                                      bool stream) {
+    typedef T vec __attribute__((vector_size(32)));
+    typedef T vec_unaligned __attribute__((vector_size(32), aligned(sizeof(T))));
+    constexpr int64_t L = 32 / sizeof(T), NV = 512 / 32;
+    const int64_t row_bytes = D * static_cast<int64_t>(sizeof(S)), pf = prefetch_distance(row_bytes);
+    vec a[NV];
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < NV; ++i) a[i] = vec{};
+    for (int64_t j = b; j < e; ++j) {
+        if (c == 0 && j + pf < nnz) {
+            if constexpr (ROW_LINES > 0) {
+                const char* r = reinterpret_cast<const char*>(X + indices[j + pf] * D);
+#pragma GCC unroll 16
+                for (int64_t l = 0; l < ROW_LINES; ++l) __builtin_prefetch(r + 64 * l, 0, 3);
+            } else {
+                prefetch_bytes(X + indices[j + pf] * D, row_bytes);
             }
+            if (INDEXED) __builtin_prefetch(w + widx[j + pf], 0, 3);
+        }
+        const S* x = X + indices[j] * D + c;
+        T wj = WEIGHTED ? w[INDEXED ? widx[j] : j] : T(1);
+        if (COLSCALE) wj *= cs[indices[j]];
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < NV; ++i) {
+            const vec xi = load_vector<T, S>(x + i * L);
+            if constexpr (WEIGHTED || COLSCALE)
+                a[i] += wj * xi;
+            else
+                a[i] += xi;
+        }
+    }
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < NV; ++i) {
+        const vec r = a[i] * s;
+        if (!stream)
+            *reinterpret_cast<vec_unaligned*>(o + i * L) = r;
+        else if constexpr (std::is_same_v<T, float>)
+            _mm256_stream_ps(o + i * L, reinterpret_cast<__m256>(r));
+        else
+            _mm256_stream_pd(o + i * L, reinterpret_cast<__m256d>(r));
+    }
+}
+#endif
+
+// o[0:D) = s * (row edges [b, e) of the SpMM): one pass over the edges per CH-column chunk;
+// CH = 512 bytes of accumulators (a 128-wide float32 row in one pass: the accumulators live in
+// registers, and each edge's index is read once). S = the stored type of X: T, or uint16_t
+// (bfloat16 bits) with T = float.
+// (Always inlined: called per row, a call kept its accumulators' frame and cost 5 %.)
+template <typename T, typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+[[gnu::always_inline]] inline void spmm_row(T* o, const int64_t* indices, int64_t b, int64_t e, int64_t nnz, const S* X, int64_t D, T s,
+                     const T* w, const int64_t* widx, const T* cs, bool stream) {
+    constexpr int64_t CH = 512 / sizeof(T);
+    for (int64_t c = 0; c < D; c += CH) {
+        const int64_t len = std::min(CH, D - c);
+#if HPCGNN_KERNELS_AVX
+        if (len == CH) {  // (rows of exactly one chunk are done by spmm_rows itself)
+            gather_chunk_in_registers<T, S, WEIGHTED, INDEXED, COLSCALE, 0>(o + c, indices, b, e, nnz, X, D, c, w,
+                                                                            widx, cs, s, stream);
+            continue;
+        }
+#endif
+        alignas(64) T acc[CH];
+#pragma omp simd
+        for (int64_t k = 0; k < CH; ++k) acc[k] = T(0);
+        if constexpr (!std::is_same_v<S, T>)  // bfloat16 rows: chunks of up to 128 floats
+            gather_part_float<S, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
+        else if (D == CH)  // one chunk per row: rows of CH * sizeof(T) / 64 lines
+            gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE, CH * sizeof(T) / 64>(acc, indices, b, e, nnz, X, D,
+                                                                                        c, len, w, widx, cs);
+        else if (len == CH)
+            gather_chunk<T, CH, true, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
+        else if constexpr (std::is_same_v<T, float>)
+            gather_part_float<T, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx, cs);
+        else
+            gather_chunk<T, CH, false, WEIGHTED, INDEXED, COLSCALE>(acc, indices, b, e, nnz, X, D, c, len, w, widx,
+                                                                    cs);
+        store_scaled(o + c, acc, len, s, stream);
+    }
+}
+
+// True if some idx[0:n) is outside [0, limit) (negative values compare as huge unsigned ones).
+inline bool any_index_outside(const int64_t* idx, int64_t n, int64_t limit) {
+    uint64_t mx = 0;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, static_cast<uint64_t>(idx[j]));
+    return n > 0 && mx >= static_cast<uint64_t>(limit);
+}
+
+// The SpMM's rows (spmm_row), to the threads in tasks of kRowsPerTask rows. A task first
+// checks its edges' source indices against [0, n_src) and computes nothing if one is outside.
+// The indices are then in L1 for its gathers: faster than the separate pass over all indices
+// this replaced (which took about 4 % of a 128-wide SpMM), and up to 20 % faster than no
+// check at all when memory is slow. Rows of exactly one chunk (D == CH) take
+// gather_chunk_in_registers directly, with c == 0 known at compile time (through spmm_row the
+// per-row code was 5 % slower). Returns true if an index was outside; `out` is then partly
+// written.
+template <typename T, typename S, bool WEIGHTED, bool INDEXED, bool COLSCALE>
+bool spmm_rows(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t n_src, int64_t D,
+               const T* row_scale, const T* cs, T* out) {
+    const int64_t* indptr = g.indptr;
+    const bool stream = can_stream(out, g.rows, D);
+    const int64_t tasks = (g.rows + kRowsPerTask - 1) / kRowsPerTask;
+    bool bad = false;
+#pragma omp parallel if (worth_threads(g.rows, g.nnz, D)) reduction(|| : bad)
+    {
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t t = 0; t < tasks; ++t) {
+            const int64_t v0 = t * kRowsPerTask, v1 = std::min(g.rows, v0 + kRowsPerTask);
+            if (any_index_outside(g.indices + indptr[v0], indptr[v1] - indptr[v0], n_src)) {
+                bad = true;
+                continue;
+            }
+#if HPCGNN_KERNELS_AVX
+            constexpr int64_t CH = 512 / sizeof(T);
+            if (D == CH) {  // rows of one chunk, CH * sizeof(S) / 64 lines
+                for (int64_t v = v0; v < v1; ++v)
+                    gather_chunk_in_registers<T, S, WEIGHTED, INDEXED, COLSCALE, CH * sizeof(S) / 64>(
+                        out + v * D, g.indices, indptr[v], indptr[v + 1], g.nnz, X, D, 0, w, widx, cs,
+                        row_scale ? row_scale[v] : T(1), stream);
+                continue;
+            }
+#endif
+            for (int64_t v = v0; v < v1; ++v)
+                spmm_row<T, S, WEIGHTED, INDEXED, COLSCALE>(out + v * D, g.indices, indptr[v], indptr[v + 1], g.nnz, X,
+                                                            D, row_scale ? row_scale[v] : T(1), w, widx, cs, stream);
         }
         store_fence(stream);
     }
+    return bad;
 }
 
 // X stored as S: T itself, or uint16_t bfloat16 bit patterns with T = float (widened exactly;
 // half the bytes gathered per edge, same sums in the same order as the float32 rows).
 template <typename T, typename S, bool COLSCALE>
-void spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
-                   const T* cs, T* out) {
-    if (!w)
-        spmm_rows<T, S, false, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
-    else if (!widx)
-        spmm_rows<T, S, true, false, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
-    else
-        spmm_rows<T, S, true, true, COLSCALE>(g, w, widx, X, D, row_scale, cs, out);
+bool spmm_dispatch(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t n_src, int64_t D,
+                   const T* row_scale, const T* cs, T* out) {
+    if (!w) return spmm_rows<T, S, false, false, COLSCALE>(g, w, widx, X, n_src, D, row_scale, cs, out);
+    if (!widx) return spmm_rows<T, S, true, false, COLSCALE>(g, w, widx, X, n_src, D, row_scale, cs, out);
+    return spmm_rows<T, S, true, true, COLSCALE>(g, w, widx, X, n_src, D, row_scale, cs, out);
 }
 
+// out = the SpMM over X's n_src rows; true (and out partly written) if a source index is
+// outside [0, n_src) (see spmm_rows).
 template <typename T, typename S>
-void spmm_run(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t D, const T* row_scale,
-              const T* col_scale, T* out) {
-    if (col_scale)
-        spmm_dispatch<T, S, true>(g, w, widx, X, D, row_scale, col_scale, out);
-    else
-        spmm_dispatch<T, S, false>(g, w, widx, X, D, row_scale, col_scale, out);
+bool spmm_run(const Csr& g, const T* w, const int64_t* widx, const S* X, int64_t n_src, int64_t D,
+              const T* row_scale, const T* col_scale, T* out) {
+    if (col_scale) return spmm_dispatch<T, S, true>(g, w, widx, X, n_src, D, row_scale, col_scale, out);
+    return spmm_dispatch<T, S, false>(g, w, widx, X, n_src, D, row_scale, col_scale, out);
 }
 
 // ---- multi-head SpMM: out[v, h, :] = sum_j alpha[j, h] * Z[indices[j], h, :] -------------------

@@ -17,7 +17,8 @@
 4. Effective bandwidth of the aggregation kernel as a fraction of the measured memory-copy
    bandwidth (:func:`hpcgnn.nn.aggregate.measure_bandwidth`, best of ``--bw-repeats``), on a
    uniform random graph and on one with local edges, with the features on transparent huge
-   pages (as hpcgnn runs) and, for the uniform graph, on 4 KiB pages; target >= 50 %.
+   pages (as hpcgnn runs) and, for the uniform graph, on 4 KiB pages; target >= 80 % on huge
+   pages (issue 8).
 
 5. Halo exchange at ``--cache-ranks`` ranks (CaPGNN, docs/capgnn.md): exact vs cached
    (``fullgraph.halo = "cached"``, S = 1, 2, 4) vs cached + pipeline, each also with bfloat16
@@ -45,7 +46,8 @@ import torch
 from hpcgnn.bench.workdir import products_like_inputs
 
 TARGET_DEDUP_REDUCTION = 0.25
-TARGET_BANDWIDTH_FRACTION = 0.50
+TARGET_BANDWIDTH_FRACTION = 0.80    # issue 8 (0.50 before); on huge pages, as hpcgnn runs
+BANDWIDTH_TARGET_CASES = ("uniform", "local500")
 TARGET_CACHE_FWD_REDUCTION = 5.0     # exact / cached forward halo bytes at S = 2 (issue 10)
 
 
@@ -406,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
           "uniform_4k_pages": best_bandwidth(args.bw_repeats, *shape, hugepages=False),
           "local500": best_bandwidth(args.bw_repeats, *shape, locality=500, hugepages=True)}
     bw["target_fraction"] = TARGET_BANDWIDTH_FRACTION
+    bw["target_cases"] = ",".join(BANDWIDTH_TARGET_CASES)
     results["bandwidth"] = bw
 
     # 5. exact vs cached vs pipelined halo exchange at --cache-ranks ranks
@@ -455,10 +458,13 @@ def print_table(results: dict, meta: dict) -> None:
     target = results["bandwidth"]["target_fraction"]
     for k in ("uniform", "uniform_4k_pages", "local500"):
         b = results["bandwidth"][k]
-        verdict = "met" if b["native_frac_copy"] >= target else "MISSED"
+        if k in results["bandwidth"].get("target_cases", "uniform").split(","):
+            verdict = f"target >= {100 * target:.0f}%: " + ("met" if b["native_frac_copy"] >= target else "MISSED")
+        else:
+            verdict = "no target: hpcgnn runs on huge pages"
         print(f"  aggregation bandwidth ({k}): native {b['native_s']:.3f} s, {b['native_gbs']:.1f} GB/s = "
               f"{100 * b['native_frac_copy']:.0f}% of copy {b['copy_gbs']:.1f} GB/s (torch CSR "
-              f"{100 * b['torch_frac_copy']:.0f}%; target >= {100 * target:.0f}%: {verdict})")
+              f"{100 * b['torch_frac_copy']:.0f}%; {verdict})")
     if "cached_halo" in results:
         ch = results["cached_halo"]
         print(f"  halo exchange, {ch['ranks']} ranks, {ch['epochs']} epochs (bytes: all ranks, per epoch, epochs 2..):")

@@ -84,6 +84,16 @@ def test_spmm_sum_is_the_plain_loop_bitwise(dim):
     assert torch.equal(out, plain_loop_sum(b, x, scale))
 
 
+@pytest.mark.parametrize("dim", [31, 64, 65, 128])
+def test_float64_spmm_sum_is_the_plain_loop_bitwise(dim):
+    """float64 chunks are 64 wide: rows of one chunk (64), full chunks plus a partial one."""
+    b = random_block(300, 200, 3000, seed=dim, zero_rows=17)
+    x = torch.randn(300, dim, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    out = torch.full((200, dim), float("nan"), dtype=torch.float64)
+    spmm.spmm_sum(np_(b.indptr), np_(b.indices), np_(x), np_(out))
+    assert torch.equal(out, plain_loop_sum(b, x))
+
+
 @pytest.mark.parametrize("dim", [1, 7, 9, 47, 100, 128, 129, 256])
 def test_spmm_sum_bf16_is_the_float32_kernel_on_the_widened_rows(dim):
     """bfloat16 rows (int16 bit patterns) give bitwise the float32 kernel's result on the same
@@ -278,6 +288,27 @@ def test_large_outputs_take_the_streaming_store_path_exactly(dtype, dim):
         shifted = buf[1:].reshape(rows, dim)
         spmm.spmm_sum(indptr, indices, x, shifted, row_scale=scale)
         np.testing.assert_array_equal(shifted, expected)
+
+
+@pytest.mark.parametrize("dim", [128, 100, 256])   # one chunk (in registers), partial, two chunks
+@pytest.mark.parametrize("bad", [-1, 3000, 2**62])
+def test_source_index_outside_raises_in_any_row_task(dim, bad):
+    """Each task of 64 rows checks its own edges' indices: one bad index in a middle task, with
+    threads, raises ValueError (and a good graph of the same shape still computes)."""
+    b = random_block(3000, 2000, 40_000, seed=dim)
+    x = np.ones((3000, dim), np.float32)
+    out = np.empty((2000, dim), np.float32)
+    ix = np_(b.indices).copy()
+    middle = int(b.indptr[1000])                                  # first edge of row 1000: task 15 of 32
+    spmm.spmm_sum(np_(b.indptr), ix, x, out)
+    deg = np.diff(np_(b.indptr)).astype(np.float32)
+    assert np.array_equal(out, np.repeat(deg[:, None], dim, 1))
+    ix[middle] = bad
+    for xx in (x, x.astype(np.float64)):
+        with pytest.raises(ValueError, match="outside"):
+            spmm.spmm_sum(np_(b.indptr), ix, xx, out if xx.dtype == np.float32 else out.astype(np.float64))
+    with pytest.raises(ValueError, match="outside"):
+        spmm.spmm_sum_bf16(np_(b.indptr), ix, np.zeros((3000, dim), np.int16), out)
 
 
 def test_bad_arguments_raise_value_error():
