@@ -607,7 +607,8 @@ PYBIND11_MODULE(_native_spmm, m) {
           py::arg("col_scale") = none,
           "out[v] = row_scale[v] * sum_j w[j] col_scale[u_j] X[u_j] over row v's edges j, u_j = indices[j] "
           "(absent factors = 1; w read at weight_index[j] when given). X [num_src, D], out [rows, D], "
-          "overwritten; row_scale [rows], col_scale [num_src].");
+          "overwritten; row_scale [rows], col_scale [num_src]. A source index outside [0, num_src) raises "
+          "ValueError (out is then partly written).");
     m.def("spmm_sum_bf16", &spmm_sum_bf16, py::arg("indptr"), py::arg("indices"), py::arg("X"), py::arg("out"),
           py::arg("row_scale") = none, py::arg("col_scale") = none,
           "spmm_sum without edge weights over bfloat16 rows: X int16 [num_src, D] holding bfloat16 bit "
