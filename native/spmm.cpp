@@ -171,7 +171,6 @@ const int64_t* opt_index(const py::object& o, const char* name, int64_t nnz, int
 #pragma GCC pop_options
 #endif
 
-
 // ---- SpMM: out[v, :] = row_scale[v] * sum_j w[j] * col_scale[u_j] * X[u_j, :] -----------------
 
 // X's numpy dtype A: T, or int16 holding bfloat16 bit patterns (read as uint16_t, T = float).
