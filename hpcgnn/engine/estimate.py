@@ -31,6 +31,7 @@ from hpcgnn.errors import InputError
 
 F32 = 4
 I64 = 8
+BF16 = 2
 # Tensors kept per layer for backward, in units of the layer's (rows x width): input, aggregate,
 # two linear outputs, their sum, the activation (native dropout keeps no mask) and the gradients.
 SAVED_PER_LAYER = 6
@@ -239,7 +240,8 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
         sage = cfg.model.arch == "sage" and fg.halo != "cached" and layers >= 2
-        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers) if sage else \
+        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers,
+                                                        cfg.train.precision == "bf16") if sage else \
             int(x0 + sum(per_layer))
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
@@ -262,7 +264,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
 
 
-def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int) -> int:
+def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
     """SAGE on the in-memory full-graph engine (engine/fullgraph.py ``InMemoryFullGraph``).
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
@@ -271,8 +273,11 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     rows, their neighbour mean, the ReLU+dropout output), or, when it projects first
     (``SAGEConv.projects_first``: few halo rows), all ``nl x w_l`` source rows. One layer at a
     time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
-    they join) and in backward the gradient of the same size. Plus the transpose of the local
-    graph that backward's aggregation reads (two int64 per edge).
+    they join) and in backward the gradient of the same size; in bfloat16 (``bf16``:
+    ``train.precision = "bf16"``) also that input rounded to bfloat16, which the layer's gather
+    and product read (2 bytes a value; at products-like 1.0 on 4 ranks the measured peaks were
+    0.36-0.39 GiB per rank above float32's, docs/benchmarks.md). Plus the transpose of the
+    local graph that backward's aggregation reads (two int64 per edge).
     """
     from hpcgnn.nn.conv import sage_projects_first
 
@@ -284,7 +289,7 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
             kept += (nl * wi + 2 * ns * wo) * F32
         else:
             kept += ns * (2 * wi + wo) * F32
-        transient = max(transient, 2 * nl * wi * F32)
+        transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
     start = (nl + ns) * widths[0] * F32
     return int(max(start, kept + transient) + 2 * ne * I64)
 

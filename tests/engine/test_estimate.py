@@ -51,6 +51,23 @@ def test_estimate_within_25_percent_of_measured_peak(cora_parts, tmp_path, confi
         assert 0.75 <= ratio <= 1.25, (config, r, measured)
 
 
+def test_bf16_full_graph_estimate_holds_the_rounded_layer_input(cora_parts):
+    """In bfloat16 a full-graph SAGE layer also holds its exchanged input rounded to bfloat16
+    (solid + halo rows x width x 2 bytes): the estimate's activations grow by exactly that on
+    every rank (hidden 2048: the layers, not the start-up, set the peak)."""
+    parts = cora_parts(2)
+    terms, rows = {}, {}
+    for precision in ("fp32", "bf16"):
+        got = run_cli(["inspect", str(parts), "--config", str(ROOT / "inputs" / "cora-gcn-fullgraph.toml"),
+                       "--json", "--set", "model.arch=sage", "--set", "model.hidden=2048",
+                       "--set", f"train.precision={precision}"], timeout=120)
+        assert got.returncode == 0, got.stderr
+        info = json.loads(got.stdout)
+        terms[precision] = [r["terms"]["activations"] for r in info["memory_estimate"]["ranks"]]
+        rows = [p["num_solid"] + p["num_halo"] for p in info["parts"]]
+    assert [b - f for b, f in zip(terms["bf16"], terms["fp32"])] == [n * 2048 * 2 for n in rows]
+
+
 def test_over_the_limit_exits_2_on_every_rank(cora_parts, tmp_path):
     parts = cora_parts(2)
     run = tmp_path / "run"
