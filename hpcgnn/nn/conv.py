@@ -106,9 +106,19 @@ class SAGEConv(nn.Module):
         per edge, float32 sums; the mean is rounded once where the float32 path rounds it
         before its product too). One GEMM over ``[h_dst | neigh]`` as in :meth:`update`."""
         cd = torch.bfloat16
-        hc = h.to(cd)  # one rounding of every source row serves the gather and the product
+        if block.num_dst == h.shape[0]:
+            hc = h.to(cd)  # one rounding of every row serves the gather and the product
+            h_dst = hc
+        else:
+            # halo rows: the gather's copy takes no gradient (aggregate_mean_bf16 sends it to h)
+            # and the destinations' rows are rounded again, so that backward does not go
+            # through a slice of all rows (a zero-filled bfloat16 gradient of h's shape, then
+            # its float32 copy)
+            with torch.no_grad():
+                hc = h.to(cd)
+            h_dst = h[:block.num_dst].to(cd)
         neigh = aggregate_mean_bf16(block, h, hc)
-        return self._joint_product(dst_rows(block, hc), neigh).to(h.dtype)
+        return self._joint_product(h_dst, neigh).to(h.dtype)
 
     def _joint_product(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
         """``lin_self(h_dst) + lin_neigh(neigh)`` for lower-precision operands (both in the
