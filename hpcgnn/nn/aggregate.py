@@ -274,28 +274,36 @@ class _SpmmMeanBf16(torch.autograd.Function):
     (given, detached): the gathers read 2 bytes a value instead of 4, the sums are float32.
     The gradient goes to the float32 ``x``: the incoming bfloat16 gradient is gathered along the
     transpose as it is (widening is exact), so backward equals the float32 path's on the
-    same gradient."""
+    same gradient. ``with_dst``: also ``xc[:num_dst]`` (a copy), whose gradient backward adds
+    into the first rows of ``x``'s in place (as ``_SpmmSumDst``: no zero-filled slice gradient)."""
 
     @staticmethod
-    def forward(ctx, block, x, xc, scale):
+    def forward(ctx, block, x, xc, scale, with_dst):
         out = torch.empty(block.num_dst, xc.shape[1], dtype=torch.float32)
         ip, ix = _csr(block)
         _spmm.spmm_sum_bf16(ip, ix, _bits(xc), out.numpy(), _np(scale), None)
         ctx.block = block
         ctx.save_for_backward(scale)
-        return out.to(torch.bfloat16)
+        if not with_dst:
+            return out.to(torch.bfloat16)
+        return out.to(torch.bfloat16), xc[:block.num_dst].clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_dst=None):
         (scale,) = ctx.saved_tensors
         block = ctx.block
         grad_x = None
         if ctx.needs_input_grad[1]:
-            t_ptr, t_idx, _ = _transpose(block)
-            grad_x = torch.empty(block.num_src, grad_out.shape[1], dtype=torch.float32)
-            _spmm.spmm_sum_bf16(t_ptr, t_idx, _bits(grad_out.to(torch.bfloat16)), grad_x.numpy(), None, _np(scale))
-        return None, grad_x, None, None
+            grad_x = torch.empty(block.num_src, grad_out.shape[1], dtype=torch.float32) if grad_out is not None \
+                else torch.zeros(block.num_src, grad_dst.shape[1], dtype=torch.float32)
+            if grad_out is not None:
+                t_ptr, t_idx, _ = _transpose(block)
+                _spmm.spmm_sum_bf16(t_ptr, t_idx, _bits(grad_out.to(torch.bfloat16)), grad_x.numpy(), None,
+                                    _np(scale))
+            if grad_dst is not None:
+                grad_x[:block.num_dst] += grad_dst
+        return None, grad_x, None, None, None
 
 
 def bf16_gather_pays(block, x: torch.Tensor, backend: str = "auto") -> bool:
@@ -306,15 +314,17 @@ def bf16_gather_pays(block, x: torch.Tensor, backend: str = "auto") -> bool:
             and block.num_edges >= 4 * max(int(block.num_src), 1))
 
 
-def aggregate_mean_bf16(block, x: torch.Tensor, xc: torch.Tensor) -> torch.Tensor:
+def aggregate_mean_bf16(block, x: torch.Tensor, xc: torch.Tensor, *, with_dst: bool = False):
     """bfloat16 [num_dst, F]: the in-neighbour mean of ``xc`` = ``x.to(bfloat16)`` (same shape;
     no gradient is taken through it), summed in float32 and rounded once; gradient to ``x``
-    (float32). Native CPU kernels only (see :func:`bf16_gather_pays`)."""
+    (float32). ``with_dst``: ``(mean, xc[:num_dst])``, the destinations' rounded rows as their
+    own tensor whose gradient also goes to ``x``, in the same buffer (a layer with halo rows
+    reads both). Native CPU kernels only (see :func:`bf16_gather_pays`)."""
     _check_rows(block, x, "aggregate_mean_bf16")
     if xc.dtype != torch.bfloat16 or xc.shape != x.shape:
         raise ValueError(f"aggregate_mean_bf16: xc must be x's shape {tuple(x.shape)} in bfloat16, "
                          f"got {tuple(xc.shape)} {xc.dtype}")
-    return _SpmmMeanBf16.apply(block, x, xc.detach(), mean_scale(block, torch.float32))
+    return _SpmmMeanBf16.apply(block, x, xc.detach(), mean_scale(block, torch.float32), with_dst)
 
 
 # ---- GAT building blocks -------------------------------------------------------------------

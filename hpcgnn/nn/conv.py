@@ -108,16 +108,15 @@ class SAGEConv(nn.Module):
         cd = torch.bfloat16
         if block.num_dst == h.shape[0]:
             hc = h.to(cd)  # one rounding of every row serves the gather and the product
-            h_dst = hc
+            neigh, h_dst = aggregate_mean_bf16(block, h, hc), hc
         else:
-            # halo rows: the gather's copy takes no gradient (aggregate_mean_bf16 sends it to h)
-            # and the destinations' rows are rounded again, so that backward does not go
-            # through a slice of all rows (a zero-filled bfloat16 gradient of h's shape, then
-            # its float32 copy)
+            # halo rows: the destinations' rounded rows come from the mean's autograd function,
+            # which adds their gradient into h's in place (a slice of the gradient-carrying copy
+            # of all rows zero-filled a bfloat16 gradient of h's shape in backward, then its
+            # float32 copy, then summed the two)
             with torch.no_grad():
                 hc = h.to(cd)
-            h_dst = h[:block.num_dst].to(cd)
-        neigh = aggregate_mean_bf16(block, h, hc)
+            neigh, h_dst = aggregate_mean_bf16(block, h, hc, with_dst=True)
         return self._joint_product(h_dst, neigh).to(h.dtype)
 
     def _joint_product(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
