@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.workdir import products_like_inputs
 
 TARGET_DEDUP_REDUCTION = 0.25
@@ -249,40 +250,6 @@ def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: in
     return out
 
 
-def write_h5(path: Path, results: dict, meta: dict, fmt: str = "hpcgnn-bench-fullgraph") -> None:
-    """``results`` (nested dicts: groups; scalars and strings: attributes; lists: datasets) and
-    ``meta`` (root attributes) to ``path``, atomically; root attribute ``format`` = ``fmt``."""
-    import h5py
-
-    from hpcgnn.fileio import atomic_file
-
-    def put(group, d):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                put(group.require_group(k), v)
-            elif isinstance(v, list) and v and isinstance(v[0], dict):
-                sub = group.require_group(k)
-                for i, item in enumerate(v):
-                    put(sub.require_group(f"{i:02d}"), item)
-            elif isinstance(v, str):
-                group.attrs[k] = str(v)
-            elif isinstance(v, (bool, int, float, np.integer, np.floating)):
-                group.attrs[k] = v
-            elif v is None:
-                continue
-            else:
-                group.create_dataset(k, data=np.asarray(v))
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = fmt
-            for k, v in meta.items():
-                f.attrs[k] = str(v) if isinstance(v, str) else (v if isinstance(v, (int, float, bool))
-                                                                 else json.dumps(v))
-            put(f, results)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.fullgraph", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="HDF5 file with the figures")
@@ -424,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             "edge_cut": m.edge_cut, "model": json.dumps(model_args), "total_wall_s": time.perf_counter() - t_start}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
-    write_h5(out, results, meta)
+    write_results(out, results, meta, "hpcgnn-bench-fullgraph")
     print_table(results, meta)
     print(f"wrote {out}")
     return 0

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.bench import minibatch_store as store_bench
+from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
 
 TARGET_WAIT_SHARE = 0.05
@@ -97,28 +98,6 @@ def table(results: dict) -> str:
                      _fmt(100 * r["val_acc"], ".2f"), _fmt(100 * r["test_acc"], ".2f")])
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(x) for c, x in zip(r, w)) for r in rows)
-
-
-def write_h5(path: Path, results: dict, summary: dict, meta: dict) -> None:
-    import h5py
-
-    from hpcgnn.fileio import atomic_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-        f.attrs["format"] = "hpcgnn-bench-minibatch"
-        for k, v in {**meta, **summary}.items():
-            f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        for name, r in results.items():
-            g = f.create_group(name)
-            for k, v in r.items():
-                if isinstance(v, dict):
-                    for pk, pv in v.items():
-                        g.attrs[f"{k}.{pk}"] = pv
-                elif isinstance(v, list):
-                    g.create_dataset(k, data=np.asarray(v, dtype=np.float64))
-                elif v is not None:
-                    g.attrs[k] = v
 
 
 def main(argv=None) -> int:
@@ -189,7 +168,7 @@ def main(argv=None) -> int:
                     edge_cut=m2.edge_cut)
     except Exception:  # noqa: BLE001 - figures without graph sizes are still useful
         pass
-    write_h5(out, {**results, **store_results}, {**summary, **store_summary}, meta)
+    write_results(out, {**results, **store_results}, {**meta, **summary, **store_summary}, "hpcgnn-bench-minibatch")
     print(table(results))
     if store_results:
         print(store_bench.table(store_results, store_summary))

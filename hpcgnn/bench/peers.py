@@ -172,7 +172,7 @@ def write_comparisons(path: Path, out: dict, meta: dict) -> None:
     """The comparisons ``{"fullgraph" | "minibatch": comparison}`` to HDF5 ``path`` (atomically):
     one group each with the epoch seconds, ratios, every round, both sides' phases, and the
     target with whether the fastest epochs and the means meet it; ``meta`` as root attributes."""
-    from hpcgnn.bench.fullgraph import write_h5
+    from hpcgnn.bench.results_file import write_results
 
     groups = {}
     for what, c in out.items():
@@ -180,7 +180,7 @@ def write_comparisons(path: Path, out: dict, meta: dict) -> None:
         g = {k: v for k, v in c.items() if k not in ("hpcgnn_top_ops", "dgl_top_ops")}
         g.update(target=t, met_fastest=bool(c["hpcgnn_over_dgl"] <= t), met_mean=bool(c["hpcgnn_over_dgl_mean"] <= t))
         groups[what] = g
-    write_h5(path, groups, meta, fmt="hpcgnn-bench-peers")
+    write_results(path, groups, meta, "hpcgnn-bench-peers")
 
 
 def print_comparison(what: str, c: dict) -> None:

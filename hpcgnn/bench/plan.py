@@ -24,13 +24,13 @@ import argparse
 import json
 import os
 import platform
-import socket
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
 
 CONFIG = """
@@ -193,33 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             "arch": args.arch, "layers": args.layers, "fanouts": args.fanouts, "rounds": args.rounds,
             "calibration": json.dumps(cal.to_json()), "load_average": json.dumps(os.getloadavg()),
             "total_wall_s": time.perf_counter() - t_start, "recommended": plan.best.candidate.label if plan.best else ""}
-    write_h5(out, results, summary, meta)
+    write_results(out, results, {**meta, **summary}, "hpcgnn-bench-plan")
     print_table(results, summary, meta, cases)
     print(f"wrote {out}")
     return 0
-
-
-def write_h5(path: Path, results: dict, summary: dict, meta: dict) -> None:
-    """One group per case (attributes and datasets), the summary and meta as attributes."""
-    import h5py
-
-    from hpcgnn.fileio import atomic_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = "hpcgnn-bench-plan"
-            for k, v in {**meta, **summary}.items():
-                f.attrs[k] = v if isinstance(v, (int, float, bool, str)) else json.dumps(v)
-            for case, r in results.items():
-                g = f.create_group(case.replace("/", "_"))
-                for k, v in r.items():
-                    if isinstance(v, dict):
-                        g.attrs[k] = json.dumps(v)
-                    elif isinstance(v, list):
-                        g.create_dataset(k, data=np.asarray(v, dtype=np.float64))
-                    else:
-                        g.attrs[k] = v
 
 
 def print_table(results: dict, summary: dict, meta: dict, cases: list) -> None:

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trim", action="store_true", help="also a RAPA store with halo trimming")
     p.add_argument("--timeout", type=float, default=1800)
     args = p.parse_args(argv)
-    from hpcgnn.bench.fullgraph import write_h5
+    from hpcgnn.bench.results_file import write_results
     from hpcgnn.partition.store import read_meta
 
     threads = [int(x) for x in args.threads.split(",") if x.strip()]
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     nested = dict(results)
     if calibration is not None:
         nested["calibration"] = calibration
-    write_h5(out, nested, meta)
+    write_results(out, nested, meta, "hpcgnn-bench-rapa")
     print_table(results, calibration, meta)
     print(f"wrote {out}")
     return 0

@@ -21,7 +21,6 @@ share 2 cores: timings at 4 ranks measure oversubscription as much as the engine
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--timeout", type=float, default=1800)
     args = p.parse_args(argv)
-    from hpcgnn.bench.fullgraph import write_h5
+    from hpcgnn.bench.results_file import write_results
     from hpcgnn.partition.store import read_meta
 
     out = Path(args.out)
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, r in results.items():
         name, rk = key.split("/")
         nested.setdefault(name, {})[rk] = r
-    write_h5(out, nested, meta)
+    write_results(out, nested, meta, "hpcgnn-bench-tensor")
     print_table(results, meta)
     print(f"wrote {out}")
     return 0
