@@ -248,6 +248,17 @@ class Runtime:
             return int(setting[self.rank])
         return int(setting) if int(setting) > 0 else None
 
+    def apply_settings(self, runtime_cfg) -> None:
+        """A config's ``[runtime]`` section on every rank (collective), before any data is read:
+        this rank's ``runtime.threads`` (:meth:`configured_threads`; HPCGNN_THREADS in the
+        environment wins) and ``runtime.host_memory = "retain"`` (:func:`retain_freed_host_memory`).
+        An InputError stops every rank."""
+        threads = self.agree_on(lambda: self.configured_threads(runtime_cfg.threads))
+        if threads and not os.environ.get("HPCGNN_THREADS"):
+            self.set_threads(threads)
+        if runtime_cfg.host_memory == "retain":
+            self.agree_on(retain_freed_host_memory)
+
     def set_threads(self, threads: int) -> None:
         import torch
 

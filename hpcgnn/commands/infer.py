@@ -22,7 +22,6 @@ at all.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -152,8 +151,7 @@ def _infer(args) -> int:
     with rt.guard():
         s = rt.agree_on(lambda: _resolve(args, rt.size))
         cfg, meta, engine = s["cfg"], s["meta"], s["engine"]
-        if cfg.runtime.threads > 0 and not os.environ.get("HPCGNN_THREADS"):
-            rt.set_threads(cfg.runtime.threads)
+        rt.apply_settings(cfg.runtime)
         ckpt, error = None, None
         if rt.is_root:
             try:

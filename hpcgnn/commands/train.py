@@ -11,8 +11,6 @@ process that names the rank if a signal (the OOM killer's SIGKILL) ends it
 """
 from __future__ import annotations
 
-import os
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="TOML configuration file")
@@ -39,13 +37,7 @@ def _train(args) -> int:
     rt = Runtime.start()
     with rt.guard():
         cfg = rt.agree_on(lambda: load_config(args.config, args.set))
-        threads = rt.agree_on(lambda: rt.configured_threads(cfg.runtime.threads))
-        if threads and not os.environ.get("HPCGNN_THREADS"):
-            rt.set_threads(threads)
-        if cfg.runtime.host_memory == "retain":
-            from hpcgnn.runtime import retain_freed_host_memory
-
-            rt.agree_on(retain_freed_host_memory)
+        rt.apply_settings(cfg.runtime)
         meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
         if meta.num_parts != rt.size:
             rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "

@@ -102,6 +102,11 @@ def world(cora_graph, cora_parts, tmp_path_factory):
         "train", "--config", str(ENGINES["minibatch"][0]), "--set", f"data.partitions={stores[2]}",
         "--set", f"output.dir={shape_run}", "--set", "train.epochs=1", "--set", "model.hidden=16",
         "--force"]})
+    settings_run = work / "run-settings"   # per-rank runtime.threads and retained host memory
+    cases.append({"name": "train-settings", "args": [
+        "train", "--config", str(ENGINES["minibatch"][0]), "--set", f"data.partitions={stores[2]}",
+        "--set", f"output.dir={settings_run}", "--set", "train.epochs=1", "--set", "runtime.threads=[1, 1]",
+        "--set", "runtime.host_memory=retain", "--force"]})
     out = {n: work / f"out{n}" for n in RANKS}
     for d in out.values():
         d.mkdir()
@@ -109,6 +114,7 @@ def world(cora_graph, cora_parts, tmp_path_factory):
     cases.append({"name": "epoch1", "args": [
         "infer", str(runs["minibatch"]), "--out", str(out[2] / "epoch1.h5"),
         "--checkpoint", str(runs["minibatch"] / "checkpoints" / "ckpt-000001.pt")]})
+    cases.append({"name": "settings", "args": ["infer", str(settings_run), "--out", str(out[2] / "settings.h5")]})
     # bad input
     bad_dir, exists_dir = work / "bad", work / "exists"
     bad_dir.mkdir()
@@ -265,6 +271,16 @@ def test_explicit_checkpoint_is_recorded(world):
     assert attrs["checkpoint_sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
     latest = _read(_file(world, 2, "minibatch", "logits"))[1]["logits"]
     assert not np.allclose(data["logits"], latest)   # another epoch's parameters
+
+
+def test_runtime_settings_of_the_run_apply(world):
+    """A run trained with per-rank ``runtime.threads`` and ``runtime.host_memory = "retain"``:
+    infer applies its [runtime] section as train does (a thread list once broke it)."""
+    res = world["results"][2]["settings"]
+    assert world["results"][2]["train-settings"]["rc"] == [0, 0]
+    assert res["rc"] == [0, 0], res
+    attrs, data = _read(world["out"][2] / "settings.h5")
+    assert data["logits"].shape == _read(_file(world, 2, "minibatch", "logits"))[1]["logits"].shape
 
 
 @pytest.mark.parametrize("name", list(BAD))
