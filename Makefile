@@ -37,8 +37,9 @@ PYTEST_ARGS ?=
 value_stamp = $(VENV)/.$(1)-$(firstword $(shell printf '%s' '$(2)' | cksum))
 
 PIP_STAMP    := $(VENV)/.pip-stamp
-# the PyTorch step's stamp, named after a checksum of TORCH
-PT_STAMP     := $(call value_stamp,torch,$(TORCH))
+# the PyTorch step's stamp, named after the package in TORCH's pin and a checksum of TORCH
+PT_NAME      := $(firstword $(subst ==, ,$(firstword $(TORCH))))
+PT_STAMP     := $(call value_stamp,$(PT_NAME),$(TORCH))
 # cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
 # (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
 DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel
@@ -60,7 +61,7 @@ $(PIP_STAMP):
 # own dependencies only).
 $(PT_STAMP): $(PIP_STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
-	@rm -f $(VENV)/.torch-[0-9]*
+	@rm -f $(VENV)/.$(PT_NAME)-[0-9]*
 	@printf '%s\n' '$(TORCH)' > $@
 
 # Everything else, from PyPI.
@@ -81,7 +82,7 @@ EDITABLE_STAMP := $(VENV)/.editable-stamp
 $(NATIVE_STAMP): $(PT_STAMP) $(DEPS_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
 	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(PY) setup.py -q build_ext --inplace --parallel 2
 	@$(PY) -c "import hpcgnn.native" || { echo "hpcgnn: native extension did not import"; exit 1; }
-	@test -f $(EDITABLE_STAMP) || { HPCGNN_PREBUILT=1 HPCGNN_TORCH="$(firstword $(TORCH))" \
+	@test -f $(EDITABLE_STAMP) || { HPCGNN_PREBUILT=1 HPCGNN_PT_REQUIREMENT="$(firstword $(TORCH))" \
 	    $(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
 	    && touch $(EDITABLE_STAMP); }
 	@touch $@
@@ -170,6 +171,7 @@ bench-dgl: $(NATIVE_STAMP)
 #   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
 DGL_VENV  ?= .venv-dgl
 DGL_TORCH_PIN := torch==2.2.1
+DGL_PT_NAME := $(word 1,$(subst ==, ,$(DGL_TORCH_PIN)))
 DGL_PT_VERSION := $(word 2,$(subst ==, ,$(DGL_TORCH_PIN)))
 DGL_TORCH ?= torch==2.2.1
 DGL_DEPS  := dgl==2.1.0 "numpy<2" "pandas<2.3" torchdata==0.7.1 h5py pydantic pyyaml psutil requests tqdm scipy
@@ -183,7 +185,7 @@ $(DGL_STAMP):
 	@test -x $(DGL_VENV)/bin/python || $(PYTHON3) -m venv $(DGL_VENV)
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH)
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH_PIN) $(DGL_DEPS)
-	$(DGL_VENV)/bin/python -c "import torch, dgl, h5py; assert torch.__version__.split('+')[0] == '$(DGL_PT_VERSION)', torch.__version__; print('peer-dgl: torch', torch.__version__, 'dgl', dgl.__version__)"
+	$(DGL_VENV)/bin/python -c "import $(DGL_PT_NAME) as pt, dgl, h5py; assert pt.__version__.split('+')[0] == '$(DGL_PT_VERSION)', pt.__version__; print('peer-dgl: PyTorch', pt.__version__, 'dgl', dgl.__version__)"
 	@touch $@
 
 clean:

@@ -158,7 +158,7 @@ setup(
     packages=find_packages(include=["hpcgnn", "hpcgnn.*"]),
     python_requires=">=3.10",
     install_requires=[
-        os.environ.get("HPCGNN_TORCH", "torch==2.13.0"),
+        os.environ.get("HPCGNN_PT_REQUIREMENT", "torch==2.13.0"),
         "numpy",
         "h5py",
         "pymetis",
