@@ -275,9 +275,9 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
     they join) and in backward the gradient of the same size; in bfloat16 (``bf16``:
     ``train.precision = "bf16"``) also that input rounded to bfloat16, which the layer's gather
-    and product read (2 bytes a value; at products-like 1.0 on 4 ranks the measured peaks were
-    0.36-0.39 GiB per rank above float32's, docs/benchmarks.md). Plus the transpose of the
-    local graph that backward's aggregation reads (two int64 per edge).
+    and product read (2 bytes a value; at products-like 1.0 on 4 ranks, 0.28 GiB per rank,
+    which covers the measured bf16 peaks, 0.14-0.16 GiB above float32's, docs/benchmarks.md).
+    Plus the transpose of the local graph that backward's aggregation reads (two int64 per edge).
     """
     from hpcgnn.nn.conv import sage_projects_first
 

@@ -274,8 +274,9 @@ class _SpmmMeanBf16(torch.autograd.Function):
     (given, detached): the gathers read 2 bytes a value instead of 4, the sums are float32.
     The gradient goes to the float32 ``x``: the incoming bfloat16 gradient is gathered along the
     transpose as it is (widening is exact), so backward equals the float32 path's on the
-    same gradient. ``with_dst``: also ``xc[:num_dst]`` (a copy), whose gradient backward adds
-    into the first rows of ``x``'s in place (as ``_SpmmSumDst``: no zero-filled slice gradient)."""
+    same gradient. ``with_dst``: also ``xc[:num_dst]`` (a copy when fewer than the sources),
+    whose gradient backward adds into the first rows of ``x``'s in place (as ``_SpmmSumDst``: no
+    zero-filled slice gradient)."""
 
     @staticmethod
     def forward(ctx, block, x, xc, scale, with_dst):
@@ -286,7 +287,9 @@ class _SpmmMeanBf16(torch.autograd.Function):
         ctx.save_for_backward(scale)
         if not with_dst:
             return out.to(torch.bfloat16)
-        return out.to(torch.bfloat16), xc[:block.num_dst].clone()
+        # the destinations' rows as their own tensor when fewer than the sources (as _SpmmSumDst)
+        nd = block.num_dst
+        return out.to(torch.bfloat16), xc[:nd].clone() if nd < block.num_src else xc[:nd]
 
     @staticmethod
     @torch.autograd.function.once_differentiable

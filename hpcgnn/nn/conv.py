@@ -105,18 +105,12 @@ class SAGEConv(nn.Module):
         already rounded to bfloat16 for the product (:func:`aggregate_mean_bf16`: half the bytes
         per edge, float32 sums; the mean is rounded once where the float32 path rounds it
         before its product too). One GEMM over ``[h_dst | neigh]`` as in :meth:`update`."""
-        cd = torch.bfloat16
-        if block.num_dst == h.shape[0]:
-            hc = h.to(cd)  # one rounding of every row serves the gather and the product
-            neigh, h_dst = aggregate_mean_bf16(block, h, hc), hc
-        else:
-            # halo rows: the destinations' rounded rows come from the mean's autograd function,
-            # which adds their gradient into h's in place (a slice of the gradient-carrying copy
-            # of all rows zero-filled a bfloat16 gradient of h's shape in backward, then its
-            # float32 copy, then summed the two)
-            with torch.no_grad():
-                hc = h.to(cd)
-            neigh, h_dst = aggregate_mean_bf16(block, h, hc, with_dst=True)
+        # the gather's rounded copy takes no gradient: the mean's autograd function also returns
+        # the destinations' rounded rows and adds their gradient into h's in place (no slice of a
+        # gradient-carrying copy: no zero-filled gradient of h's shape, no sum of two of them)
+        with torch.no_grad():
+            hc = h.to(torch.bfloat16)
+        neigh, h_dst = aggregate_mean_bf16(block, h, hc, with_dst=True)
         return self._joint_product(h_dst, neigh).to(h.dtype)
 
     def _joint_product(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
