@@ -6,6 +6,7 @@ the destination's directory and rename it into place only on success.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -20,6 +21,41 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def os_reason(exc: OSError) -> str:
+    """The OS reason of ``exc`` in words with its errno name, e.g.
+    ``No space left on device (ENOSPC)``; for messages that name the path themselves."""
+    code = getattr(exc, "errno", None)
+    text = getattr(exc, "strerror", None) or (os.strerror(code) if code else str(exc))
+    name = errno.errorcode.get(code) if code else None
+    return f"{text} ({name})" if name else text
+
+
+def write_error(path: str | os.PathLike, exc: OSError, what: str = "cannot write") -> InputError:
+    """The one-line error for an output that could not be written: ``PATH: cannot write
+    (No space left on device (ENOSPC))``."""
+    return InputError(f"{path}: {what} ({os_reason(exc)})")
+
+
+def check_writable_dir(directory: str | os.PathLike, what: str = "output directory") -> Path:
+    """Refuse (InputError naming ``directory`` and the OS reason) a directory this process
+    cannot create files in: a probe file is created and removed, so permissions, read-only
+    mounts and a full file system (where creating a file fails) are all caught before any
+    work starts."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(f"{directory}: {what} does not exist or is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe.", suffix=".tmp", dir=directory)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise write_error(directory, exc, f"{what} is not writable") from None
+    return directory
 
 
 def check_output(path: str | os.PathLike, force: bool) -> Path:
