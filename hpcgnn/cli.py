@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
         return int(args._module.run(args) or 0)
     except InputError as exc:
-        print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
+        from hpcgnn.supervisor import launcher_rank
+
+        if launcher_rank() in (None, 0):   # under mpiexec every rank parses the same line: say it once
+            print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT
     except BrokenPipeError:
         # Output piped into `head` and closed early: not an error of ours.

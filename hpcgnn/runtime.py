@@ -30,6 +30,7 @@ CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import sys
@@ -45,6 +46,33 @@ from hpcgnn.errors import EXIT_INPUT, InputError
 # launcher variable is set (e.g. `python ...` straight in an sbatch script).
 LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
 ERROR_WAIT_S = 10.0
+# A rank that sees another rank's end in a collective waits this long before it says so, so that
+# the line of the rank that ended (its watcher's) comes first.
+PEER_FAILURE_DELAY_S = 1.0
+# OS errors that mean "an output cannot be written" (not a bug): one line, exit 2.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS,
+                          errno.EFBIG, errno.EIO})
+# What a collective raises when a peer has gone: mpi4py's MPI.Exception, gloo's lost connection.
+_PEER_GONE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def write_failure_message(exc: BaseException) -> str | None:
+    """The one line for an OSError of :data:`WRITE_ERRNOS` (``PATH: No space left on device
+    (ENOSPC)``), None for any other exception."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+        return None
+    from hpcgnn.fileio import os_reason
+
+    where = exc.filename if exc.filename is not None else "output"
+    return f"{where}: {os_reason(exc)}"
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed collective, the consequence of another rank ending: mpi4py's
+    ``MPI.Exception`` or a torch.distributed connection lost to a peer."""
+    if type(exc).__module__.startswith("mpi4py"):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _PEER_GONE_TEXT)
 
 
 def _launcher_size() -> tuple[str, int] | None:
@@ -367,6 +395,16 @@ class Runtime:
                 self.abort(130)
             raise SystemExit(130)
         except BaseException as exc:  # noqa: BLE001 - the job must not hang
+            output_failure = write_failure_message(exc)
+            if output_failure is not None:   # a full disk, a lost permission: one line, exit 2
+                self._run_failure_hooks(output_failure)
+                messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {output_failure}")
+                if messages:
+                    for message in dict.fromkeys(messages):
+                        print(message, file=sys.stderr, flush=True)
+                raise SystemExit(EXIT_INPUT)
+            if self.size > 1 and is_peer_failure(exc):
+                self._peer_failed(exc)
             tb = traceback.format_exc()
             print(f"hpcgnn: rank {self.rank}/{self.size} on {socket.gethostname()} failed: "
                   f"{exc.__class__.__name__}: {exc}\n{tb}", file=sys.stderr, flush=True)
@@ -374,6 +412,22 @@ class Runtime:
             if self.size > 1:
                 self.abort(1)
             raise SystemExit(1)
+
+    def _peer_failed(self, exc: BaseException) -> NoReturn:
+        """A collective failed because another rank ended (killed, aborted): a consequence, not
+        a cause. The rank that ended has its own line (its watcher's, :mod:`hpcgnn.supervisor`, or
+        its failure's): this rank waits a moment so that line comes first, then says in one line,
+        without a traceback (``HPCGNN_TRACEBACK=1`` prints it), that it stopped because of it,
+        and ends the job."""
+        first = (" ".join(str(exc).split()) or exc.__class__.__name__)[:160]
+        time.sleep(PEER_FAILURE_DELAY_S)
+        print(f"hpcgnn: rank {self.rank}/{self.size}: stopped because another rank ended during "
+              f"communication ({exc.__class__.__name__}: {first})", file=sys.stderr, flush=True)
+        if os.environ.get("HPCGNN_TRACEBACK", "").strip() in ("1", "true", "yes"):
+            traceback.print_exc()
+        self._run_failure_hooks(f"another rank ended during communication (seen by rank "
+                                f"{self.rank}: {first})")
+        self.abort(1)
 
     def _exit_together(self, code: int, message: str) -> list[str] | None:
         """Return once every rank is leaving with an error; else end the job.

@@ -61,7 +61,7 @@ def _resolve(args, size: int) -> dict:
     """Every rank: the run, its configuration, the store, the layer, the output and the
     checkpoint path, checked (InputError names what is wrong)."""
     from hpcgnn.engine.infer import resolve_layer, run_config
-    from hpcgnn.fileio import check_output
+    from hpcgnn.fileio import check_output, check_writable_dir
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.checkpoint import list_checkpoints
     from hpcgnn.run.memory import parse_size
@@ -81,6 +81,7 @@ def _resolve(args, size: int) -> dict:
     out = check_output(args.out, args.force)
     if out.is_dir():
         raise InputError(f"{out}: is a directory, expected an HDF5 file name")
+    check_writable_dir(out.parent, "--out directory")   # before the inference, not after it
     run_store = str(attrs.get("partition_dir", cfg.data.partitions))
     store = args.partitions or run_store
     try:
@@ -119,6 +120,28 @@ def _resolve(args, size: int) -> dict:
             "block_bytes": block_bytes}
 
 
+def _read_newest(path: Path, run_dir: Path, explicit: bool, tries: int = 5):
+    """Rank 0: read checkpoint ``path`` (bytes read once, hashed and loaded from memory). Without
+    ``--checkpoint`` the newest may be removed by a live run's ``output.keep_checkpoints`` between
+    listing and reading: then the new newest is read (a consistent file either way: checkpoints
+    are renamed into place complete)."""
+    from hpcgnn.engine.infer import read_checkpoint
+    from hpcgnn.run.checkpoint import list_checkpoints
+
+    for _ in range(tries):
+        if explicit or path.exists():
+            try:
+                return read_checkpoint(path)
+            except InputError:
+                if explicit or path.exists():
+                    raise
+        found = list_checkpoints(run_dir)
+        if not found:
+            break
+        path = found[-1][1]
+    return read_checkpoint(path)
+
+
 def _same_graph(meta, run_store: str, store: str) -> None:
     """A store other than the run's must partition the same graph file (``source_hash``)."""
     from hpcgnn.partition.store import read_meta
@@ -142,7 +165,7 @@ def _infer(args) -> int:
     import torch
 
     from hpcgnn import __version__
-    from hpcgnn.engine.infer import (INFER_FORMAT, INFER_VERSION, graph_ids, gnn_rows, read_checkpoint,
+    from hpcgnn.engine.infer import (INFER_FORMAT, INFER_VERSION, graph_ids, gnn_rows,
                                      tensor_rows, write_rows)
     from hpcgnn.run.memory import fmt_bytes, peak_rss_bytes
     from hpcgnn.runtime import Runtime
@@ -155,7 +178,7 @@ def _infer(args) -> int:
         ckpt, error = None, None
         if rt.is_root:
             try:
-                ckpt = read_checkpoint(s["ckpt"])
+                ckpt = _read_newest(s["ckpt"], s["run_dir"], explicit=bool(args.checkpoint))
                 if ckpt.engine and ckpt.engine != engine:
                     raise InputError(f"{ckpt.path}: checkpoint was written by engine {ckpt.engine!r}, "
                                      f"the run's engine is {engine!r}")

@@ -122,19 +122,6 @@ def read_checkpoint(path: Path) -> Checkpoint:
                       model=state["model"])
 
 
-def load_model_state(model: torch.nn.Module, state: dict, ckpt: Path, cfg) -> None:
-    """``model.load_state_dict(state)`` (strict); a checkpoint of another model shape is an
-    InputError naming the file, the run's model settings and the first mismatch."""
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else "")
-        m = cfg.model
-        raise InputError(f"{ckpt}: checkpoint does not fit the run's model (model.arch={m.arch}, "
-                         f"layers={m.layers}, hidden={m.hidden}): {detail[:300]}") from None
-
-
 # ---- computing rows ------------------------------------------------------------------------------
 @dataclass
 class _InferOutput:
@@ -160,6 +147,7 @@ def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[
     from hpcgnn.engine.common import build_model_from_config, resolve_device
     from hpcgnn.engine.inference import auto_rounds, layerwise_inference, max_width
     from hpcgnn.partition.store import load_partition
+    from hpcgnn.run.checkpoint import load_model_state
 
     error, part, model, device = None, None, None, None
     try:
@@ -194,6 +182,7 @@ def tensor_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tup
 
     from hpcgnn.engine.tensor import TensorEngine, TPPropagate
     from hpcgnn.nn.decoupled import DecoupledModel
+    from hpcgnn.run.checkpoint import load_model_state
 
     engine = TensorEngine(cfg, rt, _InferOutput(cfg, rt, meta, "tensor"))
     error = None

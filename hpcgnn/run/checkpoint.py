@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hpcgnn.errors import InputError
+from hpcgnn.fileio import write_failure
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
@@ -52,22 +53,50 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+class _RecordingWriter:
+    """A binary file whose ``write`` remembers the OSError it raised: torch.save reports a failed
+    write as its own ``RuntimeError`` ("unexpected pos ..."), the OS reason lost."""
+
+    def __init__(self, f):
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def write_checkpoint_file(path: Path, state: dict) -> None:
-    """Atomic write of one checkpoint file (tmp + fsync + rename + directory fsync)."""
+    """Atomic write of one checkpoint file (tmp + fsync + rename + directory fsync).
+
+    A failed write (a full disk, a lost permission) raises InputError naming the file and the
+    OS reason (``... (No space left on device (ENOSPC))``); the temporary is removed and the
+    checkpoints written before stay as they were."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    writer = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            writer = _RecordingWriter(f)
+            torch.save(state, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             tmp.unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
+        if isinstance(exc, Exception):
+            cause = writer.error if writer is not None and writer.error is not None else exc
+            raise write_failure(path, cause) from None
         raise
     _fsync_dir(path.parent)
 
@@ -78,24 +107,32 @@ def save_checkpoint(run_dir, epoch: int, state: dict, rt, keep: int) -> Path:
     Every rank calls it (it ends with a barrier); only rank 0's ``state`` is written.
     """
     path = checkpoint_path(run_dir, epoch)
+    error = None
     if rt.is_root:
-        write_checkpoint_file(path, dict(state, epoch=int(epoch)))
-        for old_epoch, old in list_checkpoints(run_dir)[:-max(1, int(keep))]:
-            old.unlink(missing_ok=True)
-        for stale in path.parent.glob(".ckpt-*.tmp"):
-            stale.unlink(missing_ok=True)
-    rt.comm.Barrier()
+        try:
+            write_checkpoint_file(path, dict(state, epoch=int(epoch)))
+            for old_epoch, old in list_checkpoints(run_dir)[:-max(1, int(keep))]:
+                old.unlink(missing_ok=True)
+            for stale in path.parent.glob(".ckpt-*.tmp"):
+                stale.unlink(missing_ok=True)
+        except InputError as exc:
+            error = str(exc)
+        except OSError as exc:
+            error = str(write_failure(path.parent, exc, "cannot update"))
+    rt.agree(error)   # every rank stops with rank 0's line when the write failed
     return path
 
 
 def load_latest_checkpoint(run_dir, content_hash: str) -> dict | None:
     """The newest loadable checkpoint's state, or None if there is none.
 
-    InputError if it was written for another partition store (``content_hash`` differs).
+    InputError if it was written for another partition store (``content_hash`` differs), or if
+    there are checkpoints and none of them can be read (resuming would silently start over).
     An unreadable file (which atomic writing should prevent) is skipped with a warning in
     favour of the previous one.
     """
-    for epoch, path in reversed(list_checkpoints(run_dir)):
+    found = list_checkpoints(run_dir)
+    for epoch, path in reversed(found):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unreadable file: fall back to an older one
@@ -111,4 +148,21 @@ def load_latest_checkpoint(run_dir, content_hash: str) -> dict | None:
             raise InputError(f"{path}: checkpoint was written for partition store "
                              f"{str(got)[:12]}..., data.partitions is {content_hash[:12]}...")
         return state
+    if found:
+        raise InputError(f"{Path(run_dir) / CHECKPOINT_DIR}: none of the {len(found)} checkpoint(s) "
+                         "can be read, so the run cannot be continued (pass --force instead of "
+                         "--resume to start it over)")
     return None
+
+
+def load_model_state(model, state: dict, where, cfg) -> None:
+    """``model.load_state_dict(state)`` (strict); a checkpoint of another model shape is an
+    InputError naming ``where`` (the checkpoint), the model settings and the first mismatch."""
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else "")
+        m = cfg.model
+        raise InputError(f"{where}: checkpoint does not fit the run's model (model.arch={m.arch}, "
+                         f"layers={m.layers}, hidden={m.hidden}): {detail[:300]}") from None

@@ -43,6 +43,7 @@ import json
 import math
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
 import h5py
@@ -50,7 +51,7 @@ import numpy as np
 
 from hpcgnn import __version__
 from hpcgnn.errors import InputError
-from hpcgnn.fileio import atomic_file, open_h5
+from hpcgnn.fileio import atomic_file, check_writable_dir, open_h5, write_error, write_failure
 
 RUN_FILE = "run.h5"
 RUN_FORMAT = "hpcgnn-run"
@@ -160,6 +161,17 @@ def format_epoch_line(epoch: int, epochs: int, metrics: dict, timings_min: dict,
     return " | ".join(parts)
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds (part of) a run: a run file, a checkpoint or debug records.
+    Empty ``checkpoints/`` / ``debug/`` directories (a start that failed before anything was
+    written) and the lock file are not a run."""
+    from hpcgnn.run.checkpoint import list_checkpoints
+
+    debug = run_dir / DEBUG_DIR
+    return ((run_dir / RUN_FILE).exists() or bool(list_checkpoints(run_dir))
+            or (debug.is_dir() and any(debug.iterdir())))
+
+
 class RunOutput:
     """The run directory of one training job (collective constructor and ``log_epoch``).
 
@@ -177,39 +189,43 @@ class RunOutput:
         self.engine = cfg.train.engine
         self._history: list[dict] = []
         self._attrs: dict = {}
+        self._lock = None
         error = None
         if rt.is_root:
             try:
                 self._prepare(force)
+                self._write()
             except InputError as exc:
                 error = str(exc)
             except OSError as exc:
-                error = f"{self.run_dir}: cannot create the run directory ({exc.strerror or exc})"
+                error = str(write_failure(self.run_dir / RUN_FILE, exc))
+            if error is not None and self._lock is not None:
+                self._lock.release()
         rt.agree(error)
-        if rt.is_root:
-            self._write()
         self._device_warned = False
         if hasattr(rt, "on_failure"):
             rt.on_failure(self._failed)
 
     # ---- set-up (rank 0) ------------------------------------------------
     def _prepare(self, force: bool) -> None:
+        """Rank 0: lock the directory, check what it holds against --force/--resume, make sure
+        it and ``checkpoints/`` are writable (before any work), load the history to resume."""
+        from hpcgnn.run.lock import lock_run_dir
+
         d = self.run_dir
         if self.resume and force:
             raise InputError("--resume and --force exclude each other")
         if d.exists() and not d.is_dir():
             raise InputError(f"{d}: output.dir exists and is not a directory")
-        existing = d.is_dir() and any((d / e).exists() for e in RUN_ENTRIES)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(d, exc, "cannot create the run directory") from None
+        self._lock = lock_run_dir(d, "train --resume" if self.resume else "train")
+        existing = holds_run(d)
         if existing and not (force or self.resume):
             raise InputError(f"{d}: run directory already holds a run (pass --force to replace it "
                              "or --resume to continue it)")
-        if existing and force:
-            for entry in RUN_ENTRIES:
-                p = d / entry
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
         if self.resume and not (d / RUN_FILE).exists():
             if existing:   # checkpoints/ or debug/ but no run file
                 from hpcgnn.run.checkpoint import list_checkpoints
@@ -218,11 +234,27 @@ class RunOutput:
                     raise InputError(f"{d}: --resume but the directory has checkpoints and no "
                                      f"{RUN_FILE}, so the run's settings cannot be checked (pass "
                                      "--force to start a new run there)")
-            warn(f"--resume: {d} holds no run ({RUN_FILE} not found): starting a new run")
-        d.mkdir(parents=True, exist_ok=True)
-        (d / CHECKPOINT_DIR).mkdir(exist_ok=True)
+        check_writable_dir(d, "run directory")
         if self.resume and (d / RUN_FILE).exists():
             self._load_history()
+        elif self.resume:
+            warn(f"--resume: {d} holds no run ({RUN_FILE} not found): starting a new run")
+        self._attrs.setdefault("run_id", uuid.uuid4().hex)
+        if force:
+            for entry in RUN_ENTRIES:
+                p = d / entry
+                try:
+                    if p.is_dir():
+                        shutil.rmtree(p)
+                    elif p.exists():
+                        p.unlink()
+                except OSError as exc:
+                    raise write_error(p, exc, "cannot remove the old run's") from None
+        try:
+            (d / CHECKPOINT_DIR).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise write_error(d / CHECKPOINT_DIR, exc, "cannot create") from None
+        check_writable_dir(d / CHECKPOINT_DIR, "checkpoint directory")
 
     def _load_history(self) -> None:
         old = read_run(self.run_dir)
@@ -237,7 +269,6 @@ class RunOutput:
         if a.get("engine") != self.engine:
             raise InputError(f"{self.run_dir / RUN_FILE}: run used engine {a.get('engine')!r}, "
                              f"config says {self.engine!r}; cannot resume")
-        self._check_settings(a)
         epochs = old["metrics"].get("epoch", np.zeros(0, np.int64))
         for i, e in enumerate(epochs):
             row = {"epoch": int(e),
@@ -255,6 +286,7 @@ class RunOutput:
             self._history.append(row)
         keep = {k: v for k, v in a.items() if k not in _END_ATTRS}
         self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
+        self._check_settings(a)
 
     def _check_settings(self, attrs: dict) -> None:
         """Refuse (InputError) or warn about settings changed since the run started."""
@@ -277,9 +309,48 @@ class RunOutput:
             raise InputError(f"{run_file}: cannot resume with changed settings: {listed} (resume "
                              "with the run's values, or start a new run with --force; "
                              "docs/runs.md lists what may change)")
+        self._check_checkpoint(safe)
         if changes:
             listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in changes)
             warn(f"--resume with changed settings (safe to change): {listed}")
+
+    def _check_checkpoint(self, safe) -> None:
+        """Refuse (InputError) to resume from a checkpoint that is not this run's: every
+        checkpoint unreadable, another run's identity (``run_id``), another engine or store, or
+        settings outside ``safe`` that differ from the run's; and a run whose newest checkpoint
+        is past ``train.epochs`` (nothing would be trained)."""
+        from hpcgnn.run.checkpoint import load_latest_checkpoint
+
+        state = load_latest_checkpoint(self.run_dir, self.meta.content_hash)
+        if state is None:
+            return
+        where = f"{self.run_dir / CHECKPOINT_DIR}/ckpt-{int(state['epoch']):06d}.pt"
+        run_id = self._attrs.get("run_id")
+        if state.get("run_id") and run_id and state["run_id"] != run_id:
+            raise InputError(f"{where}: checkpoint belongs to another run (run_id "
+                             f"{str(state['run_id'])[:12]}..., this run's is {str(run_id)[:12]}...); "
+                             "cannot resume (pass --force to start a new run)")
+        if state.get("engine", self.engine) != self.engine:
+            raise InputError(f"{where}: checkpoint was written by engine {state.get('engine')!r}, "
+                             f"config says {self.engine!r}; cannot resume")
+        try:
+            theirs = json.loads(state.get("config") or "{}")
+        except (TypeError, json.JSONDecodeError):
+            theirs = {}
+        if theirs:
+            unsafe = [c for c in config_changes(theirs, self.cfg.to_dict()) if c[0] not in safe]
+            if unsafe:
+                listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in unsafe)
+                raise InputError(f"{where}: checkpoint was written with other settings than this "
+                                 f"run's ({listed}): it belongs to another run; cannot resume "
+                                 "(pass --force to start a new run)")
+        epoch, epochs = int(state["epoch"]), int(self.cfg.train.epochs)
+        if epoch > epochs:
+            raise InputError(f"{where}: the run is at epoch {epoch} but train.epochs = {epochs}: "
+                             f"nothing to train (to continue, set train.epochs above {epoch})")
+        if epoch == epochs:
+            warn(f"--resume: {self.run_dir} is already at epoch {epoch} = train.epochs: nothing "
+                 "to train")
 
     def _base_attrs(self) -> dict:
         return {
@@ -290,6 +361,13 @@ class RunOutput:
         }
 
     # ---- public ---------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        """The run's identity (rank 0; ``""`` elsewhere): a random hex string made when the run
+        starts, kept by ``--resume`` and written into every checkpoint, so a checkpoint of
+        another run in this directory is refused."""
+        return str(self._attrs.get("run_id", ""))
+
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / CHECKPOINT_DIR
@@ -305,13 +383,12 @@ class RunOutput:
             return
         for k, v in values.items():
             self._attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
-        self._write()
+        self._write_or_raise()
 
     def rewind(self, last_epoch: int) -> None:
-        """Forget logged epochs after ``last_epoch`` (used on resume from a checkpoint)."""
+        """Collective: forget logged epochs after ``last_epoch`` (used on resume from a checkpoint)."""
         self._history = [h for h in self._history if h["epoch"] <= last_epoch]
-        if self.rt.is_root:
-            self._write()
+        self.rt.agree(self._try_write() if self.rt.is_root else None)
 
     def log_epoch(self, epoch: int, metrics: dict[str, float], timings: dict[str, float],
                   counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None,
@@ -331,13 +408,14 @@ class RunOutput:
                  labels, choice.how if choice is not None and choice.shared else None)
         gathered = self.rt.comm.gather(local, root=0)
         if not self.rt.is_root:
+            self.rt.agree(None)   # rank 0's write of the run file
             return
         self._warn_shared_devices([g[4] for g in gathered])
         row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
                "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
                "per_layer": [g[2] for g in gathered], "labels": [g[3] for g in gathered]}
         self._history = [h for h in self._history if h["epoch"] < epoch] + [row]
-        self._write()
+        self.rt.agree(self._try_write())
         names = _union(row["timings"])
         tmin = {k: min(t.get(k, math.nan) for t in row["timings"]) for k in names}
         tmax = {k: max(t.get(k, math.nan) for t in row["timings"]) for k in names}
@@ -345,20 +423,46 @@ class RunOutput:
               flush=True)
 
     def close(self) -> None:
-        """Mark the run finished (collective barrier so no rank exits before the file is final)."""
-        if hasattr(self.rt, "remove_failure_hook"):
-            self.rt.remove_failure_hook(self._failed)
+        """Collective: mark the run finished (no rank exits before the file is final) and
+        release the run directory's lock. A run file that cannot be written stops every rank
+        with one line (:meth:`_try_write`)."""
+        error = None
         if self.rt.is_root:
             self._attrs.pop("error", None)
             self._attrs.update(status="finished", ended=_now())
-            self._write()
-        self.rt.comm.Barrier()
+            error = self._try_write()
+        self.rt.agree(error)
+        if hasattr(self.rt, "remove_failure_hook"):
+            self.rt.remove_failure_hook(self._failed)
+        self.release()
+
+    def release(self) -> None:
+        """Release the run directory's lock (rank 0; process exit does it too)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _failed(self, message: str) -> None:
-        """Failure hook (``Runtime.on_failure``): rank 0 marks the run failed with ``message``."""
+        """Failure hook (``Runtime.on_failure``): rank 0 marks the run failed with ``message``.
+        Where the run file cannot be written (the failure may be a full disk) the last good
+        run file stays as it was, quietly: the failure's own line has said why."""
         if self.rt.is_root:
             self._attrs.update(status="failed", ended=_now(), error=message[:1000])
+            self._try_write()
+
+    def _try_write(self) -> str | None:
+        """Rank 0: rewrite the run file; the one-line error (path and OS reason) if that failed.
+        The previous run file stays intact (atomic write)."""
+        try:
             self._write()
+        except Exception as exc:   # noqa: BLE001 - h5py raises OSError, RuntimeError, ValueError
+            return str(write_failure(self.run_dir / RUN_FILE, exc))
+        return None
+
+    def _write_or_raise(self) -> None:
+        error = self._try_write()
+        if error is not None:
+            raise InputError(error)
 
     def _warn_shared_devices(self, shared: list) -> None:
         """Rank 0: one warning, once per run, when ranks share a GPU (resolve_device warns early

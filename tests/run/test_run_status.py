@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcgnn.errors import InputError
+from hpcgnn.run.checkpoint import checkpoint_path, write_checkpoint_file
 from hpcgnn.run.config import load_config
 from hpcgnn.run.output import SAFE_ON_RESUME, RunOutput, config_changes, read_run
 
@@ -31,11 +32,20 @@ def _cfg(run_dir, *sets):
 
 def _run_with_checkpoint(tmp_path, rt, *sets):
     run = tmp_path / "run"
-    out = RunOutput(run, rt, _cfg(run, *sets), _meta(tmp_path), resume=False, force=False)
+    cfg = _cfg(run, *sets)
+    out = RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=False)
     out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})
-    (run / "checkpoints" / "ckpt-000001.pt").write_bytes(b"stand-in")  # RunOutput only lists them
+    _write_checkpoint(run, 1, cfg, out.run_id, _meta(tmp_path).content_hash)
     out.close()
     return run
+
+
+def _write_checkpoint(run, epoch, cfg, run_id, content_hash, **more):
+    """A checkpoint as save_training_state writes it, without model state (RunOutput checks
+    its identity, epoch and settings only)."""
+    state = {"epoch": epoch, "content_hash": content_hash, "config": cfg.to_json(),
+             "engine": cfg.train.engine, "run_id": run_id, "model": {}, **more}
+    write_checkpoint_file(checkpoint_path(run, epoch), state)
 
 
 def _stderr_lines(capsys):

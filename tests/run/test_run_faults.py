@@ -1,0 +1,211 @@
+"""Faults around the run directory under real mpiexec (issue 23, classes 1, 3, 4 and 8): a full
+disk, an unwritable directory, two jobs on one run directory, a killed rank, a misused command
+line. Each gives one line naming the path (or rank) and the reason, exit 2 on every rank (a kill:
+the killed rank's line first), and leaves what was good before as it was.
+
+A full disk is a small tmpfs (root with CAP_SYS_ADMIN, as on the project's machines and CI;
+skipped otherwise, saying so); an unwritable directory is mode 0555 seen by a root whose
+CAP_DAC_OVERRIDE is dropped (``setpriv``), so the test needs no second user.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+
+import mb_support as mb  # noqa: E402
+from mpiutil import MPIEXEC, ROOT, clean_env, run_mpi  # noqa: E402
+
+from hpcgnn.run.output import read_run  # noqa: E402
+
+SAGE = ROOT / "inputs" / "cora-sage.toml"
+GCN = ROOT / "inputs" / "cora-gcn-fullgraph.toml"
+QUICK = ["--set", "train.eval_every=0", "--set", "minibatch.eval=sampled"]
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+          "--inh-caps=-dac_override,-dac_read_search", "--"]
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("hpcgnn: error:")]
+
+
+def _one_line(proc, *words):
+    lines = _error_lines(proc.stderr)
+    assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    return lines[0]
+
+
+def _train_args(config, parts, run, *extra):
+    return ["train", "--config", str(config), "--set", f"data.partitions={parts}",
+            "--set", f"output.dir={run}", *extra]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 2 MiB tmpfs mounted in tmp_path (unmounted afterwards); skip where mounting is not allowed."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for the disk-full cases ({got.stderr.strip() or 'not root'})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def no_dac():
+    """The command prefix that drops root's permission override; skip where setpriv is missing or
+    the drop does not take (not root)."""
+    if shutil.which("setpriv") is None or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE (the unwritable-directory cases)")
+    return NO_DAC
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the file system of ``directory`` completely; returns the filler file."""
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+# ---- class 1: I/O failures ----------------------------------------------------------------------
+def test_disk_full_at_a_checkpoint_is_one_line_and_the_run_file_says_failed(cora_parts, tmpfs):
+    run = tmpfs / "run"
+    proc, codes = mb.train_each_rank_exit(2, _train_args(SAGE, cora_parts(2), run, *QUICK,
+                                                         "--set", "train.epochs=3",
+                                                         "--set", "train.checkpoint_every=1"),
+                                          timeout=180)
+    assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+    line = _one_line(proc, "No space left on device (ENOSPC)", str(run / "checkpoints"))
+    r = read_run(run)
+    assert r["attrs"]["status"] == "failed" and r["attrs"]["error"] == line[len("hpcgnn: error: "):]
+    assert r["metrics"]["epoch"].tolist() == [1]
+    assert not [p for p in (run / "checkpoints").iterdir()], "a partial checkpoint was left"
+
+
+def test_disk_full_at_start_leaves_no_run_behind(cora_parts, tmpfs):
+    run = tmpfs / "run"
+    filler = _fill(tmpfs)
+    args = _train_args(SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=1",
+                       "--set", "model.hidden=8")   # a checkpoint that fits the 2 MiB
+    proc, codes = mb.train_each_rank_exit(2, args, timeout=120)
+    assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+    _one_line(proc, "No space left on device (ENOSPC)", str(run))
+    assert not (run / "run.h5").exists()
+    filler.unlink()
+    # the failed start left no run: a plain train (no --force) into the directory is accepted
+    proc, codes = mb.train_each_rank_exit(2, args, timeout=120)
+    assert codes == {0: 0, 1: 0}, proc.stdout + proc.stderr
+    assert read_run(run)["attrs"]["status"] == "finished"
+
+
+def test_unwritable_checkpoints_and_run_dir_are_refused_before_training(cora_parts, tmp_path, no_dac):
+    base = tmp_path / "w"
+    base.mkdir(mode=0o777)
+    base.chmod(0o777)
+    run = base / "run"
+    args = _train_args(SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=1")
+    proc, codes = mb.train_each_rank_exit(2, args, timeout=120)
+    assert codes == {0: 0, 1: 0}, proc.stderr
+    before = (run / "run.h5").read_bytes()
+    for target, what in ((run / "checkpoints", "checkpoint directory"), (run, "run directory")):
+        target.chmod(0o555)
+        try:
+            cmd = [*no_dac, str(MPIEXEC), "-n", "2", sys.executable, "-c", mb.RANK_EXIT,
+                   *_train_args(SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=3"), "--resume"]
+            got = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
+        finally:
+            target.chmod(0o755)
+        assert "RANK 0 EXIT 2" in got.stdout and "RANK 1 EXIT 2" in got.stdout, got.stdout + got.stderr
+        _one_line(got, str(target), f"{what} is not writable", "(EACCES)")
+        assert (run / "run.h5").read_bytes() == before     # nothing trained, nothing rewritten
+
+
+def test_infer_refuses_an_unwritable_out_before_inferring(cora_parts, tmp_path, no_dac):
+    run = tmp_path / "run"
+    proc = mb.train(2, SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    cmd = [*no_dac, str(MPIEXEC), "-n", "2", sys.executable, "-m", "hpcgnn", "infer", str(run),
+           "--out", str(ro / "x.h5")]
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
+    assert got.returncode == 2, got.stderr
+    _one_line(got, str(ro), "--out directory is not writable", "(EACCES)")
+    assert "wrote" not in got.stdout + got.stderr
+
+
+# ---- class 3: two jobs on one run directory -----------------------------------------------------
+def test_a_live_run_directory_is_locked_against_force_and_resume(cora_parts, tmp_path):
+    run = tmp_path / "run"
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "hpcgnn",
+           *_train_args(SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=2000",
+                        "--set", "train.checkpoint_every=1")]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(), cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while not list((run / "checkpoints").glob("ckpt-*.pt")):
+            assert first.poll() is None and time.time() < deadline, first.communicate()[1][-3000:]
+            time.sleep(0.2)
+        for flag in ("--force", "--resume"):
+            proc, codes = mb.train_each_rank_exit(2, _train_args(SAGE, cora_parts(2), run, *QUICK,
+                                                                 "--set", "train.epochs=2000",
+                                                                 "--set", "train.checkpoint_every=1",
+                                                                 flag), timeout=120)
+            assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+            _one_line(proc, f"{run}: run directory is in use by another job", "pid ", "hpcgnn train")
+        assert first.poll() is None, "the refused jobs disturbed the first one"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    assert read_run(run)["attrs"]["status"] == "running"      # killed from outside: nobody wrote
+    # the lock died with the job: a resume goes on from its last checkpoint
+    from hpcgnn.run.checkpoint import list_checkpoints
+
+    last = list_checkpoints(run)[-1][0]
+    proc = mb.train(2, SAGE, cora_parts(2), run, *QUICK, "--set", f"train.epochs={last + 1}",
+                    "--set", "train.checkpoint_every=1", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert read_run(run)["metrics"]["epoch"].tolist()[-1] == last + 1
+    assert not (run / ".hpcgnn.lock").exists()
+
+
+# ---- class 8: kill messages, command-line errors ------------------------------------------------
+def test_a_killed_rank_is_named_first_and_the_survivors_give_no_traceback(cora_parts, tmp_path):
+    run = tmp_path / "run"
+    proc = mb.train(2, GCN, cora_parts(2), run, "--set", "train.epochs=5", "--set", "train.eval_every=0",
+                    "--set", "train.debug_kill=[1, 3, 0]", timeout=120)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcgnn:")]
+    assert lines and lines[0].startswith("hpcgnn: error: rank 1 was killed by SIGKILL"), proc.stderr
+    assert "Traceback" not in proc.stderr and "failed: " not in proc.stderr, proc.stderr
+    error = read_run(run)["attrs"].get("error", "")
+    assert "rank 0:" not in error, error      # rank 0 survived: it is not blamed
+
+
+def test_command_line_errors_print_once_under_mpiexec():
+    for args in (["-m", "hpcgnn", "--bogus"], ["-m", "hpcgnn", "bogus-command"],
+                 ["-m", "hpcgnn", "train", "--no-such-flag"]):
+        proc = run_mpi(3, args, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert len(_error_lines(proc.stderr)) == 1, proc.stderr
