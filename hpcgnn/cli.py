@@ -68,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # an output that cannot be written (a full disk, a lost permission): one line, exit 2
+        from hpcgnn.runtime import write_failure_message
+
+        line = write_failure_message(exc)
+        if line is None:
+            raise
+        print(f"hpcgnn: error: {line}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
     except KeyboardInterrupt:
         print("hpcgnn: interrupted", file=sys.stderr)
         return 130

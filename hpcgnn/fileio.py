@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
+import re
+import secrets
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import h5py
@@ -27,7 +33,8 @@ def os_reason(exc: OSError) -> str:
     """The OS reason of ``exc`` in words with its errno name, e.g.
     ``No space left on device (ENOSPC)``; for messages that name the path themselves."""
     code = getattr(exc, "errno", None)
-    text = getattr(exc, "strerror", None) or (os.strerror(code) if code else str(exc))
+    # the C library's words for the errno: libraries such as h5py put their whole report in strerror
+    text = os.strerror(code) if code else (getattr(exc, "strerror", None) or str(exc))
     name = errno.errorcode.get(code) if code else None
     return f"{text} ({name})" if name else text
 
@@ -36,6 +43,28 @@ def write_error(path: str | os.PathLike, exc: OSError, what: str = "cannot write
     """The one-line error for an output that could not be written: ``PATH: cannot write
     (No space left on device (ENOSPC))``."""
     return InputError(f"{path}: {what} ({os_reason(exc)})")
+
+
+def write_failure(path: str | os.PathLike, exc: BaseException, what: str = "cannot write") -> InputError:
+    """:func:`write_error` for any exception raised while writing ``path``: when ``exc`` carries
+    no errno (h5py's and torch's writers often wrap the OS error), the directory is probed with
+    a small write to find the OS reason (a full or read-only file system, lost permission); the
+    exception's own first line is the last resort."""
+    if isinstance(exc, OSError) and exc.errno:
+        return write_error(path, exc, what)
+    directory = Path(path).parent
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe.", suffix=".tmp", dir=directory)
+        try:
+            os.write(fd, b"\0" * 65536)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as probe_exc:
+        return write_error(path, probe_exc, what)
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return InputError(f"{path}: {what} ({exc.__class__.__name__}: {first})")
 
 
 def check_writable_dir(directory: str | os.PathLike, what: str = "output directory") -> Path:
@@ -68,15 +97,144 @@ def check_output(path: str | os.PathLike, force: bool) -> Path:
     return path
 
 
+# Temporaries of atomic_file/atomic_dir: ".NAME.<host>.<pid>.<12 hex>.tmp" (".old" for the
+# replaced directory of atomic_dir). Before they recorded the writer they were mkstemp/mkdtemp
+# names, ".NAME.<8 of [a-z0-9_]>.tmp|.old". Both shapes are unambiguous: another output's
+# temporaries (".NAME.x.<...>") have more dot-separated parts after ".NAME.".
+_TEMP_NEW = re.compile(r"([A-Za-z0-9-]+)\.([0-9]{1,10})\.[0-9a-f]{12}\.(?:tmp|old)")
+_TEMP_OLD = re.compile(r"[a-z0-9_]{8}\.(?:tmp|old)")
+_STALE_OTHER_HOST_S = 24 * 3600   # another host's temporary is stale after a day without writes
+
+
+@functools.lru_cache(maxsize=1)
+def _host() -> str:
+    """This host's name as it appears in temporary names: dots and other characters outside
+    [A-Za-z0-9-] become '-', at most 32 characters."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname() or "localhost")[:32] or "localhost"
+
+
+def _new_temp(path: Path, suffix: str, directory: bool) -> Path:
+    """Create (mode 0600 file or 0700 directory) and return a fresh temporary beside ``path``
+    named after this writer: ``.NAME.<host>.<pid>.<random>SUFFIX``."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{_host()}.{os.getpid()}.{secrets.token_hex(6)}{suffix}"
+        try:
+            if directory:
+                os.mkdir(tmp, 0o700)
+            else:
+                os.close(os.open(tmp, flags, 0o600))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(tmp))
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # another user's live process
+        return True
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
+def _started_after(pid: int, when: float) -> bool:
+    """True when process ``pid`` certainly started after time ``when`` (Linux /proc; False
+    where that cannot be told): then it is a reuse of the pid, not the writer of ``when``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time since boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        start = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    return start > when + 2.0    # btime has 1 s resolution
+
+
+def _last_write(entry: Path) -> float:
+    """Newest mtime of ``entry`` and, for a directory, of its direct entries (no links followed)."""
+    newest = entry.lstat().st_mtime
+    if entry.is_dir() and not entry.is_symlink():
+        with os.scandir(entry) as it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, e.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+def _is_stale(entry: Path, rest: str, now: float) -> bool:
+    """Whether the temporary ``entry`` (named ``.NAME.`` + ``rest``) was left by a writer that
+    no longer runs: the old naming (no writer recorded: made before writers were recorded);
+    this host's writer whose pid is gone (or now belongs to a process started after the
+    temporary's last write); another host's writer only after _STALE_OTHER_HOST_S without a
+    write, since its pid cannot be checked from here. Other names are not temporaries of NAME."""
+    if _TEMP_OLD.fullmatch(rest):
+        return True
+    m = _TEMP_NEW.fullmatch(rest)
+    if m is None:
+        return False
+    host, pid = m.group(1), int(m.group(2))
+    if host != _host():
+        return now - _last_write(entry) > _STALE_OTHER_HOST_S
+    if pid == os.getpid() or _pid_alive(pid):
+        return _started_after(pid, _last_write(entry))
+    return True
+
+
+def _remove_stale_temps(path: Path) -> list[str]:
+    """Remove the temporaries of ``path`` that interrupted earlier writers left beside it (see
+    :func:`_is_stale`; never another output's, never a live writer's) and say so in one line
+    on stderr. Returns the names removed; a failure to list or remove is not an error here."""
+    prefix, removed, now = f".{path.name}.", [], time.time()
+    try:
+        with os.scandir(path.parent) as it:
+            candidates = [e.name for e in it if e.name.startswith(prefix)]
+    except OSError:
+        return []
+    for name in sorted(candidates):
+        entry = path.parent / name
+        try:
+            if not _is_stale(entry, name[len(prefix):], now):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue     # gone meanwhile (another writer cleaned it) or not ours to remove
+        removed.append(name)
+    if removed:
+        many = len(removed) > 1
+        print(f"hpcgnn: warning: removed {len(removed)} stale temporar{'ies' if many else 'y'} of "
+              f"{'interrupted earlier writes' if many else 'an interrupted earlier write'} to {path}: "
+              f"{', '.join(removed)}", file=sys.stderr, flush=True)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike):
-    """Yield a temporary path beside ``path``; rename it to ``path`` on success."""
+    """Yield a temporary path beside ``path``; rename it to ``path`` on success.
+
+    The temporary is named after its writer, ``.NAME.<host>.<pid>.<random>.tmp``. Before it is
+    made, the temporaries of ``path`` that killed writers left are removed, with one warning
+    line on stderr (:func:`_remove_stale_temps`): this host's whose pid no longer runs (or runs
+    a process started after the temporary's last write), those of the naming before writers
+    were recorded (``.NAME.<random>.tmp``), and another host's after 24 h without a write (its
+    pid cannot be checked from here). A live writer's and other outputs' temporaries are kept.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    _remove_stale_temps(path)
+    tmp = _new_temp(path, ".tmp", directory=False)
     try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # created 0600; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -88,15 +246,18 @@ def atomic_file(path: str | os.PathLike):
 def atomic_dir(path: str | os.PathLike):
     """Yield a temporary directory beside ``path``; swap it in for ``path`` on success.
 
-    An existing ``path`` is replaced only after the new one is complete.
+    An existing ``path`` is replaced only after the new one is complete. Temporaries are named
+    and stale ones of ``path`` removed as in :func:`atomic_file` (``.NAME.<host>.<pid>.<random>.tmp``,
+    and ``.old`` for the replaced directory on its way out).
     """
     path = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    _remove_stale_temps(path)
+    tmp = _new_temp(path, ".tmp", directory=True)
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual mode
+        os.chmod(tmp, 0o777 & ~_umask())  # created 0700; give the usual mode
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = _new_temp(path, ".old", directory=True)
             os.replace(path, old / "x")
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

@@ -87,10 +87,13 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
     ``rank_speed`` (RAPA, :mod:`hpcgnn.partition.rapa`): relative rank speeds (a comma list,
     a file or a run); METIS sizes the parts in proportion (equal speeds: today's partition).
     ``halo_trim``: then apply the halo-trimming step, stopping at ``trim_threshold``.
-    Raises InputError on bad arguments or inputs, before any heavy work.
+    Raises InputError on bad arguments or inputs (an unwritable output directory included),
+    before any heavy work; a graph file that fails its recorded hashes or the CSR invariants
+    (:func:`hpcgnn.data.graph.read_topology`) before the assignment; an OSError while writing the
+    store as a one-line InputError, with nothing left behind.
     """
     from hpcgnn.data.graph import read_graph_attrs
-    from hpcgnn.fileio import check_output
+    from hpcgnn.fileio import check_output, check_writable_dir
     from hpcgnn.partition.methods import parse_constraints
     from hpcgnn.partition.writer import file_sha256
 
@@ -108,6 +111,7 @@ def partition_file(graph_path, out, parts: int, method: str = "metis", seed: int
     if metis_library not in ("auto", *LIBRARIES):
         raise InputError(f"--metis-library {metis_library!r}: expected auto or one of {', '.join(LIBRARIES)}")
     check_output(out, force)
+    check_writable_dir(out.parent, "output directory")
     attrs = read_graph_attrs(graph_path)
     n = int(attrs.get("num_nodes", 0))
     if not 1 <= parts <= n:

@@ -4,9 +4,16 @@ A :class:`Graph` is undirected, stored symmetrised as an in-edge CSR with no
 self-loops and no duplicate edges. Importers and generators build one with
 :func:`hpcgnn.data.clean.build_symmetric_csr` and write it with
 :func:`write_graph`; every other command reads it with :func:`read_graph`.
+
+Integrity: the writer records each dataset's sha256 in the attribute ``dataset_hashes``;
+readers that validate verify the datasets they read against it and check the CSR invariants
+(rows sorted without duplicates, no self-loops, symmetric), so a corrupt file is refused in
+one line naming the file and the dataset. Files written before the hashes were recorded get
+the invariant checks only.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,6 +29,8 @@ from hpcgnn.fileio import atomic_file, check_output, open_h5, read_dataset
 GRAPH_FORMAT = "hpcgnn-graph"
 GRAPH_VERSION = 1
 MASKS = ("train_mask", "val_mask", "test_mask")
+HASH_ATTR = "dataset_hashes"
+_CORRUPT = "the file is corrupt or was modified; run hpcgnn prepare again"
 
 
 @dataclass
@@ -62,12 +71,18 @@ class Graph:
     def degree(self) -> np.ndarray:
         return np.diff(self.indptr)
 
-    def validate(self, where: str = "graph") -> None:
-        """Raise InputError naming ``where`` and the field if any invariant fails."""
+    def validate(self, where: str = "graph", topology: bool = True) -> None:
+        """Raise InputError naming ``where`` and the field if any invariant fails.
+
+        ``topology=False`` skips the rows-sorted, self-loop and symmetry checks of
+        :func:`check_topology` (for a CSR :func:`read_topology` already checked).
+        """
         n = self.num_nodes
         if n < 1:
             raise InputError(f"{where}: graph has no vertices")
         _check_csr(where, self.indptr, self.indices, n)
+        if topology:
+            check_topology(where, self.indptr, self.indices)
         if self.features.ndim != 2 or self.features.shape[0] != n:
             raise InputError(f"{where}: 'features' has shape {self.features.shape}, expected ({n}, F)")
         row = _first_nonfinite_row(self.features)
@@ -94,9 +109,16 @@ class Graph:
 
 
 def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False) -> Path:
-    """Validate ``graph`` and write it atomically to ``path``."""
+    """Validate ``graph`` and write it atomically to ``path``, with each dataset's sha256
+    (:func:`dataset_hash`) in the attribute ``dataset_hashes``."""
     path = check_output(path, force)
     graph.validate(str(path))
+    data = {"indptr": np.ascontiguousarray(graph.indptr, dtype=np.int64),
+            "indices": np.ascontiguousarray(graph.indices, dtype=np.int64),
+            "features": np.ascontiguousarray(graph.features, dtype=np.float32),
+            "labels": np.ascontiguousarray(graph.labels, dtype=np.int64),
+            **{name: np.ascontiguousarray(getattr(graph, name), dtype=bool) for name in MASKS}}
+    hashes = {name: dataset_hash(name, a) for name, a in data.items()}
     with atomic_file(path) as tmp:
         with h5py.File(tmp, "w", track_order=False) as f:
             f.attrs["format"] = GRAPH_FORMAT
@@ -112,13 +134,109 @@ def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False) -> P
             f.attrs["duplicates_removed"] = int(graph.meta.get("duplicates_removed", 0))
             f.attrs["feature_normalization"] = str(graph.meta.get("feature_normalization", "none"))
             f.attrs["hpcgnn_version"] = __version__
-            f.create_dataset("indptr", data=np.ascontiguousarray(graph.indptr, dtype=np.int64))
-            f.create_dataset("indices", data=np.ascontiguousarray(graph.indices, dtype=np.int64))
-            f.create_dataset("features", data=np.ascontiguousarray(graph.features, dtype=np.float32))
-            f.create_dataset("labels", data=np.ascontiguousarray(graph.labels, dtype=np.int64))
-            for name in MASKS:
-                f.create_dataset(name, data=np.ascontiguousarray(getattr(graph, name), dtype=bool))
+            f.attrs[HASH_ATTR] = json.dumps(hashes, sort_keys=True)
+            for name, a in data.items():
+                f.create_dataset(name, data=a)
     return path
+
+
+class _DatasetHasher:
+    """Streaming :func:`dataset_hash`: feed the array's blocks in order with :meth:`update`."""
+
+    def __init__(self, name: str, dtype, shape: tuple):
+        self._h = hashlib.sha256()
+        for part in (name, str(np.dtype(dtype)), repr(tuple(int(s) for s in shape))):
+            self._h.update(part.encode())
+        self._dtype = np.dtype(dtype)
+
+    def update(self, block: np.ndarray) -> None:
+        self._h.update(np.ascontiguousarray(block, dtype=self._dtype).reshape(-1).view(np.uint8))
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def dataset_hash(name: str, a: np.ndarray) -> str:
+    """Hex sha256 of a graph file dataset as recorded in ``dataset_hashes``: its name, dtype,
+    shape, then its bytes in C order (the layout of hpcgnn.partition.store.datasets_digest)."""
+    h = _DatasetHasher(name, a.dtype, a.shape)
+    h.update(a)
+    return h.hexdigest()
+
+
+def _recorded_hashes(f: h5py.File) -> dict | None:
+    """The file's ``dataset_hashes`` ({dataset: hex sha256}), or None for a file written before
+    they were recorded."""
+    raw = f.attrs.get(HASH_ATTR)
+    if raw is None:
+        return None
+    try:
+        hashes = json.loads(_text_attr(raw))
+    except ValueError:
+        hashes = None
+    if not isinstance(hashes, dict):
+        raise InputError(f"{f.filename}: attribute '{HASH_ATTR}' is not a JSON object of dataset hashes "
+                         f"({_CORRUPT})")
+    return hashes
+
+
+def _verify_hash(f: h5py.File, recorded: dict | None, name: str, digest: str) -> None:
+    """Refuse dataset ``name`` whose sha256 ``digest`` differs from the recorded one."""
+    if recorded is not None and recorded.get(name) != digest:
+        raise InputError(f"{f.filename}: dataset '{name}' does not match the file's recorded content hash "
+                         f"({_CORRUPT})")
+
+
+def check_topology(where: str, indptr: np.ndarray, indices: np.ndarray, block: int = 1 << 22) -> None:
+    """Refuse (InputError naming ``where`` and dataset 'indices') a CSR whose rows are not
+    strictly increasing (unsorted or duplicate edges), that holds a self-loop, or that is not
+    symmetric. ``indptr`` must already be a valid row pointer and IDs in range (_check_csr).
+
+    Symmetry is tested by fingerprint: with random 64-bit a and b, the sums of a[u] * b[v] and
+    of b[u] * a[v] over the edges u -> v (mod 2**64) are equal for a symmetric edge multiset, and
+    equal for an asymmetric one with probability about 2**-60; a failure then names a vertex
+    whose in- and out-degree differ when there is one. Vectorised over blocks of whole rows of
+    about ``block`` edges (temporaries: a few times ``block`` x 8 bytes), one pass over ``indices``.
+    """
+    n = indptr.shape[0] - 1
+    m = int(indptr[-1])
+    if m == 0:
+        return
+    rng = np.random.default_rng(0x6870636E)
+    a, b = rng.bit_generator.random_raw(n), rng.bit_generator.random_raw(n)
+    row_dtype = np.int32 if indices.dtype == np.int32 else np.int64
+    forward, backward = np.uint64(0), np.uint64(0)
+    # Row blocks of about `block` entries (a longer row is a block of its own).
+    bounds = np.unique(np.searchsorted(indptr, np.arange(0, m, block, dtype=np.int64), side="right") - 1)
+    bounds = np.append(bounds, n)
+    with np.errstate(over="ignore"):
+        for r0, r1 in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            lo, hi = int(indptr[r0]), int(indptr[r1])
+            ix, deg = indices[lo:hi], np.diff(indptr[r0:r1 + 1])
+            rows = np.repeat(np.arange(r0, r1, dtype=row_dtype), deg)
+            loop = ix == rows
+            if loop.any():
+                v = int(rows[np.argmax(loop)])
+                raise InputError(f"{where}: dataset 'indices' holds a self-loop at vertex {v} "
+                                 f"(the format has none; {_CORRUPT})")
+            bad = ix[1:] <= ix[:-1]
+            nonempty = np.flatnonzero(deg)
+            starts = indptr[r0:r1][nonempty] - lo      # first entry of each non-empty row
+            bad[starts[1:] - 1] = False                # a row's first entry may be below the last one's
+            if bad.any():
+                v = int(rows[np.argmax(bad) + 1])
+                raise InputError(f"{where}: dataset 'indices' is not sorted within row {v} (sources must "
+                                 f"increase strictly: sorted, no duplicate edges; {_CORRUPT})")
+            dest = nonempty + r0
+            forward += np.sum(np.add.reduceat(a[ix], starts) * b[dest], dtype=np.uint64)
+            backward += np.sum(np.add.reduceat(b[ix], starts) * a[dest], dtype=np.uint64)
+    if forward != backward:
+        in_degree, out_degree = np.diff(indptr), np.bincount(indices, minlength=n)
+        differ = np.flatnonzero(in_degree != out_degree)
+        v = int(differ[0]) if differ.size else -1
+        which = " (an edge u -> v has no v -> u)" if v < 0 else \
+            f": vertex {v} has {in_degree[v]} in-edges but is the source of {out_degree[v]} edges"
+        raise InputError(f"{where}: dataset 'indices' is not symmetric{which} ({_CORRUPT})")
 
 
 def read_graph_attrs(path: str | os.PathLike) -> dict:
@@ -130,6 +248,10 @@ def read_graph_attrs(path: str | os.PathLike) -> dict:
 def read_topology(path: str | os.PathLike, index_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(indptr int64, indices, train_mask) of a graph file with the CSR checked: what a partitioner
     needs before the rest of the file (read and checked by :func:`read_graph`) arrives.
+
+    Checked: IDs in range and indptr a row pointer, then the three datasets against the file's
+    recorded hashes (when it has them), then rows sorted, no self-loops and symmetry
+    (:func:`check_topology`); the first failure is an InputError naming the file and dataset.
 
     ``index_dtype`` (int64 or int32) is the dtype of the returned ``indices``: int32 halves
     their memory. They are read in blocks and converted block by block, so the file's int64
@@ -144,12 +266,17 @@ def read_topology(path: str | os.PathLike, index_dtype=np.int64) -> tuple[np.nda
         n = int(f.attrs["num_nodes"])
         if n > np.iinfo(index_dtype).max:
             raise InputError(f"{path}: {n} vertices do not fit {index_dtype} vertex IDs")
+        recorded = _recorded_hashes(f)
         indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
-        indices = _read_indices(f, n, index_dtype)
+        indices, indices_hash = _read_indices(f, n, index_dtype)
         train = read_dataset(f, "train_mask", bool, (n,))
-    if n < 1:
-        raise InputError(f"{path}: graph has no vertices")
-    _check_csr(str(path), indptr, indices, n)
+        if n < 1:
+            raise InputError(f"{path}: graph has no vertices")
+        _check_csr(str(path), indptr, indices, n)
+        _verify_hash(f, recorded, "indptr", dataset_hash("indptr", indptr))
+        _verify_hash(f, recorded, "indices", indices_hash)
+        _verify_hash(f, recorded, "train_mask", dataset_hash("train_mask", train))
+    check_topology(str(path), indptr, indices)
     return indptr, indices, train
 
 
@@ -161,14 +288,16 @@ def _check_csr(where: str, ip: np.ndarray, ix: np.ndarray, n: int) -> None:
         raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
 
 
-def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -> np.ndarray:
-    """Dataset 'indices' (checked like read_dataset) as ``dtype``, read ``block`` entries at a time.
+def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -> tuple[np.ndarray, str]:
+    """(dataset 'indices' (checked like read_dataset) as ``dtype``, read ``block`` entries at a
+    time; its :func:`dataset_hash` as int64, computed from the blocks as they arrive).
 
     IDs outside [0, n) are reported here (as :func:`_check_csr` words it), before a narrowing
     conversion could hide them.
     """
     if dtype == np.dtype(np.int64):
-        return read_dataset(f, "indices", np.int64, (None,))
+        indices = read_dataset(f, "indices", np.int64, (None,))
+        return indices, dataset_hash("indices", indices)
     where = f"{f.filename}: dataset 'indices'"
     if "indices" not in f:
         raise InputError(f"{where} is missing")
@@ -181,6 +310,7 @@ def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -
         raise InputError(f"{where} has shape {ds.shape}, expected (*)")
     m = ds.shape[0]
     out = np.empty(m, dtype=dtype)
+    hasher = _DatasetHasher("indices", np.int64, (m,))
     lo, hi = 0, 0
     for a in range(0, m, block):
         chunk = ds[a:a + block]
@@ -188,8 +318,9 @@ def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -
         if lo < 0 or hi >= n:
             raise InputError(f"{f.filename}: 'indices' holds vertex ID {lo if lo < 0 else hi}, "
                              f"expected IDs in [0, {n})")
+        hasher.update(chunk)
         out[a:a + block] = chunk
-    return out
+    return out, hasher.hexdigest()
 
 
 def _first_nonfinite_row(a: np.ndarray, block: int = 1 << 22) -> int:
@@ -209,8 +340,10 @@ def _text_attr(v) -> str:
 def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) -> Graph:
     """Read a graph file, checking every dataset's presence, dtype and shape.
 
-    ``topology``: the (indptr, indices, train_mask) :func:`read_topology` returned for this
-    file; those datasets are then not read again.
+    ``validate``: also check every dataset it reads against the file's recorded hashes (when it
+    has them) and :meth:`Graph.validate` the graph. ``topology``: the (indptr, indices,
+    train_mask) :func:`read_topology` returned (and checked) for this file; those datasets are
+    then not read, hashed or checked again.
     """
     with open_h5(path, GRAPH_FORMAT) as f:
         version = int(f.attrs.get("version", -1))
@@ -220,15 +353,21 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) ->
             if key not in f.attrs:
                 raise InputError(f"{path}: attribute '{key}' is missing")
         n = int(f.attrs["num_nodes"])
+        recorded = _recorded_hashes(f) if validate else None
+        read = {}
         if topology is None:
-            indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
-            indices = read_dataset(f, "indices", np.int64, (None,))
+            indptr = read["indptr"] = read_dataset(f, "indptr", np.int64, (n + 1,))
+            indices = read["indices"] = read_dataset(f, "indices", np.int64, (None,))
             known = {}
         else:
             indptr, indices, known = topology[0], topology[1], {"train_mask": topology[2]}
-        features = read_dataset(f, "features", np.float32, (n, None))
-        labels = read_dataset(f, "labels", np.int64, (n,))
+        features = read["features"] = read_dataset(f, "features", np.float32, (n, None))
+        labels = read["labels"] = read_dataset(f, "labels", np.int64, (n,))
         masks = {name: known[name] if name in known else read_dataset(f, name, bool, (n,)) for name in MASKS}
+        read.update({name: masks[name] for name in MASKS if name not in known})
+        if recorded is not None:
+            for name, a in read.items():
+                _verify_hash(f, recorded, name, dataset_hash(name, a))
         meta = {
             "name": str(f.attrs.get("name", Path(path).stem)),
             "source": json.loads(f.attrs.get("source", "{}")),
@@ -239,5 +378,5 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) ->
         g = Graph(indptr, indices, features, labels, num_classes=int(f.attrs["num_classes"]),
                   meta=meta, **masks)
     if validate:
-        g.validate(str(path))
+        g.validate(str(path), topology=topology is None)
     return g

@@ -10,6 +10,7 @@ and peak memory of the steps in ``meta.h5`` (docs/formats.md).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import numpy as np
 
 from hpcgnn import __version__
 from hpcgnn.data.graph import MASKS, Graph
-from hpcgnn.fileio import atomic_dir, check_output, persist_and_drop_cache
+from hpcgnn.fileio import atomic_dir, check_output, persist_and_drop_cache, write_error
 from hpcgnn.partition.balance import imbalance, part_weights
 from hpcgnn.partition.memory import StepMeter, StepRecord
 from hpcgnn.partition.store import (META_DATASETS, META_FILE, META_FORMAT, PART_DATASETS, PART_FORMAT,
@@ -184,7 +185,8 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
     them too, and ``degree`` stays the full graph's. ``extra_attrs``: more ``meta.h5``
     attributes (str/int/float; dicts and lists as JSON), outside the content hash.
 
-    ``out`` must not exist unless ``force``; nothing is left behind if writing fails.
+    ``out`` must not exist unless ``force``; nothing is left behind if writing fails, and an
+    OSError while writing (a full disk, a lost permission) is a one-line InputError naming ``out``.
     """
     own_meter = meter is None
     meter = meter or StepMeter()
@@ -196,6 +198,15 @@ def write_store(out: str | os.PathLike, graph: Graph, part: np.ndarray, num_part
     finally:
         if own_meter:
             meter.close()
+
+
+@contextlib.contextmanager
+def _one_line_write_errors(out: Path):
+    """Turn an OSError raised inside into :func:`hpcgnn.fileio.write_error` naming ``out``."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(out, exc) from None
 
 
 def _record_steps(f: h5py.File, records: list[StepRecord]) -> None:
@@ -218,8 +229,8 @@ def _write_store(out, graph: Graph, part: np.ndarray, num_parts: int, *, method,
     csr = (np.ascontiguousarray(graph.indptr, dtype=np.int64),
            np.ascontiguousarray(graph.indices, dtype=index_dtype))
     step_names = [r.name for r in meter.records()[:-1]] + ["write", "total"]
-    with atomic_dir(out) as tmp:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the store normal permissions
+    with _one_line_write_errors(out), atomic_dir(out) as tmp:
+        os.chmod(tmp, 0o777 & ~_umask())  # atomic_dir creates it 0700; give the store normal permissions
         with meter.step("write"):
             degree = graph.degree()
             new_to_orig, orig_to_new, part_offsets = renumber(part, k)

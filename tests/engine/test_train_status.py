@@ -94,18 +94,36 @@ def test_input_error_after_the_run_started_marks_it_failed(setup):
     assert a["error"] == "train.device = 'cuda' but torch sees no CUDA device"
 
 
+def test_a_checkpoint_of_another_model_shape_is_one_line_and_marks_the_run_failed(setup):
+    tmp, cfg, store, run, _ = setup
+    broken = tmp / "shape"
+    shutil.copytree(run, broken)
+    state = torch.load(broken / "checkpoints" / "ckpt-000002.pt", weights_only=True)
+    state["model"] = {"no_such_parameter": torch.zeros(1)}   # load_state_dict fails on every rank
+    torch.save(state, broken / "checkpoints" / "ckpt-000002.pt")
+    proc, codes = mb.train_each_rank_exit(2, _args(cfg, store, broken, "--resume", "--set",
+                                                   "train.epochs=3"), timeout=90)
+    assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+    lines = _lines(proc.stderr, "hpcgnn: error:")
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "checkpoint does not fit the run's model (model.arch=sage, layers=2, hidden=8): Missing " \
+        "key(s) in state_dict" in lines[0]
+    a = read_run(broken)["attrs"]
+    assert a["status"] == "failed" and a["error"] == lines[0][len("hpcgnn: error: "):], a
+
+
 def test_exception_on_rank_0_marks_the_run_failed(setup):
     tmp, cfg, store, run, _ = setup
     broken = tmp / "broken"
     shutil.copytree(run, broken)
     state = torch.load(broken / "checkpoints" / "ckpt-000002.pt", weights_only=True)
-    state["model"] = {"no_such_parameter": torch.zeros(1)}   # load_state_dict raises on every rank
+    state["torch_rng"] = torch.zeros(3, dtype=torch.uint8)   # set_rng_state raises on every rank
     torch.save(state, broken / "checkpoints" / "ckpt-000002.pt")
-    proc = mb.train(2, cfg, store, broken, "--resume", timeout=90)
+    proc = mb.train(2, cfg, store, broken, "--resume", "--set", "train.epochs=3", timeout=90)
     assert proc.returncode != 0
-    assert "RuntimeError: Error(s) in loading state_dict" in proc.stderr, proc.stderr[-3000:]
+    assert "RuntimeError: " in proc.stderr, proc.stderr[-3000:]
     a = read_run(broken)["attrs"]
     assert a["status"] == "failed", a
-    assert a["error"].startswith("rank 0: RuntimeError: Error(s) in loading state_dict"), a["error"]
+    assert a["error"].startswith("rank 0: RuntimeError: "), a["error"]
     assert "\n" not in a["error"]
     assert np.asarray(read_run(broken)["metrics"]["epoch"]).tolist() == [1, 2]

@@ -209,3 +209,32 @@ def test_command_line_errors_print_once_under_mpiexec():
         proc = run_mpi(3, args, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert len(_error_lines(proc.stderr)) == 1, proc.stderr
+
+
+def test_disk_full_when_the_run_file_is_rewritten_keeps_the_last_good_one(tmpfs):
+    """In one process (COMM_SELF): the epoch's rewrite of run.h5 fails on a full disk with one
+    line naming the file and ENOSPC; the previous run.h5 stays readable."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from hpcgnn.errors import InputError
+    from hpcgnn.run.config import load_config
+    from hpcgnn.run.output import RunOutput
+    from hpcgnn.runtime import Runtime
+
+    rt = Runtime.start(threads=1, comm=MPI.COMM_SELF)
+    run = tmpfs / "run"
+    cfg = load_config(None, ["data.partitions=x", f"output.dir={run}"])
+    meta = SimpleNamespace(content_hash="ab" * 32, path=tmpfs / "parts", num_parts=1)
+    out = RunOutput(run, rt, cfg, meta, resume=False, force=False)
+    out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})
+    filler = _fill(tmpfs)
+    with pytest.raises(InputError) as exc:
+        out.log_epoch(2, {"loss": 0.5}, {"epoch": 1.0}, {"bytes": 1.0})
+    assert str(exc.value).startswith(f"{run / 'run.h5'}: cannot write (No space left on device (ENOSPC))")
+    assert read_run(run)["metrics"]["epoch"].tolist() == [1]
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+    filler.unlink()
+    out.close()
+    assert read_run(run)["attrs"]["status"] == "finished"

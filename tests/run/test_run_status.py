@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -148,3 +149,72 @@ def test_config_changes_counts_a_missing_key_as_its_default():
     assert {"train.epochs", "train.eval_every", "output.dir", "runtime.threads"} <= set(SAFE_ON_RESUME)
     assert not {"train.lr", "train.seed", "minibatch.halo", "model.hidden", "model.layers",
                 "model.arch"} & set(SAFE_ON_RESUME)
+
+
+# ---- what --resume refuses about the checkpoint (issue 23, class 4) -----------------------------
+def test_resume_with_every_checkpoint_unreadable_is_refused_not_restarted(tmp_path, rt):
+    run = _run_with_checkpoint(tmp_path, rt)
+    (run / "checkpoints" / "ckpt-000001.pt").write_bytes(b"\0garbage")
+    before = (run / "run.h5").read_bytes()
+    with pytest.raises(InputError, match=r"none of the 1 checkpoint\(s\) can be read.*pass --force"):
+        RunOutput(run, rt, _cfg(run), _meta(tmp_path), resume=True, force=False)
+    assert (run / "run.h5").read_bytes() == before
+
+
+def test_resume_with_epochs_below_the_checkpoint_is_refused(tmp_path, rt, capsys):
+    run = _run_with_checkpoint(tmp_path, rt, "train.epochs=3")
+    _write_checkpoint(run, 5, _cfg(run, "train.epochs=3"), read_run(run)["attrs"]["run_id"],
+                      _meta(tmp_path).content_hash)
+    before = (run / "run.h5").read_bytes()
+    with pytest.raises(InputError, match=r"ckpt-000005.pt: the run is at epoch 5 but train.epochs = 3: "
+                                         r"nothing to train \(to continue, set train.epochs above 5\)"):
+        RunOutput(run, rt, _cfg(run, "train.epochs=3"), _meta(tmp_path), resume=True, force=False)
+    assert (run / "run.h5").read_bytes() == before
+    capsys.readouterr()
+    out = RunOutput(run, rt, _cfg(run, "train.epochs=5"), _meta(tmp_path), resume=True, force=False)
+    assert f"{run} is already at epoch 5 = train.epochs: nothing to train" in capsys.readouterr().err
+    out.close()
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, rt):
+    run = _run_with_checkpoint(tmp_path, rt, "train.lr=0.01")
+    cfg = _cfg(run, "train.lr=0.01")
+    meta = _meta(tmp_path)
+    own = read_run(run)["attrs"]["run_id"]
+    # same store and shape, another run's identity
+    _write_checkpoint(run, 2, cfg, "f" * 32, meta.content_hash)
+    with pytest.raises(InputError, match=r"ckpt-000002.pt: checkpoint belongs to another run"):
+        RunOutput(run, rt, cfg, meta, resume=True, force=False)
+    # no identity recorded (an older checkpoint), other learning rate and seed
+    _write_checkpoint(run, 2, _cfg(run, "train.lr=0.5", "train.seed=9"), "", meta.content_hash)
+    with pytest.raises(InputError, match=r"written with other settings than this run's \(train.lr "
+                                         r"0.5 -> 0.01, train.seed 9 -> 0\)"):
+        RunOutput(run, rt, cfg, meta, resume=True, force=False)
+    _write_checkpoint(run, 2, cfg, own, meta.content_hash)       # its own: accepted
+    RunOutput(run, rt, cfg, meta, resume=True, force=False).close()
+
+
+def test_a_checkpoint_of_another_model_shape_is_one_line():
+    import torch
+
+    from hpcgnn.run.checkpoint import load_model_state
+
+    cfg = load_config(None, ["data.partitions=x", "model.hidden=4"])
+    with pytest.raises(InputError, match=r"ckpt: checkpoint does not fit the run's model \(model.arch=sage, "
+                                         r"layers=3, hidden=4\): size mismatch for weight"):
+        load_model_state(torch.nn.Linear(3, 4), {"weight": torch.zeros(5, 3), "bias": torch.zeros(4)},
+                         "ckpt", cfg)
+
+
+def test_every_setting_resume_accepts_is_in_the_docs_table():
+    """docs/runs.md and the code say one thing: each key safe_on_resume() accepts is a row of the
+    table, and no row names a key it refuses."""
+    import re
+
+    from hpcgnn.run.output import safe_on_resume
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "runs.md").read_text()
+    table = text[text.index("| setting | why it is safe |"):]
+    table = table[:table.index("\n\n")]
+    documented = set(re.findall(r"`([a-z_]+\.[a-z_]+)`", table))
+    assert documented == set(safe_on_resume()), (documented ^ set(safe_on_resume()))
