@@ -14,13 +14,24 @@
 * full-graph engine: ``activations`` (every layer's input over solid + halo rows and the tensors
   kept for backward; with ``fullgraph.offload`` the host-resident layer data, cached aggregates,
   the backward's host gradients and one batch of chunks) and, offloaded, ``chunks`` (the chunks'
-  own CSRs, transposes and transfer plan).
+  own CSRs, transposes and transfer plan);
+* every engine: ``model_state`` (the parameters, their gradients, Adam's two moments and the
+  gradient allreduce's flat float32 buffer: five float32 copies of every parameter, counted on
+  the model the engine builds, see :func:`model_param_sizes`; in bfloat16 also the bfloat16
+  copies of the linear layers that forward keeps for backward) and ``optimizer_step`` (the
+  larger of the temporaries of torch's Adam step, :func:`adam_step_bytes`, and of the gradient
+  allreduce, :func:`allreduce_step_bytes`).
 
-The peak is ``baseline + partition + max(training, evaluation)`` terms. The figures are checked
-against measured peaks in tests/engine/test_estimate.py and docs/benchmarks.md.
+The peak is ``baseline + partition`` + the terms held throughout + ``max(training, evaluation,
+optimizer step)``: the minibatch engine keeps only the largest of ``activations``, ``eval`` and
+``optimizer_step``, the tensor engine the larger of ``activations`` and ``optimizer_step``; the
+full-graph engine adds the step (its ``activations`` include layer data resident for the whole
+run). The figures are checked against measured peaks in tests/engine/test_estimate.py and
+docs/benchmarks.md.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +46,10 @@ BF16 = 2
 # Tensors kept per layer for backward, in units of the layer's (rows x width): input, aggregate,
 # two linear outputs, their sum, the activation (native dropout keeps no mask) and the gradients.
 SAVED_PER_LAYER = 6
+# float32 copies of every parameter held for the whole run: the values, their gradients, Adam's
+# exp_avg and exp_avg_sq, and GradientAllreduce's flat buffer (hpcgnn/engine/common.py)
+MODEL_COPIES = 5
+MODEL_SHRINK = "model.hidden or model.layers (the parameters' count)"
 
 
 @dataclass
@@ -46,6 +61,7 @@ class MemoryEstimate:
     terms: dict = field(default_factory=dict)
     shrink: dict = field(default_factory=dict)
     device: dict = field(default_factory=dict)   # GPU bytes not in ``terms`` (tensor engine on CUDA)
+    params: int = 0                              # the model's parameter count (values)
 
     @property
     def total(self) -> int:
@@ -91,6 +107,114 @@ def _widths(cfg, in_dim: int, num_classes: int) -> list[int]:
     m = cfg.model
     hid = m.hidden * (m.heads if m.arch == "gat" else 1)
     return [in_dim] + [hid] * (m.layers - 1) + [num_classes]
+
+
+@functools.lru_cache(maxsize=256)
+def _built_param_sizes(kind: str, in_dim: int, hidden: int, num_classes: int, layers: int,
+                       heads: int, variant: str) -> tuple:
+    """``(numel, in a bf16-capable linear layer)`` per parameter of a model built on torch's
+    meta device (shapes only, no memory); ``kind``: an arch of build_model, or the tensor
+    engine's ``decoupled`` / ``decoupled-attention`` / ``coupled``."""
+    import torch
+
+    from hpcgnn.nn.precision import Linear
+
+    with torch.device("meta"):
+        if kind.startswith("decoupled"):
+            from hpcgnn.nn.decoupled import DecoupledModel
+
+            model = DecoupledModel(in_dim, hidden, num_classes, layers, 0.0,
+                                   attention=kind == "decoupled-attention")
+        elif kind == "coupled":
+            from hpcgnn.nn.decoupled import CoupledModel
+
+            model = CoupledModel(in_dim, hidden, num_classes, layers, 0.0)
+        else:
+            from hpcgnn.nn.models import build_model
+
+            model = build_model(kind, in_dim, hidden, num_classes, layers, heads, 0.0,
+                                **({"gat_variant": variant} if kind == "gat" else {}))
+    linear = {id(p) for mod in model.modules() if isinstance(mod, Linear) for p in mod.parameters()}
+    return tuple((int(p.numel()), id(p) in linear) for p in model.parameters())
+
+
+def model_param_sizes(cfg, in_dim: int, num_classes: int) -> tuple:
+    """``(numel, in a linear layer)`` of every parameter of the model ``cfg``'s engine builds,
+    in the optimizer's order: :func:`hpcgnn.nn.models.build_model` (minibatch, full graph: arch,
+    hidden, layers, heads, gat_variant) or the tensor engine's ``DecoupledModel`` (attention
+    vectors for GAT) / ``CoupledModel``, built on the meta device, so the count cannot drift
+    from the model. Every rank holds all of them (the tensor engine replicates its MLP too)."""
+    m = cfg.model
+    kind = m.arch
+    if cfg.train.engine == "tensor":
+        kind = cfg.tensor.mode + ("-attention" if m.arch == "gat" and cfg.tensor.mode == "decoupled" else "")
+    return _built_param_sizes(kind, int(in_dim), int(m.hidden), int(num_classes), int(m.layers),
+                              int(m.heads), str(m.gat_variant))
+
+
+def model_state_bytes(sizes, precision: str = "fp32", copies: int = MODEL_COPIES) -> int:
+    """Bytes of ``copies`` float32 copies of the parameters ``sizes`` (:func:`model_param_sizes`;
+    :data:`MODEL_COPIES`: values, gradients, Adam's two moments, the allreduce buffer); with
+    ``precision = "bf16"`` also the bfloat16 copy of every linear layer's weight and bias that
+    forward makes (kept for backward: 2 bytes each, measured +0.5x the float32 weights)."""
+    b = copies * sum(n for n, _ in sizes) * F32
+    if precision == "bf16":
+        b += sum(n for n, lin in sizes if lin) * BF16
+    return int(b)
+
+
+def adam_step_bytes(sizes, weight_decay: float, device: str) -> int:
+    """Peak bytes of the temporaries of one ``torch.optim.Adam.step()`` (the default
+    implementation, float32 parameters ``sizes`` in the optimizer's order).
+
+    CPU: the per-parameter loop (torch's default off CUDA is not foreach): parameter ``i``
+    holds its weight-decayed gradient (``weight_decay != 0``), ``sqrt(exp_avg_sq)`` and the
+    new denominator while the previous parameter's denominator is still referenced:
+    ``max_i (n[i-1] + (2 + decay) n[i])`` floats (measured with torch 2.13: exactly that,
+    e.g. 2x the parameters for SAGE's two equal weights with decay, 3x for a GCN/GAT weight).
+    CUDA: the foreach implementation: one list of parameter-sized temporaries at a time
+    (the decayed gradients, then the square roots): ``n`` floats."""
+    ns = [n for n, _ in sizes]
+    if device == "cuda":
+        return int(sum(ns) * F32)
+    per = 3 if weight_decay else 2
+    return int(max((prev + per * n for prev, n in zip([0] + ns[:-1], ns)), default=0) * F32)
+
+
+def allreduce_step_bytes(sizes, ranks: int) -> int:
+    """Bytes of the gradient allreduce's transient copy of its flat buffer on ``ranks`` ranks
+    (0 on one rank): MPICH's reduction buffer (measured half the buffer on 2 ranks, counted
+    whole) or, with torch.distributed from a GPU, the buffer copied back to the host."""
+    return int(sum(n for n, _ in sizes) * F32) if ranks > 1 else 0
+
+
+def model_terms(cfg, meta, est: MemoryEstimate, on_device: bool = False) -> None:
+    """``model_state`` and ``optimizer_step`` (see the module docstring) of the model ``cfg``'s
+    engine builds; ``on_device``: the parameters, gradients, moments and Adam's temporaries
+    are in GPU memory (tensor engine on CUDA, ``est.device['nn']``), the host keeps the
+    allreduce's buffer and its copy."""
+    sizes = model_param_sizes(cfg, meta.num_features, meta.num_classes)
+    est.params = int(sum(n for n, _ in sizes))
+    ar = allreduce_step_bytes(sizes, int(meta.num_parts))
+    if on_device:
+        est.terms["model_state"] = model_state_bytes(sizes, "fp32", 1)
+        est.terms["optimizer_step"] = ar
+    else:
+        dev = "cuda" if cfg.train.device == "cuda" else "cpu"
+        est.terms["model_state"] = model_state_bytes(sizes, cfg.train.precision)
+        est.terms["optimizer_step"] = max(ar, adam_step_bytes(sizes, cfg.train.weight_decay, dev))
+    est.shrink["model_state"] = MODEL_SHRINK
+    est.shrink["optimizer_step"] = MODEL_SHRINK
+
+
+def _keep_largest(est: MemoryEstimate, names: tuple) -> None:
+    """Phases that never overlap: zero all of ``names`` but the largest (the first on a tie)."""
+    have = [k for k in names if k in est.terms]
+    if have:
+        keep = max(have, key=lambda k: est.terms[k])
+        for k in have:
+            if k != keep:
+                est.terms[k] = 0
 
 
 def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
@@ -164,11 +288,9 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             ev += ns * F32 * max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers))
         est.terms["eval"] = int(ev)
         est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
-        # training and evaluation do not overlap: count the larger of the two
-        if est.terms["eval"] > est.terms["activations"]:
-            est.terms["activations"] = 0
-        else:
-            est.terms["eval"] = 0
+    # the sampled frontiers, the optimizer step's temporaries and evaluation do not overlap
+    model_terms(cfg, meta, est)
+    _keep_largest(est, ("activations", "eval", "optimizer_step"))
 
 
 def _inference_row_widths(w_in: int, w_out: int) -> int:
@@ -213,7 +335,9 @@ def offload_batch_bytes(cfg, meta, s: dict) -> int:
 
 
 def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
-    """The full-graph engine's terms (``activations``; offloaded also ``chunks``)."""
+    """The full-graph engine's terms (``activations``; offloaded also ``chunks``; the model's
+    ``model_state`` and ``optimizer_step``, added: ``activations`` holds layer data resident
+    for the whole run)."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     x0 = nl * widths[0] * F32
@@ -262,6 +386,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             wire = 2 if fg.halo_precision == "bf16" else F32     # bytes a value on the wire
             est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * wire + 4) for l in range(1, layers)))
             est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
+    model_terms(cfg, meta, est)
 
 
 def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
@@ -345,7 +470,10 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     chunks' transposes) and ``activations`` (vertex-layout MLP tensors of the rank's rows, and
     the [V, C/P] feature-layout slices of the aggregation: Z_0, two round buffers, the output
     gradient and the gradient of Z_0, plus the k saved rounds for GAT); the NN layers keep two
-    tensors per layer and two gradients in flight."""
+    tensors per layer and two gradients in flight. The MLP is replicated, not split: every rank
+    holds all its parameters (``model_state``, ``optimizer_step``; on CUDA only the allreduce's
+    host buffer and its copy, the rest is in ``est.device['nn']``). The epoch's tensors are
+    freed before the optimizer step: the larger of ``activations`` and ``optimizer_step`` counts."""
     v, e = int(meta.num_nodes), int(meta.num_edges)
     parts = max(int(meta.num_parts), 1)
     t = cfg.tensor
@@ -389,6 +517,8 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         act += 4 * ev * F32                        # logits, attention, their gradients
     est.terms["activations"] = int(act)
     est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
+    model_terms(cfg, meta, est, on_device=cfg.train.device == "cuda")
+    _keep_largest(est, ("activations", "optimizer_step"))
 
 
 def _tensor_cols(cfg, meta, parts: int) -> int:
@@ -401,21 +531,23 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     """``(nn, chunk)``: bytes on the compute device of the tensor engine's staged path
     (:class:`hpcgnn.engine.tensor.DeviceStage`) with ``chunks`` chunks on ``parts`` ranks.
 
-    ``nn``: the NN layers on the rank's ~V/P rows (the ``activations`` rows term) and the
-    parameters with their gradients and Adam moments. ``chunk``: one chunk on the device: its
-    sources (destinations plus the expected distinct in-neighbours of (E+V)/chunks edge
-    draws, all V with one chunk) x C/P columns three times (row buffer, prefetched rows,
-    gathered rows; backward: gradient buffer, A^T g, flushed rows; GAT twice more) and five
-    destination-row temporaries; off the CPU also the chunk's CSR, weights and slots (copied
-    to the device) and the torch backend's edge-to-destination map and two edge-message
-    tensors [edges, C/P]."""
+    ``nn``: the NN layers on the rank's ~V/P rows (the ``activations`` rows term) or, after
+    backward, Adam's temporaries (:func:`adam_step_bytes`), and the parameters of the model
+    the engine builds (:func:`model_param_sizes`) with their gradients and Adam moments.
+    ``chunk``: one chunk on the device: its sources (destinations plus the expected distinct
+    in-neighbours of (E+V)/chunks edge draws, all V with one chunk) x C/P columns three times
+    (row buffer, prefetched rows, gathered rows; backward: gradient buffer, A^T g, flushed
+    rows; GAT twice more) and five destination-row temporaries; off the CPU also the chunk's
+    CSR, weights and slots (copied to the device) and the torch backend's edge-to-destination
+    map and two edge-message tensors [edges, C/P]."""
     m = cfg.model
     v, e = int(meta.num_nodes), int(meta.num_edges)
     f, c, hid = int(meta.num_features), int(meta.num_classes), int(m.hidden)
     rows = -(-v // max(parts, 1))
-    dims = [f] + [hid] * (m.layers - 1) + [c]
-    params = sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
-    nn_bytes = rows * (f + (2 * m.layers + 2) * hid + 2 * c) * F32 + 4 * params * F32
+    sizes = model_param_sizes(cfg, f, c)
+    step = adam_step_bytes(sizes, cfg.train.weight_decay, "cuda" if device == "cuda" else "cpu")
+    nn_bytes = max(rows * (f + (2 * m.layers + 2) * hid + 2 * c) * F32, step) + \
+        model_state_bytes(sizes, "fp32", MODEL_COPIES - 1)
     k = max(1, min(int(chunks), v))
     cols = _tensor_cols(cfg, meta, parts)
     dst = -(-v // k)

@@ -112,18 +112,29 @@ def plan_meta(meta, ranks: int):
 
 # ---- memory ----------------------------------------------------------------------------------
 
-def device_split(cfg, meta, s: dict, est) -> int:
+def model_host_bytes(est, ranks: int) -> int:
+    """The model's bytes that stay in host memory when it trains on a GPU: the gradient
+    allreduce's flat float32 buffer and, on more than one rank, its transient host copy
+    (:func:`hpcgnn.engine.estimate.allreduce_step_bytes`)."""
+    return int(est.params * F32 * (2 if ranks > 1 else 1))
+
+
+def device_split(cfg, meta, s: dict, est, ranks: int | None = None) -> int:
     """Bytes of ``est`` on the GPU when ``train.device`` is CUDA, without the CUDA context: the
-    minibatch engine keeps its partition's features, HECs and activations there; full graph in
-    memory the partition and its activations; offloaded only one batch of chunks
-    (:func:`hpcgnn.engine.estimate.offload_batch_bytes`) and the chunks' topology. Host memory
-    keeps the rest and the partition as loaded."""
+    minibatch engine keeps its partition's features, HECs, activations and the model
+    (parameters, gradients, Adam's moments and step) there; full graph in memory the partition,
+    its activations and the model; offloaded only one batch of chunks
+    (:func:`hpcgnn.engine.estimate.offload_batch_bytes`), the chunks' topology and the model.
+    Host memory keeps the rest, the partition as loaded and :func:`model_host_bytes` (``ranks``:
+    the job's, default the store's)."""
     t = est.terms
+    host_model = model_host_bytes(est, meta.num_parts if ranks is None else ranks)
     if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
         from hpcgnn.engine.estimate import offload_batch_bytes
 
-        return int(t.get("chunks", 0) + offload_batch_bytes(cfg, meta, s))
-    return int(sum(v for k, v in t.items() if k != "baseline"))
+        model = t.get("model_state", 0) + t.get("optimizer_step", 0) - host_model
+        return int(t.get("chunks", 0) + offload_batch_bytes(cfg, meta, s) + max(model, 0))
+    return int(max(sum(v for k, v in t.items() if k != "baseline") - host_model, 0))
 
 
 def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) -> None:
@@ -136,9 +147,10 @@ def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) 
         est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s)
         host, dev = est.total, 0
         if topo.device == "cuda":
-            on_dev = device_split(cfg, meta, s, est)
+            on_dev = device_split(cfg, meta, s, est, topo.ranks)
             offloaded = cfg.train.engine == "fullgraph" and cfg.fullgraph.offload
-            host = est.total if offloaded else est.terms["baseline"] + est.terms.get("partition", 0)
+            host = est.total if offloaded else \
+                est.terms["baseline"] + est.terms.get("partition", 0) + model_host_bytes(est, topo.ranks)
             dev = on_dev + CUDA_CONTEXT
         hosts.append(int(host))
         devs.append(int(dev))
@@ -202,8 +214,11 @@ def _agg_width(arch: str, w_in: int, w_out: int) -> tuple[int, bool]:
 
 
 def _param_bytes(cfg, widths) -> int:
-    lin = _lin_count(cfg.model.arch)
-    return int(sum(lin * widths[l] * widths[l + 1] + widths[l + 1] for l in range(cfg.model.layers)) * F32)
+    """float32 bytes of the parameters of the model ``cfg``'s engine builds (input width
+    ``widths[0]``, ``widths[-1]`` classes): the memory estimate's exact count."""
+    from hpcgnn.engine.estimate import model_param_sizes
+
+    return int(sum(n for n, _ in model_param_sizes(cfg, widths[0], widths[-1])) * F32)
 
 
 def _dense_layers(c: _Cost, cfg, widths, rows_out: list[float], rows_in: list[float], edges: list[float]) -> None:
