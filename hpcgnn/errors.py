@@ -21,3 +21,9 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`InputError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise InputError(message)
+
+
+class TrainingDiverged(InputError):
+    """The loss or a gradient became nan or +-inf (raised on every rank at the same step, before
+    the optimizer step, so the parameters and checkpoints stay finite); the fix is the user's:
+    a lower learning rate, or finite input features."""

@@ -7,13 +7,14 @@
 * :class:`GradientAllreduce`: one flat-buffer allreduce of all parameter gradients (mean or sum).
 * :func:`allreduce_sum` / :func:`accuracy_metrics`: parallel evaluation counts reduced to global
   accuracies.
-* :class:`PhaseTimer`: per-phase wall-clock seconds of one epoch.
+* :class:`PhaseTimer`: per-phase wall-clock seconds of one epoch and the phases' nesting.
 * :func:`save_training_state` / :func:`restore_training_state`: checkpoint and resume.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 
 import numpy as np
@@ -121,12 +122,19 @@ def parameter_checksum(model: torch.nn.Module) -> str:
 
 # ---- collectives ------------------------------------------------------------
 class GradientAllreduce:
-    """Allreduce of all parameter gradients as one flat float32 buffer.
+    """Allreduce of all parameter gradients as one flat float32 buffer, with a divergence check.
 
     ``op`` = 'mean' divides the sum by the number of ranks. A parameter without a gradient
     contributes zeros, and after the call every parameter has a gradient (identical on all
     ranks). Uses mpi4py, or torch.distributed when ``use_torch_distributed`` (the caller has
     initialised it). ``bytes_per_call`` is the buffer size.
+
+    Divergence: the buffer has one more element, the caller's local ``loss`` (0 without one).
+    After the allreduce every rank holds the same buffer, so one test decides identically
+    everywhere (size 1 too, with no allreduce): its sum is finite iff every element is (one
+    pass; only a sum that overflows is looked at element-wise). A non-finite loss or gradient
+    on any rank raises :class:`~hpcgnn.errors.TrainingDiverged` on every rank, before the
+    gradients are written back and before the caller's optimizer step.
     """
 
     def __init__(self, model: torch.nn.Module, rt, op: str = "mean", use_torch_distributed: bool = False):
@@ -137,13 +145,18 @@ class GradientAllreduce:
         self.op = op
         self.use_torch = use_torch_distributed
         self.numel = sum(p.numel() for p in self.params)
-        self._flat = torch.zeros(self.numel, dtype=torch.float32)
+        self._flat = torch.zeros(self.numel + 1, dtype=torch.float32)
+        self._loss = self._flat[self.numel:]     # the divergence flag: this rank's loss
 
     @property
     def bytes_per_call(self) -> int:
-        return self.numel * 4
+        return (self.numel + 1) * 4
 
-    def __call__(self) -> None:
+    def __call__(self, loss=None, epoch: int | None = None, step: int = 0, steps: int = 1) -> None:
+        """Collective: reduce the gradients, then raise TrainingDiverged on every rank if any
+        rank's loss or gradient is not finite. ``loss``: this rank's loss of the step (a tensor,
+        copied with the gradients, no host sync of its own; a float; or None when the rank had
+        none); ``epoch``, ``step`` (0-based) of ``steps`` name the step in the error."""
         flat = self._flat
         off = 0
         for p in self.params:
@@ -153,6 +166,10 @@ class GradientAllreduce:
             else:
                 flat[off:off + n].copy_(p.grad.detach().reshape(-1))
             off += n
+        if isinstance(loss, torch.Tensor):
+            self._loss.copy_(loss.detach())
+        else:
+            self._loss.fill_(0.0 if loss is None else float(loss))
         if self.rt.size > 1:
             if self.use_torch:
                 import torch.distributed as dist
@@ -167,6 +184,9 @@ class GradientAllreduce:
                 self.rt.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
             if self.op == "mean":
                 flat.div_(self.rt.size)
+        # a sum over finite values is finite unless it overflows: only then look element-wise
+        if not math.isfinite(flat.sum().item()) and not bool(torch.isfinite(flat).all()):
+            self._diverged(epoch, step, steps)
         off = 0
         for p in self.params:
             n = p.numel()
@@ -176,6 +196,15 @@ class GradientAllreduce:
             else:
                 p.grad.copy_(g)
             off += n
+
+    def _diverged(self, epoch, step: int, steps: int):
+        """Raise TrainingDiverged; the message depends only on the reduced buffer (same on every rank)."""
+        from hpcgnn.errors import TrainingDiverged
+
+        kind = "nan" if bool(torch.isnan(self._flat).any()) else "inf"
+        where = "" if epoch is None else f" at epoch {epoch}, step {step + 1} of {steps}"
+        raise TrainingDiverged(f"training diverged{where}: the loss or a gradient is not finite ({kind}); "
+                               "no checkpoint was written for it (lower train.lr, check the input features)")
 
 
 def allreduce_sum(rt, values) -> np.ndarray:
@@ -217,29 +246,50 @@ class PhaseTimer:
     """Accumulated wall-clock seconds per named phase (``with timer.phase('forward'): ...``),
     and the epoch's peak memory with the phase in which it was reached (``timer.memory``, a
     :class:`~hpcgnn.run.memory.PeakMonitor` read at the end of every phase; :meth:`reset` starts
-    a new epoch for both)."""
+    a new epoch for both).
+
+    Nesting is recorded, not declared: ``parents[name]`` is the phase that was open when
+    ``name`` first started (a stack of open phases; None at the top level), in the order the
+    phases first started. A name has one parent: opened again under another parent (another
+    depth, or inside itself), its seconds go to ``"<parent>/<name>"`` (``"top/<name>"`` at the
+    top level) with that parent, so no second is ever inside two phases of one name. Seconds
+    measured outside :meth:`phase` are added with :meth:`add`, which needs their parent.
+    ``parents`` outlives :meth:`reset` (the nesting is the code's, not the epoch's)."""
 
     def __init__(self, sync_cuda: bool = False, cuda_device=None):
         from hpcgnn.run.memory import PeakMonitor
 
         self.seconds: dict[str, float] = {}
+        self.parents: dict[str, str | None] = {}
+        self._open: list[str] = []
         self.sync_cuda = sync_cuda and torch.cuda.is_available()
         self.memory = PeakMonitor(cuda_device if self.sync_cuda else None)
 
     @contextlib.contextmanager
     def phase(self, name: str):
+        parent = self._open[-1] if self._open else None
+        if self.parents.setdefault(name, parent) != parent:
+            name = f"{parent or 'top'}/{name}"
+            self.parents.setdefault(name, parent)
+        self._open.append(name)
         if self.sync_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            self._open.pop()
             if self.sync_cuda:
                 torch.cuda.synchronize()
-            self.add(name, time.perf_counter() - t0)
+            self.seconds[name] = self.seconds.get(name, 0.0) + (time.perf_counter() - t0)
             self.memory.after(name)
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, *, parent: str | None) -> None:
+        """Add ``seconds`` to timing ``name``, measured outside :meth:`phase`; ``parent``: the
+        phase whose seconds include these (None: top level; ``"a+b"``: part of ``a`` and ``b``
+        together). ValueError when ``name`` already has another parent."""
+        if self.parents.setdefault(name, parent) != parent:
+            raise ValueError(f"timing {name!r}: parent {parent!r} declared, {self.parents[name]!r} recorded")
         self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
 
     def reset(self) -> None:
@@ -265,9 +315,24 @@ def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer: torc
         "content_hash": out.meta.content_hash,
         "config": out.cfg.to_json(),
         "engine": out.engine,
+        "run_id": getattr(out, "run_id", ""),
         "extra": extra or {},
     }
     save_checkpoint(out.run_dir, epoch, state, out.rt, out.cfg.output.keep_checkpoints)
+
+
+def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+                        where, cfg) -> None:
+    """Load a checkpoint's model and optimizer state; a checkpoint that does not fit (another
+    model shape) is an InputError naming ``where``, the model settings and the first mismatch."""
+    from hpcgnn.run.checkpoint import load_model_state
+
+    load_model_state(model, state["model"], where, cfg)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise InputError(f"{where}: the checkpoint's optimizer state does not fit the model "
+                         f"({' '.join(str(exc).split())[:200]})") from None
 
 
 def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
@@ -294,8 +359,7 @@ def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.O
     if state is None:
         out.rewind(0)
         return 1, {}
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    out.rt.agree_on(lambda: load_training_state(model, optimizer, state, out.run_dir, out.cfg))
     torch.set_rng_state(state["torch_rng"])
     out.rewind(int(state["epoch"]))
     return int(state["epoch"]) + 1, state.get("extra", {})

@@ -5,20 +5,25 @@ Per epoch ``e`` (1-based; a resumed run starts after its checkpoint's epoch):
 
 1. ``engine.timer.reset()``, torch's RNG seeded from ``(seed, e, rank)``, the model in training
    mode; ``engine.train_epoch(e)`` runs the epoch's iterations and returns an :class:`EpochResult`
-   (global mean loss, counters, extra timings, per-layer arrays). Its wall-clock time is the
-   ``epoch`` timing.
+   (global mean loss, counters, extra timings, per-layer arrays). It runs in the timer's
+   ``epoch`` phase, so every phase the engine opens is nested in ``epoch`` (its parent).
 2. When due (``train.eval_every``, and always after the last epoch) ``engine.evaluate()`` in the
    ``eval`` phase (collective; global train/val/test accuracy); otherwise the accuracies are NaN.
 3. One row per rank into the run file: metrics, the timer's phases plus the engine's timings,
+   with every timing's parent (``timing_parents``: ``""`` for ``epoch`` and ``eval``, the
+   timer's record for its phases, :attr:`EpochResult.timing_parents` for the engine's),
    counters with the epoch's memory peaks (``peak_rss_bytes`` ...).
 4. ``hooks.after_epoch`` (test instrumentation), then a checkpoint when due
-   (``train.checkpoint_every``, and after the last epoch) with ``engine.checkpoint_extra()``.
+   (``train.checkpoint_every``, and after the last epoch) with ``engine.checkpoint_extra()``,
+   refused (:func:`require_finite_state`) when a parameter or optimizer state is not finite.
+
+A non-finite loss or gradient stops the run inside ``train_epoch``, before that step's update
+(:class:`~hpcgnn.engine.common.GradientAllreduce` raises TrainingDiverged on every rank).
 
 After the last epoch ``engine.close()`` releases the engine's communicators.
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -33,17 +38,20 @@ SPLITS = ("train", "val", "test")
 class EpochResult:
     """What one training epoch reports: ``loss`` (global mean over ranks), ``counters`` (per-rank
     numbers, e.g. bytes), ``timings`` (seconds, beyond the timer's phases), ``per_layer`` (name ->
-    array with one value per layer)."""
+    array with one value per layer), ``timing_parents`` (required for every name in ``timings``:
+    the timing whose seconds include it, ``"epoch"`` for a top-level part of the epoch,
+    ``"a+b"`` for a part of ``a`` and ``b`` together; see :mod:`hpcgnn.run.output`)."""
 
     loss: float
     counters: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     per_layer: dict = field(default_factory=dict)
+    timing_parents: dict = field(default_factory=dict)
 
 
 class Engine(ABC):
     """One engine on one rank (built collectively by the engine's
-    ``make_engine(cfg, rt, out, hooks)``, see :mod:`hpcgnn.engine.registry`).
+    ``make_engine(cfg, rt, out, hooks)``, see :mod:`hpcgnn.run.engines.registry`).
 
     Attributes the loop uses: ``model``, ``optimizer`` (parameters identical on every rank),
     ``timer`` (a :class:`~hpcgnn.engine.common.PhaseTimer` on the engine's device).
@@ -81,6 +89,39 @@ def due(epoch: int, every: int, last: int) -> bool:
     return epoch == last or (every > 0 and epoch % every == 0)
 
 
+def require_finite_state(engine: Engine, rt, epoch: int) -> None:
+    """Collective: raise TrainingDiverged on every rank when a parameter or an optimizer state
+    tensor of any rank is nan or +-inf (a finite gradient times a huge learning rate can
+    overflow), so that no checkpoint holds one. Run before each checkpoint only."""
+    from hpcgnn.errors import TrainingDiverged
+
+    tensors = list(engine.model.parameters()) + [
+        t for state in engine.optimizer.state.values() for t in state.values()
+        if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    ok = all(bool(torch.isfinite(t).all()) for t in tensors)
+    if rt.size > 1:
+        ok = all(rt.comm.allgather(ok))
+    if not ok:
+        raise TrainingDiverged(f"training diverged at epoch {epoch}: a parameter or optimizer state is not "
+                               "finite after the optimizer step; no checkpoint was written for it (lower "
+                               "train.lr, check the input features)")
+
+
+def epoch_timings(timer: PhaseTimer, result: EpochResult) -> tuple[dict, dict]:
+    """(seconds, parent) per timing of the epoch: the timer's phases in the order they first
+    started (top level: parent ``""``), then the engine's ``result.timings`` with their declared
+    parents; ValueError naming an engine timing without one."""
+    missing = sorted(set(result.timings) - set(result.timing_parents))
+    if missing:
+        raise ValueError(f"engine timings without a parent in EpochResult.timing_parents: {missing}")
+    names = [k for k in timer.parents if k in timer.seconds]
+    timings = {k: timer.seconds[k] for k in names}
+    parents = {k: timer.parents[k] or "" for k in names}
+    timings.update(result.timings)
+    parents.update({k: str(result.timing_parents[k]) for k in result.timings})
+    return timings, parents
+
+
 def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
     """Collective: train ``cfg.train.epochs`` epochs with ``engine`` (see the module docstring)."""
     from hpcgnn.engine.hooks import TrainHooks
@@ -95,9 +136,8 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
         timer.reset()
         seed_torch(cfg.train.seed, epoch, rt.rank)
         engine.model.train()
-        t0 = time.perf_counter()
-        result = engine.train_epoch(epoch)
-        epoch_s = time.perf_counter() - t0
+        with timer.phase("epoch"):
+            result = engine.train_epoch(epoch)
         metrics = {"loss": float(result.loss)}
         if due(epoch, cfg.train.eval_every, epochs):
             with timer.phase("eval"):
@@ -109,13 +149,12 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
         else:
             metrics.update({f"{s}_acc": float("nan") for s in SPLITS})
         engine.finish_epoch(result)
-        timings = dict(timer.seconds)
-        timings.update(result.timings)
-        timings["epoch"] = epoch_s
+        timings, parents = epoch_timings(timer, result)
         mem_counters, mem_labels = timer.memory_record()
         out.log_epoch(epoch, metrics, timings, {**result.counters, **mem_counters}, result.per_layer,
-                      labels=mem_labels)
+                      labels=mem_labels, timing_parents=parents)
         hooks.after_epoch(epoch, engine)
         if due(epoch, cfg.train.checkpoint_every, epochs):
+            require_finite_state(engine, rt, epoch)
             save_training_state(out, epoch, engine.model, engine.optimizer, engine.checkpoint_extra(epoch))
     engine.close()

@@ -2,7 +2,7 @@
 
 The schema is :func:`schema`: section -> key -> :class:`Key`, made of the core sections
 (:data:`CORE_SCHEMA`: data, model, train, output, runtime) and one section per registered
-engine (:mod:`hpcgnn.engine.registry`), each declared and cross-checked by its engine. Unknown
+engine (:mod:`hpcgnn.run.engines.registry`), each declared and cross-checked by its engine. Unknown
 sections or keys, wrong types and out-of-range values raise InputError naming the file and the
 dotted key. The resolved configuration is a plain nested dict (written
 verbatim into the run file) wrapped in :class:`Config` for attribute access:
@@ -11,13 +11,14 @@ verbatim into the run file) wrapped in :class:`Config` for attribute access:
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hpcgnn.engine.registry import ENGINE_NAMES
 from hpcgnn.errors import InputError
+from hpcgnn.run.engines.registry import ENGINE_NAMES
 from hpcgnn.store import budget as _store_budget
 
 
@@ -67,11 +68,11 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                            "attention, DistGNN-MB eq. 2) or 'standard'", choices=("distgnn", "standard")),
     },
     "train": {
-        "engine": Key(str, "minibatch", "training engine (hpcgnn.engine.registry)",
+        "engine": Key(str, "minibatch", "training engine (hpcgnn.run.engines.registry)",
                       choices=ENGINE_NAMES),
         "epochs": Key(int, 10, "training epochs", positive, "> 0"),
-        "lr": Key(float, 0.006, "Adam learning rate", positive, "> 0"),
-        "weight_decay": Key(float, 0.0, "Adam weight decay", nonneg, ">= 0"),
+        "lr": Key(float, 0.006, "Adam learning rate", lambda x: 0 < x <= 1e30, "> 0 and <= 1e30 (Adam applies it as a float32 scalar)"),
+        "weight_decay": Key(float, 0.0, "Adam weight decay", lambda x: 0 <= x <= 1e30, ">= 0 and <= 1e30 (Adam applies it as a float32 scalar)"),
         "seed": Key(int, 0, "seed for initialisation, sampling and data order", nonneg, ">= 0"),
         "grad_reduce": Key(str, "mean", "gradient allreduce: mean or sum over ranks",
                            choices=("mean", "sum")),
@@ -125,7 +126,7 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
 
 def schema() -> dict[str, dict[str, Key]]:
     """Every section: the core ones, then each registered engine's."""
-    from hpcgnn.engine.registry import engine_specs
+    from hpcgnn.run.engines.registry import engine_specs
 
     out = dict(CORE_SCHEMA)
     for spec in engine_specs():
@@ -157,13 +158,27 @@ class _Section:
         return repr(self.__dict__)
 
 
+def _finite(value) -> bool:
+    """False for a float (or a list holding one) that is nan or +-inf: TOML parses ``inf`` and
+    ``nan`` as floats, and no key has a use for them."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
 def _coerce(where: str, key: Key, value):
+    """``value`` of ``key`` checked (type, finiteness, choices, range); ints widen to float.
+    Raises InputError naming ``where`` (the file and dotted key) and the value."""
     if key.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     ok_type = isinstance(value, key.type) and not (key.type is int and isinstance(value, bool))
     if not ok_type:
         raise InputError(f"{where} = {value!r} has type {type(value).__name__}, "
                          f"expected {getattr(key.type, '__name__', key.type)}")
+    if not _finite(value):
+        raise InputError(f"{where} = {value!r}, expected a finite number")
     if key.choices and value not in key.choices:
         raise InputError(f"{where} = {value!r}, expected one of {', '.join(map(repr, key.choices))}")
     if key.check is not None and not key.check(value):
@@ -222,7 +237,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raise InputError(f"{label}: data.partitions is not set (a partition directory; "
                          "use --set data.partitions=DIR)")
     cfg = Config(resolved)
-    from hpcgnn.engine.registry import engine_spec
+    from hpcgnn.run.engines.registry import engine_spec
 
     spec = engine_spec(cfg.train.engine)
     if spec.validate is not None:
