@@ -1,19 +1,53 @@
 """hpcgnn: distributed GNN training on partitioned HDF5 graphs.
 
-Packages (one concept each):
-  data/       canonical graph file, importers, synthetic generators
-  partition/  partitioners (METIS multi-constraint, random, contiguous) and the partition store
-  runtime.py  MPI process runtime (ranks, threads, abort-on-exception, torch.distributed)
-  comm/       collectives as autograd functions, halo providers, asynchronous embedding push
-  sampling/   neighbour sampler, sampled blocks, distributed (exact) sampling
-  cache/      historical embedding cache
-  nn/         aggregation kernels, dropout and models (GraphSAGE, GAT, GCN)
-  engine/     the engine registry (registry.py, specs/), the shared training loop (loop.py),
-              hooks, and the engines (minibatch, fullgraph, tensor); docs/engines.md
-  seeding.py  random streams as functions of integers
-  run/        configuration, run output (HDF5), checkpoints
-  plan/       `hpcgnn plan`: calibrated memory and epoch-time predictions per engine setting
-  commands/   the `hpcgnn` subcommands
+The map, one concept per package or module, in layers (:data:`LAYERS`, bottom first). A module
+imports modules of its own layer or of lower ones, never of a higher one, and no module imports
+itself through others (tests/test_layers.py computes the import graph and checks both).
+
+0 foundation
+  __init__.py    this map, the version
+  errors.py      InputError (one-line user errors) and the exit codes
+  units.py       byte sizes as text: parse_size, fmt_bytes
+  seeding.py     random streams as functions of integers
+  native.py      the compiled kernels (native/), one extension module per family
+  progress.py    progress bar for long preprocessing steps
+  supervisor.py  a rank's watcher: which signal killed it, and why
+  fileio.py      atomic file output, one-line errors for unreadable inputs
+1 kernels
+  sampling/      neighbour sampler, sampled blocks
+  cache/         historical embedding cache
+  nn/            aggregation kernels, dropout and models (GraphSAGE, GAT, GCN)
+2 ranks, exchanges, data
+  runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed)
+  comm/          collectives as autograd functions, halo providers, asynchronous embedding push,
+                 the exact minibatch mode's distributed sampling and feature pull (exact_fetch.py)
+  data/          canonical graph file, importers, synthetic generators
+  store/         feature and topology store over device and host memory (docs/store.md)
+3 run
+  run/           configuration (config.py) and the engines' sections (engines/: the registry
+                 and one spec per engine), run output (HDF5), checkpoints, memory measurement
+4 partition/     partitioners (METIS multi-constraint, random, contiguous) and the partition store
+5 engine/        the shared training loop (loop.py), hooks, the engines (minibatch, fullgraph,
+                 tensor) and their memory estimate; docs/engines.md
+6 plan/          `hpcgnn plan`: calibrated memory and epoch-time predictions per engine setting
+7 commands/      the `hpcgnn` subcommands
+  demos/         tiny MPI programs that check a launch and the runtime
+8 bench/         the `make bench-*` benchmarks and the peer comparisons
+9 cli.py         the `hpcgnn` command: one entry point, a module of commands/ per subcommand
+  __main__.py    `python -m hpcgnn`
 """
 
 __version__ = "0.1.0"
+
+LAYERS = (
+    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio"),
+    ("sampling", "cache", "nn"),
+    ("runtime", "comm", "data", "store"),
+    ("run",),
+    ("partition",),
+    ("engine",),
+    ("plan",),
+    ("commands", "demos"),
+    ("bench",),
+    ("cli", "__main__"),
+)

@@ -28,6 +28,16 @@ dropout = _load("dropout")
 
 
 def set_threads(n: int) -> None:
-    """Set the OpenMP thread count of every native module."""
+    """Set the OpenMP thread count of every native module's kernels started from the calling
+    thread. OpenMP's nthreads-var is per thread: other threads keep theirs, and a thread that
+    never set it starts from the process default (OMP_NUM_THREADS, else the CPU count). With
+    torch's OpenMP backend torch shares the runtime, so this also sizes torch's intra-op team
+    on the calling thread once torch has initialised it there (``torch.get_num_threads()``)."""
     for family in FAMILIES:
         _load(family).set_threads(int(n))
+
+
+def team_size() -> int:
+    """Threads of an OpenMP parallel region started from the calling thread now: the team a
+    native kernel called from this thread runs with."""
+    return int(spmm.team_size())

@@ -60,8 +60,18 @@ inline uint64_t mix64(uint64_t z) {
 
 namespace hpcgnn {
 inline void add_thread_control(py::module_& m) {
+    // OpenMP's nthreads-var is a per-thread ICV: both calls act on the calling thread only.
     m.def("set_threads", [](int n) { omp_set_num_threads(n); }, py::arg("n"),
-          "Set the OpenMP thread count of this module's kernels.");
+          "Set the OpenMP thread count of this module's kernels started from the calling thread.");
     m.def("max_threads", []() { return omp_get_max_threads(); });
+    m.def("team_size", []() {
+        int n = 1;
+#pragma omp parallel
+        {
+#pragma omp single
+            n = omp_get_num_threads();
+        }
+        return n;
+    }, "Threads of a parallel region started from the calling thread (what a kernel gets).");
 }
 }  // namespace hpcgnn

@@ -40,9 +40,9 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from hpcgnn.bench.fullgraph_epochs import epoch_stats, local_graphs, sync_device, time_hpcgnn
 from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.workdir import products_like_inputs
 
@@ -50,22 +50,6 @@ TARGET_DEDUP_REDUCTION = 0.25
 TARGET_BANDWIDTH_FRACTION = 0.80    # issue 8 (0.50 before); on huge pages, as hpcgnn runs
 BANDWIDTH_TARGET_CASES = ("uniform", "local500")
 TARGET_CACHE_FWD_REDUCTION = 5.0     # exact / cached forward halo bytes at S = 2 (issue 10)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _flat_grad(model) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double().cpu()
-                      for p in model.parameters()])
-
-
-def _epoch_stats(times: list[float]) -> dict:
-    """Epoch time = the fastest epoch after the first (warm-up): robust on a shared machine."""
-    timed = times[1:] if len(times) > 1 else times
-    return {"epoch_s": float(np.min(timed)), "epoch_mean_s": float(np.mean(timed)), "first_epoch_s": times[0]}
 
 
 def best_bandwidth(repeats: int, *args, **kwargs) -> dict:
@@ -76,39 +60,6 @@ def best_bandwidth(repeats: int, *args, **kwargs) -> dict:
     best = dict(max(runs, key=lambda r: r["native_frac_copy"]))
     best["native_frac_copy_all"] = [r["native_frac_copy"] for r in runs]
     return best
-
-
-def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None, precision: str = "fp32") -> dict:
-    """Epoch times of the in-memory (settings None) or offloaded engine on one rank; ``precision``
-    as ``train.precision``."""
-    from hpcgnn.engine.common import PhaseTimer
-    from hpcgnn.engine.fullgraph import InMemoryFullGraph, OffloadedFullGraph
-    from hpcgnn.nn.models import build_model
-    from hpcgnn.nn.precision import set_precision
-
-    model = set_precision(build_model(**model_args), precision).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    runner = InMemoryFullGraph(model, graph, None, device) if settings is None else \
-        OffloadedFullGraph(model, graph, None, device, settings)
-    n_train = float(graph.masks["train"].sum())
-    times, grad0 = [], None
-    for e in range(epochs):
-        runner.reset_stats()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        t0 = time.perf_counter()
-        runner.train_step(PhaseTimer(sync_cuda=device.type == "cuda"), n_train)
-        if e == 0:
-            grad0 = _flat_grad(model)
-        opt.step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    out = dict(_epoch_stats(times), grad0=grad0)
-    out.update({k: float(v) for k, v in runner.counters().items()})
-    if settings is not None:
-        out["chunks"] = runner.engine.num_chunks
-        out["capacity_rows"] = runner.engine.plan.capacity
-    return out
 
 
 def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
@@ -142,7 +93,7 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
         try:
             for _ in range(epochs):
                 opt.zero_grad(set_to_none=True)
-                _sync(device)
+                sync_device(device)
                 t0 = time.perf_counter()
                 h = x
                 for i, conv in enumerate(convs):
@@ -152,9 +103,9 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
                 loss = torch.nn.functional.cross_entropy(h[train], y[train])
                 loss.backward()
                 opt.step()
-                _sync(device)
+                sync_device(device)
                 times.append(time.perf_counter() - t0)
-            out[name] = _epoch_stats(times)
+            out[name] = epoch_stats(times)
         except (RuntimeError, NotImplementedError) as exc:  # an input form this build cannot run
             print(f"PyG with {name} failed: {exc.__class__.__name__}: {str(exc)[:200]}", flush=True)
             out[name] = {"epoch_s": float("inf"), "epoch_mean_s": float("inf")}
@@ -162,24 +113,6 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
     return {"edge_index_epoch_s": out["edge_index"]["epoch_s"], "adj_t_epoch_s": out["adj_t"]["epoch_s"],
             "edge_index_mean_s": out["edge_index"]["epoch_mean_s"], "adj_t_mean_s": out["adj_t"]["epoch_mean_s"],
             "best_input": best, "epoch_s": out[best]["epoch_s"]}
-
-
-def local_graphs(graph_file: Path, store: Path):
-    """Every partition's LocalGraph, halo features taken from the graph file (one process)."""
-    from hpcgnn.data.graph import read_graph
-    from hpcgnn.engine.fullgraph import build_local_graph
-    from hpcgnn.partition.store import load_partition, read_meta
-
-    meta = read_meta(store)
-    feats = read_graph(graph_file, validate=False).features
-    n2o = meta.new_to_orig()
-    out = []
-    for p in range(meta.num_parts):
-        part = load_partition(store, p, meta)
-        lg = build_local_graph(part, None)
-        lg.x0[part.num_solid:] = torch.from_numpy(feats[n2o[part.halo_ids]])
-        out.append(lg)
-    return out
 
 
 def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orders) -> list[dict]:

@@ -59,7 +59,7 @@ def driver(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[])
     args = p.parse_args(argv)
     from hpcgnn.engine.loop import fit
-    from hpcgnn.engine.registry import engine_spec, resolve
+    from hpcgnn.run.engines.registry import engine_spec, resolve
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
     from hpcgnn.run.output import RunOutput

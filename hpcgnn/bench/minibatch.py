@@ -34,6 +34,7 @@ import numpy as np
 
 from hpcgnn.bench import minibatch_store as store_bench
 from hpcgnn.bench.results_file import write_results
+from hpcgnn.bench.table import cell
 from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
 
 TARGET_WAIT_SHARE = 0.05
@@ -77,25 +78,19 @@ def summarise_run(run_dir: Path) -> dict:
     return out
 
 
-def _fmt(x, spec=".3f"):
-    if x is None or (isinstance(x, float) and not np.isfinite(x)):
-        return "-"
-    return format(x, spec)
-
-
 def table(results: dict) -> str:
     head = ["run", "ranks", "epoch_s", "sample", "forward", "backward", "allreduce", "wait%", "push%",
             "MB_sent/ep", "Medges/s", "hit L0/L1/L2 %", "val%", "test%"]
     rows = [head]
     for name, r in results.items():
         ph = r["phases_mean_s"]
-        rows.append([name, str(r["ranks"]), _fmt(r["epoch_time_s"]), _fmt(ph.get("sample")),
-                     _fmt(ph.get("forward")), _fmt(ph.get("backward")), _fmt(ph.get("allreduce")),
-                     _fmt(100 * r["comm_wait_share"], ".2f") if "comm_wait_share" in r else "-",
-                     _fmt(100 * r["push_share"], ".2f") if "push_share" in r else "-",
-                     _fmt(r["bytes_sent_per_epoch"] / 1e6, ".2f"), _fmt(r["sampled_edges_per_s"] / 1e6, ".2f"),
-                     "/".join(_fmt(100 * h, ".0f") for h in r.get("hec_hit_rate", [])) or "-",
-                     _fmt(100 * r["val_acc"], ".2f"), _fmt(100 * r["test_acc"], ".2f")])
+        rows.append([name, str(r["ranks"]), cell(r["epoch_time_s"]), cell(ph.get("sample")),
+                     cell(ph.get("forward")), cell(ph.get("backward")), cell(ph.get("allreduce")),
+                     cell(100 * r["comm_wait_share"], ".2f") if "comm_wait_share" in r else "-",
+                     cell(100 * r["push_share"], ".2f") if "push_share" in r else "-",
+                     cell(r["bytes_sent_per_epoch"] / 1e6, ".2f"), cell(r["sampled_edges_per_s"] / 1e6, ".2f"),
+                     "/".join(cell(100 * h, ".0f") for h in r.get("hec_hit_rate", [])) or "-",
+                     cell(100 * r["val_acc"], ".2f"), cell(100 * r["test_acc"], ".2f")])
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(x) for c, x in zip(r, w)) for r in rows)
 

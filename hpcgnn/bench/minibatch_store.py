@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench.table import cell
+
 TARGET_PREDICTION_POINTS = 5.0
 TARGET_STORE_WAIT_SHARE = 0.05
 
@@ -97,22 +99,20 @@ def run_section(args, work: Path, stores: dict, mpiexec: str) -> tuple[dict, dic
 
 
 def table(results: dict, summary: dict) -> str:
-    from hpcgnn.bench.minibatch import _fmt
-
     head = ["store run", "budget%", "overlap", "epoch_s", "MB_h2d/ep", "feat_MB/ep", "dev_hit%", "pred%",
             "hec_dev%", "wait%", "test%"]
     rows = [head]
     for name, r in results.items():
-        rows.append([name, _fmt(100 * r["budget"], ".0f"), "yes" if r["overlap"] else "no",
-                     _fmt(r["epoch_time_s"]), _fmt(r["h2d_bytes_per_epoch"] / 1e6, ".2f"),
-                     _fmt(r["feature_h2d_bytes_per_epoch"] / 1e6, ".2f"), _fmt(100 * r["feature_hit_rate"], ".2f"),
-                     _fmt(100 * r["predicted_feature_hit_rate"], ".2f"), _fmt(100 * r["hec_hit_rate"], ".1f"),
-                     _fmt(100 * r["store_wait_share"], ".2f"), _fmt(100 * r["test_acc"], ".2f")])
+        rows.append([name, cell(100 * r["budget"], ".0f"), "yes" if r["overlap"] else "no",
+                     cell(r["epoch_time_s"]), cell(r["h2d_bytes_per_epoch"] / 1e6, ".2f"),
+                     cell(r["feature_h2d_bytes_per_epoch"] / 1e6, ".2f"), cell(100 * r["feature_hit_rate"], ".2f"),
+                     cell(100 * r["predicted_feature_hit_rate"], ".2f"), cell(100 * r["hec_hit_rate"], ".1f"),
+                     cell(100 * r["store_wait_share"], ".2f"), cell(100 * r["test_acc"], ".2f")])
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(x) for c, x in zip(r, w)) for r in rows]
     lines.append(f"store ({summary['store_ranks']} rank(s), hotness {summary['store_hotness']}): largest "
-                 f"|predicted - measured| device hit rate {_fmt(summary['store_prediction_error_points_max'], '.2f')} "
+                 f"|predicted - measured| device hit rate {cell(summary['store_prediction_error_points_max'], '.2f')} "
                  f"points (target <= {TARGET_PREDICTION_POINTS:.0f}); store wait share with overlap "
-                 f"<= {_fmt(100 * summary['store_wait_share_max_overlap'], '.2f')}% of the epoch "
+                 f"<= {cell(100 * summary['store_wait_share_max_overlap'], '.2f')}% of the epoch "
                  f"(target <= {100 * TARGET_STORE_WAIT_SHARE:.0f}%)")
     return "\n".join(lines)

@@ -276,7 +276,7 @@ def aggregate_vs_dgl(graph_file: Path, store: Path, widths: list[int], reps: int
 
     import torch
 
-    from hpcgnn.bench.fullgraph import local_graphs
+    from hpcgnn.bench.fullgraph_epochs import local_graphs
     from hpcgnn.nn.aggregate import aggregate_mean
     from hpcgnn.sampling.block import Block
 
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from hpcgnn import native
-    from hpcgnn.bench.fullgraph import local_graphs, time_hpcgnn
+    from hpcgnn.bench.fullgraph_epochs import local_graphs, time_hpcgnn
     from hpcgnn.partition.store import read_meta
 
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

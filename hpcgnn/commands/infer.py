@@ -64,7 +64,7 @@ def _resolve(args, size: int) -> dict:
     from hpcgnn.fileio import check_output, check_writable_dir
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.checkpoint import list_checkpoints
-    from hpcgnn.run.memory import parse_size
+    from hpcgnn.units import parse_size
     from hpcgnn.run.output import RUN_FILE, read_run
 
     run_dir = Path(args.run)
@@ -167,7 +167,8 @@ def _infer(args) -> int:
     from hpcgnn import __version__
     from hpcgnn.engine.infer import (INFER_FORMAT, INFER_VERSION, graph_ids, gnn_rows,
                                      tensor_rows, write_rows)
-    from hpcgnn.run.memory import fmt_bytes, peak_rss_bytes
+    from hpcgnn.run.memory import peak_rss_bytes
+    from hpcgnn.units import fmt_bytes
     from hpcgnn.runtime import Runtime
 
     rt = Runtime.start()

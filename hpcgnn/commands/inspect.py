@@ -245,7 +245,7 @@ def _memory_text(m: dict) -> str:
                  f"largest term {worst['largest']} on rank {worst['rank']}: shrink with {worst['shrink']}")
     dev = max(m["ranks"], key=lambda r: sum(v for k, v in r.get("device", {}).items() if k != "chunks"))
     if dev.get("device"):           # tensor engine on a GPU: bytes in device memory, not in the total
-        from hpcgnn.run.memory import fmt_bytes
+        from hpcgnn.units import fmt_bytes
 
         d = dev["device"]
         lines.append(f"  device memory per rank (not in the totals): NN layers {fmt_bytes(d['nn'])} + one of "

@@ -1,8 +1,11 @@
 """`hpcgnn report RUN [--json]`: summarise a run directory (its ``run.h5``).
 
 The table has one row per logged epoch: loss, accuracies (%), epoch time (slowest rank), the
-mean over ranks of each timed phase, bytes sent (sum over ranks), for HEC runs the hit rate of
-every layer's cache (hits / lookups over all ranks), and the largest per-rank peak resident
+mean over ranks of each timed phase (the nesting is the run file's,
+:func:`~hpcgnn.run.output.timing_parents`): the top-level phases (parts of ``epoch``), ``sum``
+(their per-rank sum, at most the rank's epoch time), the roots outside the epoch (``eval``), then
+``(name)`` for every phase nested in another, which no sum includes; bytes sent (sum over
+ranks), for HEC runs the hit rate of every layer's cache (hits / lookups over all ranks), and the largest per-rank peak resident
 memory of the epoch with the rank and phase where it happened; below it, each rank's peak. ``--json`` prints the same as one
 JSON object (NaN as null).
 
@@ -20,12 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.errors import InputError
-
-PHASES = ("sample", "fetch", "forward", "comm_wait", "push", "cache", "backward", "allreduce",
-          "optimizer", "eval")
-PHASES += ("nn", "split", "aggregate", "gather")   # the tensor engine's (NeutronTP)
-PHASES += ("store_wait",)                          # the minibatch engine's store (docs/store.md)
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("run", metavar="RUN", help="run directory (or its run.h5)")
@@ -56,8 +53,15 @@ def _clean(x):
 
 
 def summarise(run: dict) -> dict:
-    """The report as a plain dict (used by both outputs)."""
+    """The report as a plain dict (used by both outputs). Per epoch ``phases_mean_s`` (every
+    timing but ``epoch``, mean over ranks) and ``top_level_s`` (per rank: the sum of the
+    top-level phases, those with parent ``epoch``; None for a rank without any); the run's
+    ``timing_parents``."""
+    from hpcgnn.run.output import timing_parents
+
     a = run["attrs"]
+    parents = timing_parents(run)
+    top = [k for k, parent in parents.items() if parent == "epoch"]
     try:
         config = json.loads(a.get("config", "{}"))
     except json.JSONDecodeError:
@@ -72,7 +76,11 @@ def summarise(run: dict) -> dict:
                 row[k] = _clean(float(v[i]))
         if "epoch" in t:
             row["time_s"] = _over_ranks(np.nanmax, t["epoch"][i])
-        row["phases_mean_s"] = {k: _over_ranks(np.nanmean, t[k][i]) for k in PHASES if k in t}
+        row["phases_mean_s"] = {k: _over_ranks(np.nanmean, t[k][i]) for k in parents if k != "epoch"}
+        if top:
+            parts = np.array([t[k][i] for k in top], dtype=float)           # [phases, ranks]
+            row["top_level_s"] = [_clean(float(np.nansum(col))) if np.isfinite(col).any() else None
+                                  for col in parts.T]
         if "bytes_sent" in c:
             row["bytes_sent"] = _clean(float(np.nansum(c["bytes_sent"][i])))
         if "hec_hits" in pl and "hec_lookups" in pl:
@@ -101,7 +109,8 @@ def summarise(run: dict) -> dict:
         "num_ranks": _clean(a.get("num_ranks")), "partition_hash": a.get("partition_hash"),
         "partition_dir": a.get("partition_dir"), "created": a.get("created"),
         "halo_mode": a.get("halo_mode"), "eval_method": a.get("eval_method"),
-        "hpcgnn_version": a.get("hpcgnn_version"), "config": config, "epochs": rows,
+        "hpcgnn_version": a.get("hpcgnn_version"), "config": config, "timing_parents": parents,
+        "epochs": rows,
         "best_val": None if best is None else {"epoch": best["epoch"], "val_acc": best["val_acc"],
                                                 "test_acc": best.get("test_acc")},
         "final": None if not evaluated else {"epoch": evaluated[-1]["epoch"],
@@ -178,9 +187,15 @@ def format_table(s: dict) -> str:
                      f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "
                      f"ls {mb.get('ls')}); eval {mb.get('eval')}")
     rows = s["epochs"]
-    phases = [p for p in PHASES if any(p in r["phases_mean_s"] for r in rows)]
+    parents = s["timing_parents"]
+    timed = [p for p in parents if p != "epoch" and any(r["phases_mean_s"].get(p) is not None for r in rows)]
+    top = [p for p in timed if parents[p] == "epoch"]
+    roots = [p for p in timed if parents[p] == ""]
+    nested = [p for p in timed if parents[p] not in ("", "epoch")]
+    phases = top + roots + nested
     layers = max((len(r.get("hec_hit_rate") or []) for r in rows), default=0)
-    head = ["epoch", "loss", "train%", "val%", "test%", "time_s"] + phases + \
+    head = ["epoch", "loss", "train%", "val%", "test%", "time_s"] + top + (["sum"] if top else []) + roots + \
+        [f"({p})" for p in nested] + \
         (["MB_sent"] if any("bytes_sent" in r for r in rows) else []) + [f"hit_L{l}%" for l in range(layers)] + \
         (["h2d_MB", "dev_feat%", "pred%", "dev_hec%"] if any("store" in r for r in rows) else []) + \
         (["peak_GiB", "peak_at"] if any("peak_rss_bytes" in r for r in rows) else [])
@@ -193,7 +208,12 @@ def format_table(s: dict) -> str:
         cells = [str(r["epoch"]), "-" if r.get("loss") is None else f"{r['loss']:.4f}",
                  _pct(r.get("train_acc")), _pct(r.get("val_acc")), _pct(r.get("test_acc")),
                  "-" if r.get("time_s") is None else f"{r['time_s']:.3f}"]
-        cells += ["-" if r["phases_mean_s"].get(p) is None else f"{r['phases_mean_s'][p]:.3f}" for p in phases]
+        cells += ["-" if r["phases_mean_s"].get(p) is None else f"{r['phases_mean_s'][p]:.3f}" for p in top]
+        if top:
+            sums = [x for x in r.get("top_level_s") or [] if x is not None]
+            cells.append(f"{np.mean(sums):.3f}" if sums else "-")
+        cells += ["-" if r["phases_mean_s"].get(p) is None else f"{r['phases_mean_s'][p]:.3f}"
+                  for p in roots + nested]
         if "MB_sent" in head:
             cells.append("-" if r.get("bytes_sent") is None else f"{r['bytes_sent'] / 1e6:.2f}")
         hits = r.get("hec_hit_rate") or []
@@ -233,7 +253,17 @@ def format_table(s: dict) -> str:
         lines.append("peak RSS   " + ", ".join(
             f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
             for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
-    lines.append("phases: mean over ranks in seconds; forward includes comm_wait, push and cache")
+    if phases:
+        line = "phases: mean over ranks in seconds"
+        if top:
+            line += "; sum: the top-level phases (parts of the epoch, at most its time)"
+        if nested:
+            within: dict[str, list[str]] = {}
+            for p in nested:
+                within.setdefault(parents[p], []).append(p)
+            line += "; (x): part of another phase, in no sum: " + "; ".join(
+                f"{', '.join(names)} in {parent}" for parent, names in within.items())
+        lines.append(line)
     if any("store" in r for r in rows):
         lines.append("store: h2d_MB bytes host->device (all ranks; on a CPU what would cross the link); "
                      "dev_feat% / dev_hec%: rows served by the device tier; pred%: the solver's prediction")

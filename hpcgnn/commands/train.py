@@ -4,7 +4,7 @@ Every rank loads the configuration and its own partition (rank r reads partition
 ``data.partitions``); the job must have exactly as many ranks as the store has partitions.
 Checks whose outcome may differ between ranks go through ``Runtime.agree`` so that every rank
 stops with the same one-line error and exit code 2. ``train.engine`` names an engine of
-:mod:`hpcgnn.engine.registry`, whose factory builds the rank's
+:mod:`hpcgnn.run.engines.registry`, whose factory builds the rank's
 :class:`~hpcgnn.engine.loop.Engine`; :func:`hpcgnn.engine.loop.fit` runs the epochs. The rank runs in a child of a small watcher
 process that names the rank if a signal (the OOM killer's SIGKILL) ends it
 (:mod:`hpcgnn.supervisor`).
@@ -50,7 +50,7 @@ def _train(args) -> int:
         out.set_attrs(rank_threads=rt.comm.allgather(rt.threads))   # per rank, as they ran
         from hpcgnn.engine.hooks import make_hooks
         from hpcgnn.engine.loop import fit
-        from hpcgnn.engine.registry import engine_spec, resolve
+        from hpcgnn.run.engines.registry import engine_spec, resolve
 
         hooks = make_hooks(cfg, rt, out)
         engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)

@@ -28,6 +28,10 @@ optimizer step)``: the minibatch engine keeps only the largest of ``activations`
 full-graph engine adds the step (its ``activations`` include layer data resident for the whole
 run). The figures are checked against measured peaks in tests/engine/test_estimate.py and
 docs/benchmarks.md.
+
+The tensor engine's device sizing lives here too, for the estimate and the engine alike:
+:func:`tensor_device_bytes` (the working set of ``k`` chunks), :func:`auto_chunks` (the count
+that fits a budget) and :func:`tensor_chunk_count` (``tensor.chunks`` as a count).
 """
 from __future__ import annotations
 
@@ -220,7 +224,7 @@ def _keep_largest(est: MemoryEstimate, names: tuple) -> None:
 def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
                          shapes: dict | None = None) -> MemoryEstimate:
     """Peak resident bytes of rank ``part_id`` for ``cfg`` on the store ``meta``."""
-    from hpcgnn.engine.registry import engine_spec, resolve
+    from hpcgnn.run.engines.registry import engine_spec, resolve
 
     s = shapes or part_shapes(meta.path, part_id)
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
@@ -375,7 +379,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         # halo cache (comm/halo_cached.py): both tiers hold at most every halo row of every layer
         # input, within fullgraph.cache_memory; a pipelined layer keeps one message in flight:
         # receive buffers of all its halo rows (+ int32 positions) and the rows being sent
-        from hpcgnn.engine.specs.fullgraph import cache_bytes
+        from hpcgnn.run.engines.fullgraph import cache_bytes
 
         if fg.halo == "cached":
             full = nh * sum(widths[:layers]) * F32
@@ -432,7 +436,8 @@ def check_memory(cfg, meta, rt) -> MemoryEstimate:
     skips the refusal. Returns this rank's estimate."""
     import socket
 
-    from hpcgnn.run.memory import fmt_bytes, node_available_bytes, parse_size, rss_bytes
+    from hpcgnn.run.memory import node_available_bytes, rss_bytes
+    from hpcgnn.units import fmt_bytes, parse_size
 
     error, est = None, None
     try:
@@ -562,14 +567,44 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     return int(nn_bytes), int(per)
 
 
+def auto_chunks(cfg, meta, parts: int, budget: int | None, device: str) -> tuple[int, int, int]:
+    """``(chunks, nn_bytes, chunk_bytes)``: the smallest chunk count whose device working set
+    (:func:`tensor_device_bytes`: the NN part plus one chunk) fits ``budget`` bytes (None: 1
+    chunk; :func:`hpcgnn.run.engines.tensor.device_budget` reads it from the config).
+    InputError naming ``tensor.device_memory`` when even one destination row per chunk does
+    not fit."""
+    from hpcgnn.units import fmt_bytes
+
+    def need(k):
+        return tensor_device_bytes(cfg, meta, parts, k, device)
+
+    if budget is None:
+        return (1, *need(1))
+    v = max(int(meta.num_nodes), 1)
+    nn_b, ch_b = need(v)
+    if nn_b + ch_b > budget:
+        raise InputError(f"tensor.device_memory = {cfg.tensor.device_memory!r} ({fmt_bytes(budget)}) is too small "
+                         f"for tensor.chunks = 'auto': even one destination row per chunk needs "
+                         f"{fmt_bytes(nn_b + ch_b)} on the device (NN layers {fmt_bytes(nn_b)}, chunk "
+                         f"{fmt_bytes(ch_b)}); give more device memory or more ranks")
+    lo, hi = 1, v
+    while lo < hi:                      # the working set shrinks as the chunk count grows
+        mid = (lo + hi) // 2
+        if sum(need(mid)) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return (lo, *need(lo))
+
+
 def tensor_chunk_count(cfg, meta, parts: int, device_total: int | None = None) -> int:
-    """``tensor.chunks`` as a count: the number, or for ``'auto'`` what
-    :func:`hpcgnn.engine.specs.tensor.auto_chunks` picks for ``tensor.device_memory`` (1 when
-    no budget can be resolved here: the CPU's ``'auto'``, a fraction without the GPU's size)."""
+    """``tensor.chunks`` as a count: the number, or for ``'auto'`` what :func:`auto_chunks`
+    picks for ``tensor.device_memory`` (1 when no budget can be resolved here: the CPU's
+    ``'auto'``, a fraction without the GPU's size)."""
     t = cfg.tensor
     if t.chunks != "auto":
         return int(t.chunks)
-    from hpcgnn.engine.specs.tensor import auto_chunks, device_budget
+    from hpcgnn.run.engines.tensor import device_budget
 
     try:
         budget = device_budget(t.device_memory, cfg.train.device, device_total)

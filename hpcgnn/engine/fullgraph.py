@@ -204,7 +204,7 @@ class OffloadedFullGraph:
 
     def __init__(self, model, graph: LocalGraph, comm, device, settings: OffloadSettings,
                  halo: HaloProvider | None = None):
-        # (the halo cache and the pipeline are refused with offload: specs/fullgraph.validate)
+        # (the halo cache and the pipeline are refused with offload: run/engines/fullgraph.validate)
         self.model, self.graph = model, graph
         self.halo = halo if halo is not None else ExactHalo(comm, graph.halo)
         self.device = torch.device(device)
@@ -268,7 +268,7 @@ def uses_cached_halo(cfg) -> bool:
 
 def cache_settings(cfg) -> CacheSettings:
     """The ``[fullgraph]`` cache keys as :class:`~hpcgnn.comm.halo_cached.CacheSettings`."""
-    from hpcgnn.engine.specs.fullgraph import cache_bytes
+    from hpcgnn.run.engines.fullgraph import cache_bytes
 
     fg = cfg.fullgraph
     return CacheSettings(cache=fg.halo == "cached", staleness=fg.staleness, pipeline=fg.pipeline,
@@ -355,7 +355,7 @@ class FullGraphEngine(Engine):
         self.hooks.before_step(epoch, 0)
         loss_local = runner.train_step(timer, self.n_train)
         with timer.phase("allreduce"):
-            self.reducer()
+            self.reducer(loss_local, epoch)     # raises on a non-finite loss or gradient
         with timer.phase("update"):
             self.optimizer.step()
         loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
@@ -366,7 +366,9 @@ class FullGraphEngine(Engine):
         """The runner's counters and halo time, which include the evaluation pass when the epoch
         evaluated."""
         result.counters.update(self.runner.counters())
-        result.timings.update(self.runner.timings())
+        timings = self.runner.timings()
+        result.timings.update(timings)
+        result.timing_parents.update({k: HALO_TIMING_PARENTS[k] for k in timings})
         result.per_layer.update(self.runner.per_layer())
 
     def close(self) -> None:
@@ -381,6 +383,12 @@ class FullGraphEngine(Engine):
         pred = self.runner.predict().argmax(1)
         correct, total = split_counts(pred, g.labels, {k: g.masks[k] for k in ("train", "val", "test")})
         return accuracy_metrics(self.rt, correct, total)
+
+
+# The runners' halo timings: ``halo`` is every exchange of the epoch (forward, backward and the
+# evaluation's), ``halo_wait`` / ``halo_adjoint`` (the cached halo's) its forward waits and its
+# gradient exchanges.
+HALO_TIMING_PARENTS = {"halo": "forward+backward+eval", "halo_wait": "forward", "halo_adjoint": "backward"}
 
 
 def make_engine(cfg, rt, out, hooks: TrainHooks | None = None) -> FullGraphEngine:

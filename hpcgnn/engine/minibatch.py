@@ -38,7 +38,7 @@ gives the same rows, so the same losses; per-epoch counters ``store_*`` and the 
 
 ``minibatch.halo``: ``hec`` (above), ``off`` (edges from halo vertices always dropped, no
 communication), ``exact`` (DistDGL-style distributed sampling and feature pull, see
-:mod:`hpcgnn.sampling.distributed`).
+:mod:`hpcgnn.comm.exact_fetch`).
 
 Evaluation (``minibatch.eval``): ``full`` = exact layer-wise full-neighbour inference over the
 whole graph (each rank computes its solid vertices layer by layer; the halo rows of every
@@ -157,7 +157,7 @@ class MinibatchEngine(Engine):
         self.seed = cfg.train.seed
         self.halo_mode = mb.halo
         self.delay = mb.delay
-        self.fanouts = list(mb.fanouts)   # one per layer (hpcgnn.engine.specs.minibatch.validate)
+        self.fanouts = list(mb.fanouts)   # one per layer (hpcgnn.run.engines.minibatch.validate)
         part, error = None, None
         try:
             part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
@@ -207,7 +207,7 @@ class MinibatchEngine(Engine):
                          for l, d in enumerate(self.dims)]
         self.fetch = None
         if self.halo_mode == "exact" or mb.eval == "sampled":
-            from hpcgnn.sampling.distributed import ExactFetch
+            from hpcgnn.comm.exact_fetch import ExactFetch
 
             self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed,
                                     csr=self.graph.csr())
@@ -230,7 +230,10 @@ class MinibatchEngine(Engine):
         placements = rt.comm.allgather(self.store.summary()) if rt.size > 1 else [self.store.summary()]
         out.set_attrs(store_mode=self.store.features.name, store_placement=placements,
                       store_predicted_hit_rate=[p.get("placement", {}).get("predicted", {}).get(
-                          "feature_hit_rate", 1.0 if p["mode"] == "device" else 0.0) for p in placements])
+                          "feature_hit_rate", 1.0 if p["mode"] == "device" else 0.0) for p in placements],
+                      # per rank: OpenMP teams while a gather is in flight (0: no gather thread)
+                      store_gather_threads=[p["gather_threads"] for p in placements],
+                      store_compute_threads=[p["compute_threads"] for p in placements])
 
     def _build_store(self, hec_lines: int):
         """Collective: this rank's store (:func:`hpcgnn.store.rank.build_rank_store`); the
@@ -243,7 +246,7 @@ class MinibatchEngine(Engine):
         store, error = None, None
         try:
             store = build_rank_store(cfg, self.part, self.graph, self.sampler, self.device, self.train_ids,
-                                     batch, m, self.dims, hec_lines, rt.rank)
+                                     batch, m, self.dims, hec_lines, rt.rank, threads=rt.threads)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
@@ -294,7 +297,7 @@ class MinibatchEngine(Engine):
             sampled_edges += stats[0]
             inputs += stats[1]
             halo_inputs += stats[2]
-            step_loss = float("nan")
+            step_loss, loss = float("nan"), None
             with timer.phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 if logits is not None:
@@ -306,7 +309,7 @@ class MinibatchEngine(Engine):
             if self.aep is not None:
                 self.aep.progress()
             with timer.phase("allreduce"):
-                self.reduce_grads()
+                self.reduce_grads(loss, epoch, k, m)     # raises on a non-finite loss or gradient
             with timer.phase("optimizer"):
                 self.optimizer.step()
             hooks.after_step(epoch, k, step_loss, seeds.size, self.model)
@@ -321,8 +324,8 @@ class MinibatchEngine(Engine):
         per_layer = {}
         if self.aep is not None:
             c = self.aep.counters
-            timings["comm_wait"] = c.wait_seconds
-            timings["push"] = c.push_seconds
+            timings["comm_wait"] = c.wait_seconds       # AEP receives and pushes run in the
+            timings["push"] = c.push_seconds            # halo hooks, inside forward
             counters.update(aep_bytes_sent=c.bytes_sent, aep_bytes_received=c.bytes_received,
                             bytes_sent=c.bytes_sent, bytes_received=c.bytes_received)
             stats = [h.stats() for h in self.hecs]
@@ -349,7 +352,8 @@ class MinibatchEngine(Engine):
         counters.setdefault("bytes_received", 0)
         counters.update(self.store.counters.as_dict())
         counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
-        return EpochResult(loss, counters, timings, per_layer)
+        return EpochResult(loss, counters, timings, per_layer,
+                           timing_parents={"comm_wait": "forward", "push": "forward"})
 
     def _prepare(self, seeds: np.ndarray, epoch: int, k: int):
         """Sample minibatch ``k`` and submit its input rows to the store's prefetcher:

@@ -20,6 +20,9 @@ allreduce (sum) of the parameter gradients and Adam. GAT adds one allgather of 2
 vertex (attention precomputed before aggregation) and its adjoint (an allreduce of 2 V
 partial sums). ``tensor.mode = "coupled"`` runs a split and a gather around every layer's
 aggregation instead (4 x layers all-to-alls per epoch) for comparison.
+``train.precision = "bf16"``: the linear maps' products run in bfloat16 with float32
+accumulation (:mod:`hpcgnn.nn.precision`); aggregation, the all-to-alls, the attention
+scores, the loss, gradients and Adam stay float32.
 
 **Chunks** (``tensor.chunks = n``): destinations cut into ``n`` contiguous ranges balanced by
 in-edges (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, as the HongTu engine's chunks),
@@ -699,7 +702,9 @@ class TensorEngine(Engine):
                                         attention=self.kind == "attention")
         else:
             self.model = CoupledModel(meta.num_features, m.hidden, meta.num_classes, m.layers, m.dropout)
-        self.model.to(device)
+        from hpcgnn.nn.precision import set_precision
+
+        set_precision(self.model, cfg.train.precision).to(device)   # bf16: the linear maps' products
         if rt.size > 1:
             broadcast_parameters(self.model, rt)
         self.optimizer = build_optimizer(cfg, self.model)
@@ -720,7 +725,7 @@ class TensorEngine(Engine):
         if staged:
             device_attrs["tensor_stage_capacity_rows"] = int(self.stage.capacity)
         if t.chunks == "auto" and rt.rank == 0:
-            from hpcgnn.run.memory import fmt_bytes
+            from hpcgnn.units import fmt_bytes
 
             budget = "no device budget (the CPU's 'auto')" if self._budget is None else \
                 f"the budget {fmt_bytes(self._budget)} (tensor.device_memory = {t.device_memory!r})"
@@ -735,9 +740,10 @@ class TensorEngine(Engine):
                       device=str(device), setup_seconds=setup_s)
 
     def _chunk_count(self, cfg, meta, rt, device) -> int:
-        """``tensor.chunks`` resolved on this rank (``'auto'``: :func:`~hpcgnn.engine.specs.tensor.auto_chunks`
+        """``tensor.chunks`` resolved on this rank (``'auto'``: :func:`~hpcgnn.engine.estimate.auto_chunks`
         for ``tensor.device_memory``); sets ``self._budget`` (bytes or None)."""
-        from hpcgnn.engine.specs.tensor import auto_chunks, device_budget
+        from hpcgnn.engine.estimate import auto_chunks
+        from hpcgnn.run.engines.tensor import device_budget
 
         t = cfg.tensor
         total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
@@ -746,7 +752,7 @@ class TensorEngine(Engine):
             return auto_chunks(cfg, meta, rt.size, self._budget, device.type)[0]
         if self._budget is not None and rt.rank == 0 and (device.type != "cpu" or t.staged):
             from hpcgnn.engine.estimate import tensor_device_bytes
-            from hpcgnn.run.memory import fmt_bytes
+            from hpcgnn.units import fmt_bytes
             from hpcgnn.run.output import warn
 
             need = sum(tensor_device_bytes(cfg, meta, rt.size, int(t.chunks), device.type))
@@ -795,7 +801,7 @@ class TensorEngine(Engine):
         (loss_sum / self.n_train).backward()
         fb = time.perf_counter() - t0
         with timer.phase("allreduce"):
-            self.reducer()
+            self.reducer(loss_sum, epoch)     # raises on a non-finite loss or gradient
         with timer.phase("optimizer"):
             self.optimizer.step()
         loss_local = float(loss_sum.detach())
@@ -819,7 +825,10 @@ class TensorEngine(Engine):
         if self.stage is not None:
             counters.update({k: float(v) for k, v in self.stage.counter.as_dict().items()})
             counters["peak_device_bytes"] = float(self.stage.meter.peak_bytes)
-        return EpochResult(loss, counters=counters, timings=timings)
+        # parts of the forward/backward, which is no phase of its own; compute sums two of them
+        parents = {"nn": "epoch", "split": "epoch", "gather": "epoch", "aggregate": "epoch", "attention": "epoch",
+                   "compute": "nn+aggregate"}
+        return EpochResult(loss, counters=counters, timings=timings, timing_parents=parents)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

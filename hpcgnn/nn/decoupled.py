@@ -38,6 +38,7 @@ from torch import nn
 
 from hpcgnn.native import spmm as _spmm
 from hpcgnn.nn.dropout import Dropout
+from hpcgnn.nn.precision import Linear
 
 PROPAGATIONS = {"gcn": "gcn", "sage": "mean", "gat": "attention"}
 
@@ -222,13 +223,15 @@ def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") 
 
 class DecoupledModel(nn.Module):
     """MLP ``in_dim -> hidden ... -> num_classes`` (``layers`` linear maps; dropout on the input
-    and after every hidden ReLU) and, for attention, the vectors ``attn_src`` / ``attn_dst``."""
+    and after every hidden ReLU) and, for attention, the vectors ``attn_src`` / ``attn_dst``.
+    The maps are :class:`hpcgnn.nn.precision.Linear` (``train.precision``; the attention scores
+    stay float32)."""
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int, dropout: float,
                  attention: bool = False):
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
-        self.lins = nn.ModuleList([nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])])
+        self.lins = nn.ModuleList([Linear(a, b) for a, b in zip(dims[:-1], dims[1:])])
         self.dropout = Dropout(dropout)
         self.out_dim = num_classes
         if attention:
@@ -259,12 +262,13 @@ class DecoupledModel(nn.Module):
 class CoupledModel(nn.Module):
     """GCN/SAGE-style stack for coupled tensor parallelism: layer ``l`` is ``pre(l, h)`` (the
     linear map when it shrinks the width), one aggregation by the engine, ``post(l, agg)`` (the
-    linear map otherwise, the bias, ReLU + dropout except after the last layer)."""
+    linear map otherwise, the bias, ReLU + dropout except after the last layer). The maps are
+    :class:`hpcgnn.nn.precision.Linear` (``train.precision``)."""
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, layers: int, dropout: float):
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [num_classes]
-        self.lins = nn.ModuleList([nn.Linear(a, b, bias=False) for a, b in zip(dims[:-1], dims[1:])])
+        self.lins = nn.ModuleList([Linear(a, b, bias=False) for a, b in zip(dims[:-1], dims[1:])])
         self.biases = nn.ParameterList([nn.Parameter(torch.zeros(b)) for b in dims[1:]])
         self.dropout = Dropout(dropout)
         self.dims = dims

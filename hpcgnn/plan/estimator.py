@@ -339,7 +339,7 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
         elif exact:
             # every hop: remote frontier vertices to their owners (counts, IDs), their sampled
             # neighbours back (counts, IDs): 4 blocking all-to-alls; then the input rows (3)
-            # (sampling/distributed.py); every frontier vertex is requested, sorted by owner,
+            # (comm/exact_fetch.py); every frontier vertex is requested, sorted by owner,
             # answered and merged (argsort, unique, searchsorted over frontier + neighbours)
             for l in range(layers):
                 remote = rows[l + 1] * halo_frac

@@ -57,7 +57,7 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None, an
     from hpcgnn.partition.store import read_meta
     from hpcgnn.plan.estimator import estimate, scaled_shapes, store_shapes
     from hpcgnn.plan.proposer import DEFAULT_CHUNKS, propose
-    from hpcgnn.run.memory import fmt_bytes
+    from hpcgnn.units import fmt_bytes
 
     meta = read_meta(store)
     cands = propose(config, overrides, store, chunks or DEFAULT_CHUNKS, engines)

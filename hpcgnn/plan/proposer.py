@@ -1,7 +1,7 @@
 """Candidate settings for a plan: the user's configuration with the engine and its key settings
 replaced, one variant generator per engine.
 
-Extension point: :data:`VARIANTS` maps an engine name of :mod:`hpcgnn.engine.registry` to a
+Extension point: :data:`VARIANTS` maps an engine name of :mod:`hpcgnn.run.engines.registry` to a
 generator of ``(label, overrides)``; a registered engine without one is proposed once with its
 defaults. Variants that exist only when an engine spec declares a key (e.g. a cached-halo mode
 ``fullgraph.halo = "cached"``) are proposed when the spec has that key and choice.
@@ -33,7 +33,7 @@ class Candidate:
 
 
 def _spec_has(engine: str, key: str, choice=None) -> bool:
-    from hpcgnn.engine.registry import engine_spec
+    from hpcgnn.run.engines.registry import engine_spec
 
     keys = engine_spec(engine).keys
     if key not in keys:
@@ -111,7 +111,7 @@ def propose(config: str | Path, overrides: list[str], store: str | Path,
             chunks=DEFAULT_CHUNKS, engines=None) -> list[Candidate]:
     """Candidates for ``config`` (+ ``--set`` ``overrides``) on ``store``: every registered
     engine's variants (``engines`` restricts them), each resolved and validated."""
-    from hpcgnn.engine.registry import ENGINE_NAMES
+    from hpcgnn.run.engines.registry import ENGINE_NAMES
     from hpcgnn.run.config import load_config
 
     base = load_config(config, [*overrides, f"data.partitions={store}"])

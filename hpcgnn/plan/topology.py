@@ -51,7 +51,8 @@ def build_topology(ranks: int, ranks_per_node: int | None, host_memory: str | No
     """The topology from command-line values: ``host_memory`` / ``device_memory`` are sizes such
     as ``"24GiB"`` (None: this machine's available memory; 80 GiB per GPU); ``ranks_per_node``
     None = all ranks on one node (a workstation)."""
-    from hpcgnn.run.memory import node_available_bytes, parse_size
+    from hpcgnn.run.memory import node_available_bytes
+    from hpcgnn.units import parse_size
 
     if host_memory:
         hm, src = parse_size(host_memory, "--host-memory"), "--host-memory"

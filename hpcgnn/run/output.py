@@ -11,6 +11,16 @@
   epoch was not evaluated);
 * ``timings/<name>`` float64 [E, P] seconds per rank, ``counters/<name>`` float64 [E, P]
   (bytes, rows, hits ... per rank);
+* the attribute ``parents`` of the group ``timings``: a JSON object mapping each timing to its
+  parent, the timing whose seconds include it, in the order the phases first started. ``""``
+  marks a root: ``epoch`` (the epoch's training, the engine's ``train_epoch``) and ``eval``
+  (the evaluation after it, not part of ``epoch``). The engine's phases have parent ``epoch``
+  (the top-level phases: they are disjoint, their sum is at most ``epoch``); a phase that ran
+  inside another has that one (``cache`` -> ``forward``); ``"a+b"`` is a part of ``a`` and
+  ``b`` together (the full-graph ``halo`` -> ``forward+backward+eval``, the tensor engine's
+  ``compute`` -> ``nn+aggregate``). A timing with a parent other than ``""`` is never added to
+  a total. Files written before the nesting was recorded lack the attribute (or a name):
+  :func:`timing_parents` is the one reader, with the fallback by name for those;
 * ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate);
 * ``labels/<name>`` bytes [E, P] (per-rank words, e.g. ``peak_rss_phase``: the phase in which
   the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached), and
@@ -79,7 +89,7 @@ SAFE_ON_RESUME = (
 
 def safe_on_resume() -> tuple[str, ...]:
     """:data:`SAFE_ON_RESUME` and the keys each engine declares safe (its spec's)."""
-    from hpcgnn.engine.registry import engine_specs
+    from hpcgnn.run.engines.registry import engine_specs
 
     return SAFE_ON_RESUME + tuple(k for spec in engine_specs() for k in spec.safe_on_resume)
 
@@ -94,7 +104,8 @@ def _decode(v):
 
 def read_run(run_dir: str | Path) -> dict:
     """Read ``RUN/run.h5`` into plain Python/numpy: attrs, metrics, timings, counters, per_layer,
-    labels (str arrays)."""
+    labels (str arrays), timing_parents (the recorded parents, ``{}`` in files from before;
+    readers use :func:`timing_parents`)."""
     path = Path(run_dir)
     path = path / RUN_FILE if path.is_dir() else path
     with open_h5(path, RUN_FORMAT) as f:
@@ -103,6 +114,35 @@ def read_run(run_dir: str | Path) -> dict:
             out[group] = {k: np.asarray(f[group][k][()]) for k in f[group]} if group in f else {}
         out["labels"] = ({k: np.char.decode(np.asarray(f["labels"][k][()]), "utf-8") for k in f["labels"]}
                          if "labels" in f else {})
+        recorded = f["timings"].attrs.get("parents") if "timings" in f else None
+        out["timing_parents"] = {str(k): str(v) for k, v in json.loads(_decode(recorded)).items()} \
+            if recorded is not None else {}
+    return out
+
+
+# Files from before the nesting was recorded: the nested timings by name (the minibatch engine's
+# AEP and HEC inside forward, the full-graph halo in forward, backward and the evaluation, the
+# tensor engine's compute = nn + aggregate); roots epoch and eval; every other one top-level.
+_LEGACY_PARENTS = {"epoch": "", "eval": "", "comm_wait": "forward", "push": "forward", "cache": "forward",
+                   "halo": "forward+backward+eval", "halo_wait": "forward", "halo_adjoint": "backward",
+                   "compute": "nn+aggregate"}
+_LEGACY_ORDER = ("sample", "fetch", "store_wait", "forward", "nn", "split", "aggregate", "attention",
+                 "gather", "backward", "allreduce", "optimizer", "update")
+
+
+def timing_parents(run: dict) -> dict[str, str]:
+    """The parent of every timing of ``run`` (a :func:`read_run` dict; ``""`` for a root, see
+    the module docstring), in display order: the recorded ones in the file's order, then any
+    the file does not record by the names of files from before the nesting was recorded
+    (``epoch``, ``eval`` roots; ``comm_wait``, ``push``, ``cache``, ``halo_wait`` in
+    ``forward``; ``halo_adjoint`` in ``backward``; ``halo`` in ``forward+backward+eval``;
+    ``compute`` in ``nn+aggregate``; every other one in ``epoch``)."""
+    recorded = run.get("timing_parents") or {}
+    names = list(run.get("timings", {}))
+    out = {k: v for k, v in recorded.items() if k in names}
+    rest = [k for k in _LEGACY_ORDER if k in names] + sorted(k for k in names if k not in _LEGACY_ORDER)
+    for k in rest:
+        out.setdefault(k, _LEGACY_PARENTS.get(k, "epoch"))
     return out
 
 
@@ -189,6 +229,7 @@ class RunOutput:
         self.engine = cfg.train.engine
         self._history: list[dict] = []
         self._attrs: dict = {}
+        self._timing_parents: dict[str, str] = {}
         self._lock = None
         error = None
         if rt.is_root:
@@ -284,6 +325,7 @@ class RunOutput:
                 row["per_layer"].append({k: np.asarray(v[i, r]) for k, v in old["per_layer"].items()})
                 row["labels"].append({k: str(v[i, r]) for k, v in old["labels"].items()})
             self._history.append(row)
+        self._timing_parents.update(old["timing_parents"])
         keep = {k: v for k, v in a.items() if k not in _END_ATTRS}
         self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
         self._check_settings(a)
@@ -392,10 +434,12 @@ class RunOutput:
 
     def log_epoch(self, epoch: int, metrics: dict[str, float], timings: dict[str, float],
                   counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None,
-                  labels: dict[str, str] | None = None) -> None:
+                  labels: dict[str, str] | None = None, timing_parents: dict[str, str] | None = None) -> None:
         """Collective: gather every rank's timings/counters/per_layer/labels; rank 0 appends and prints.
 
         ``metrics`` are global values (identical on every rank; rank 0's are stored).
+        ``timing_parents``: timing name -> parent (``""`` for a root; module docstring); the first
+        parent given for a name, over ranks and epochs, is the run's.
         """
         labels = {k: str(v) for k, v in (labels or {}).items()}
         device = getattr(self.rt, "device", None)
@@ -405,12 +449,16 @@ class RunOutput:
         local = ({k: float(v) for k, v in timings.items()},
                  {k: float(v) for k, v in counters.items()},
                  {k: np.asarray(v, dtype=np.float64) for k, v in (per_layer or {}).items()},
-                 labels, choice.how if choice is not None and choice.shared else None)
+                 labels, choice.how if choice is not None and choice.shared else None,
+                 {k: str(v) for k, v in (timing_parents or {}).items()})
         gathered = self.rt.comm.gather(local, root=0)
         if not self.rt.is_root:
             self.rt.agree(None)   # rank 0's write of the run file
             return
         self._warn_shared_devices([g[4] for g in gathered])
+        for g in gathered:
+            for k, v in g[5].items():
+                self._timing_parents.setdefault(k, v)
         row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
                "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
                "per_layer": [g[2] for g in gathered], "labels": [g[3] for g in gathered]}
@@ -498,6 +546,9 @@ class RunOutput:
                 for group in ("timings", "counters"):
                     g = f.create_group(group)
                     names = _union(r for h in hist for r in h[group])
+                    if group == "timings" and self._timing_parents:
+                        g.attrs["parents"] = json.dumps({k: v for k, v in self._timing_parents.items()
+                                                         if k in names})
                     for n in names:
                         arr = np.full((len(hist), p), math.nan)
                         for i, h in enumerate(hist):

@@ -11,9 +11,11 @@ Panels, each drawn only when the run has its data:
 ``loss``     training loss per epoch; with ``--compare`` one line per run
 ``accuracy`` train / val / test accuracy (%) at the evaluated epochs; per run with ``--compare``
 ``phases``   seconds per epoch of every rank, one bar per rank in each epoch's group, stacked
-             by phase (timings inside or summing others, such as ``halo``, ``comm_wait`` or
-             the tensor engine's ``compute``, are not stacked; ``other`` is the rest of the
-             epoch time, ``eval`` on top); a straggler is the tallest bar of its group
+             by top-level phase (parent ``epoch`` in
+             :func:`~hpcgnn.run.output.timing_parents`; ``other`` is the rest of the epoch
+             time, the other roots such as ``eval`` on top); timings nested in others (``cache``
+             in ``forward``, ``halo`` in ``forward+backward+eval`` ...) are named under the
+             axis, never stacked; a straggler is the tallest bar of its group
 ``bytes``    bytes per epoch by kind, summed over ranks: every counter with ``bytes`` in its name
              except memory peaks (offload transfers as their h2d/d2h totals); kinds with
              identical series share one line
@@ -38,13 +40,6 @@ import numpy as np
 from hpcgnn.errors import InputError
 
 PANELS = ("loss", "accuracy", "phases", "bytes", "layers", "memory")
-# Timings that overlap others (minibatch: comm_wait, push and cache inside forward; full-graph:
-# halo inside forward, backward and eval; tensor engine: compute = nn + aggregate): in no stack,
-# so nothing counts twice.
-NESTED_PHASES = ("comm_wait", "push", "cache", "halo", "compute")
-NESTED_PHASES += ("halo_wait", "halo_adjoint")   # full-graph halo cache, inside forward / backward
-PHASE_ORDER = ("sample", "fetch", "forward", "nn", "split", "aggregate", "attention", "gather", "backward",
-               "allreduce", "optimizer", "update")
 SPLITS = (("train_acc", "train", ":"), ("val_acc", "val", "--"), ("test_acc", "test", "-"))
 MAX_LEGEND_RANKS = 16
 
@@ -91,11 +86,20 @@ def _has_accuracy(runs) -> bool:
     return any(_finite(r["metrics"].get(k, [])).any() for r in runs for k, _, _ in SPLITS)
 
 
-def _stacked_phases(run: dict) -> list[str]:
+def _phase_kinds(run: dict) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """(top-level phases: stacked, parent ``epoch``; roots other than ``epoch``: on top;
+    (nested timing, its parent): in no stack) of the timings with a finite value, in
+    :func:`~hpcgnn.run.output.timing_parents` order."""
+    from hpcgnn.run.output import timing_parents
+
     t = run["timings"]
-    names = [k for k in t if k not in ("epoch", "eval") and k not in NESTED_PHASES]
-    order = [k for k in PHASE_ORDER if k in names] + sorted(k for k in names if k not in PHASE_ORDER)
-    return [k for k in order if _finite(t[k]).any()]
+    parents = {k: v for k, v in timing_parents(run).items() if k != "epoch" and _finite(t[k]).any()}
+    return ([k for k, v in parents.items() if v == "epoch"], [k for k, v in parents.items() if v == ""],
+            [(k, v) for k, v in parents.items() if v not in ("", "epoch")])
+
+
+def _stacked_phases(run: dict) -> list[str]:
+    return _phase_kinds(run)[0]
 
 
 def _has_phases(run: dict) -> bool:
@@ -252,7 +256,7 @@ def _draw_phases(ax, run) -> None:
     width = 0.8 / ranks
     x = (e[:, None] + (np.arange(ranks)[None, :] - (ranks - 1) / 2) * width).ravel()
     bottom = np.zeros(x.size)
-    stacked = _stacked_phases(run)
+    stacked, roots, nested = _phase_kinds(run)
     for name in stacked:
         h = np.nan_to_num(np.asarray(t[name], dtype=float)).ravel()
         ax.bar(x, h, width, bottom=bottom, label=name)
@@ -262,16 +266,20 @@ def _draw_phases(ax, run) -> None:
         if not stacked or (rest > 0).any():
             ax.bar(x, rest, width, bottom=bottom, label="other" if stacked else "epoch", color="0.75")
             bottom += rest
-    if "eval" in t and _finite(t["eval"]).any():
-        ax.bar(x, np.nan_to_num(np.asarray(t["eval"], dtype=float)).ravel(), width, bottom=bottom,
-               label="eval", color="0.35")
-    nested = [k for k in NESTED_PHASES if k in t]
+    for name in roots:                   # outside the epoch time (eval): on top
+        h = np.nan_to_num(np.asarray(t[name], dtype=float)).ravel()
+        ax.bar(x, h, width, bottom=bottom, label=name, color="0.35" if len(roots) == 1 else None)
+        bottom += h
     order = "rank 0" if ranks == 1 else f"ranks 0-{ranks - 1} left to right"
     ax.set_title(f"Phase time per rank ({run_label(run)}; each epoch: {order})")
     ax.set_ylabel("seconds")
     _integer_epochs(ax)
     if nested:
-        ax.set_xlabel(f"epoch  (inside or summing the stacked phases, not stacked: {', '.join(nested)})")
+        within: dict[str, list[str]] = {}
+        for name, parent in nested:
+            within.setdefault(parent, []).append(name)
+        ax.set_xlabel("epoch  (parts of other phases, not stacked: " + "; ".join(
+            f"{', '.join(names)} in {parent}" for parent, names in within.items()) + ")")
     _legend(ax, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 

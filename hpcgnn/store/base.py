@@ -100,6 +100,7 @@ class FeatureStore(ABC):
     dim: int
     dtype: torch.dtype
     device: torch.device
+    reads_on_thread = True   # read_misses does work worth a gather thread (prefetch.Prefetcher)
 
     def __init__(self):
         self.counters = StoreCounters()
@@ -173,7 +174,7 @@ class GraphStore(ABC):
 
     def neighbors(self, ids) -> tuple[np.ndarray, np.ndarray]:
         """(counts [n], concatenated in-neighbour local ids) of solid local ids, vectorised."""
-        from hpcgnn.sampling.distributed import gather_segments
+        from hpcgnn.comm.exact_fetch import gather_segments
 
         ip, ix = self.csr()
         return gather_segments(ip, ix, np.asarray(ids, dtype=np.int64))

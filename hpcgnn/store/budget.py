@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from hpcgnn.errors import InputError
+from hpcgnn.units import parse_size
 
 HELP = ("device memory for the store per rank: 'auto' (all on the GPU, host-only on the CPU), 0 "
         "(host-only), a fraction in (0, 1] of the rank's feature bytes, or a size such as '6GiB'")
@@ -11,8 +12,6 @@ HELP = ("device memory for the store per rank: 'auto' (all on the GPU, host-only
 
 def resolve_budget(value, feature_bytes: int, device_type: str) -> int | None:
     """Budget in bytes; None = unlimited (``"auto"`` on a GPU); InputError for a bad value."""
-    from hpcgnn.run.memory import parse_size
-
     if isinstance(value, str) and value.strip().lower() == "auto":
         return None if device_type == "cuda" else 0
     if isinstance(value, bool):

@@ -19,6 +19,7 @@ class DeviceFeatureStore(FeatureStore):
     """All rows on the device; see the module docstring."""
 
     name = "device"
+    reads_on_thread = False      # read_misses does nothing: no gather thread, no thread split
 
     def __init__(self, features, device: torch.device | str = "cpu"):
         super().__init__()

@@ -8,6 +8,15 @@ assembling stay on the main thread, in minibatch order, so results and counters 
 on thread timing. ``submit`` (planning) and ``get`` (blocked until the rows are there) add their time to
 ``store.counters.wait_seconds`` (with ``overlap = False`` the whole read happens in ``get``).
 
+Thread teams: the rank has ``threads`` = T threads (:meth:`hpcgnn.runtime.Runtime.set_threads`).
+OpenMP's team size (nthreads-var) is per thread, so the gather thread sizes its own team to
+g (:func:`split_threads`) when it starts, and the main thread's teams (torch intra-op,
+MKL and the native kernels) shrink to T - g while a gather is in flight (from the ``submit`` that
+makes one pending to the ``get`` that leaves none; the engine keeps one pending through a
+training epoch) and are T again otherwise. The two teams add up to T: no oversubscription. With
+T = 1 (or a store whose ``read_misses`` does no work) there is no gather thread: ``overlap`` is
+False and the read runs inline in ``get``.
+
 :class:`DeviceMover` moves host rows to the device. On the CPU it is the identity. On a GPU the
 rows are gathered into one of two pinned staging buffers (alternating, so batch k+1 is
 written while batch k's copy may still run), copied with ``non_blocking=True`` on a side
@@ -66,31 +75,109 @@ class DeviceMover:
         return dev
 
 
+GATHER_SHARE = 0.25
+"""Share of a rank's threads given to the gather thread's OpenMP team (:func:`split_threads`)."""
+
+
+MIN_OVERLAP_THREADS = 4
+"""Fewest threads of a rank that get a gather thread. Below, the read runs inline on the main
+thread with all of them: on the 2-core development VM at T = 2 (products-like 0.04, 1 rank) an
+epoch took 0.63 s inline, 0.78 s with a 1 + 1 split and 0.71 s with the former 2 + 2
+oversubscription (docs/store.md, "Thread teams")."""
+
+
+def split_threads(threads: int, share: float = GATHER_SHARE,
+                  min_threads: int = MIN_OVERLAP_THREADS) -> tuple[int, int]:
+    """(gather, compute) team sizes of a rank with ``threads`` threads while a gather is in
+    flight: gather = max(1, round(threads * share)), at most threads - 1; compute = threads -
+    gather. (0, threads) when threads < ``min_threads``: no gather thread, the read runs
+    inline."""
+    t = max(1, int(threads))
+    if t < max(2, int(min_threads)):
+        return 0, t
+    g = min(t - 1, max(1, round(t * share)))
+    return g, t - g
+
+
+def set_calling_thread_team(n: int) -> None:
+    """Size the calling thread's compute team: torch intra-op (and MKL) and the native kernels."""
+    torch.set_num_threads(int(n))
+    _native_set_threads(n)
+
+
+def _native_set_threads(n: int) -> None:
+    try:
+        from hpcgnn import native
+    except ImportError:        # pragma: no cover - only on a broken install
+        return
+    native.set_threads(int(n))
+
+
+def _start_gather_thread(n: int) -> None:
+    """Gather thread initialiser: its own OpenMP team of ``n``. torch initialises a thread's
+    team lazily, to its global count, at the thread's first parallel op: do that first, then
+    set this thread's nthreads-var (shared with torch's OpenMP backend)."""
+    torch.get_num_threads()
+    _native_set_threads(n)
+
+
 class Prefetcher:
     """Double-buffered reads of a feature store (see the module docstring). ``submit(ids)``
-    plans the gather and starts its host reads; ``get(handle)`` returns the rows."""
+    plans the gather and starts its host reads; ``get(handle)`` returns the rows.
 
-    def __init__(self, store, overlap: bool = True):
+    ``threads``: the rank's thread count T (default: torch's count on the calling thread, which
+    must be the main thread). Attributes ``overlap`` (a gather thread exists),
+    ``gather_threads`` (its team, 0 without one) and ``compute_threads`` (the main thread's
+    team while a gather is in flight)."""
+
+    def __init__(self, store, overlap: bool = True, threads: int | None = None, share: float = GATHER_SHARE):
         self.store = store
-        self.overlap = bool(overlap)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcgnn-store") if self.overlap else None
+        self.threads = max(1, int(threads if threads is not None else torch.get_num_threads()))
+        g, c = split_threads(self.threads, share)
+        self.overlap = bool(overlap) and g > 0 and getattr(store, "reads_on_thread", True)
+        self.gather_threads, self.compute_threads = (g, c) if self.overlap else (0, self.threads)
+        self._pending = 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcgnn-store",
+                                        initializer=_start_gather_thread,
+                                        initargs=(g,)) if self.overlap else None
 
     def submit(self, ids: torch.Tensor):
         t0 = time.perf_counter()
         plan = self.store.plan(ids)
-        fut = None if self._pool is None else self._pool.submit(self.store.read_misses, plan)
+        fut = None
+        if self._pool is not None:
+            if self._pending == 0:
+                set_calling_thread_team(self.compute_threads)
+            self._pending += 1
+            fut = self._pool.submit(self.store.read_misses, plan)
         self.store.counters.wait_seconds += time.perf_counter() - t0
         return plan, fut
 
     def get(self, handle) -> torch.Tensor:
         plan, fut = handle
         t0 = time.perf_counter()
-        misses = fut.result() if isinstance(fut, Future) else self.store.read_misses(plan)
+        if isinstance(fut, Future):
+            try:
+                misses = fut.result()
+            finally:
+                self._collected()
+        else:
+            misses = self.store.read_misses(plan)
         rows = self.store.assemble(plan, misses)
         self.store.counters.wait_seconds += time.perf_counter() - t0
         return rows
 
+    def _collected(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            set_calling_thread_team(self.threads)
+
     def close(self) -> None:
+        """Stop the gather thread; the main thread's teams are T again (also with handles never
+        collected)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+            if self._pending:
+                self._pending = 0
+                set_calling_thread_team(self.threads)

@@ -24,7 +24,7 @@ class RankStore:
     (per layer), ``prefetch`` (:class:`~hpcgnn.store.prefetch.Prefetcher`)."""
 
     def __init__(self, graph: HostGraphStore, features, placement, hec_on_device, device: torch.device,
-                 overlap: bool, budget_bytes):
+                 overlap: bool, budget_bytes, threads: int | None = None):
         from hpcgnn.store.prefetch import Prefetcher
 
         self.graph = graph
@@ -33,7 +33,7 @@ class RankStore:
         self.hec_on_device = [bool(x) for x in hec_on_device]
         self.hec_devices = [torch.device(device) if on else torch.device("cpu") for on in self.hec_on_device]
         self.budget_bytes = budget_bytes
-        self.prefetch = Prefetcher(features, overlap)
+        self.prefetch = Prefetcher(features, overlap, threads)
 
     @property
     def counters(self) -> StoreCounters:
@@ -56,6 +56,7 @@ class RankStore:
         out = {"mode": self.features.name, "budget_bytes": -1 if self.budget_bytes is None else int(self.budget_bytes),
                "device_rows": int(self.features.device_rows), "rows": int(self.features.num_rows),
                "device_bytes": int(self.features.device_bytes), "overlap": self.prefetch.overlap,
+               "gather_threads": self.prefetch.gather_threads, "compute_threads": self.prefetch.compute_threads,
                "hec_on_device": self.hec_on_device}
         if self.placement is not None:
             out["placement"] = self.placement.summary()
@@ -73,8 +74,10 @@ class RankStore:
 
 def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.device, train_ids: np.ndarray,
                      batch_size: int, batches_per_epoch: int, dims: list[int], hec_lines: int,
-                     rank: int) -> RankStore:
-    """The rank's store for ``cfg.store`` (not collective; an InputError is the rank's)."""
+                     rank: int, threads: int | None = None) -> RankStore:
+    """The rank's store for ``cfg.store`` (not collective; an InputError is the rank's);
+    ``threads``: the rank's thread count, split between the gather thread and compute while
+    a gather is in flight (:class:`~hpcgnn.store.prefetch.Prefetcher`)."""
     from hpcgnn.store.device import DeviceFeatureStore
     from hpcgnn.store.host import HostFeatureStore
     from hpcgnn.store.tiered import TieredFeatureStore
@@ -88,17 +91,17 @@ def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.de
     hec_bytes = [hec_lines * int(d) * F32 for d in dims] if hec_lines else [0] * layers
     if budget == 0:
         return RankStore(graph, HostFeatureStore(feats, device), None, [False] * layers, device,
-                         st.overlap, 0)
+                         st.overlap, 0, threads)
     if budget is None or budget >= feature_bytes + sum(hec_bytes):
         return RankStore(graph, DeviceFeatureStore(feats, device), None, [True] * layers, device,
-                         st.overlap, budget)
+                         st.overlap, budget, threads)
     placement = place(cfg, part, sampler, train_ids, batch_size, batches_per_epoch, dims, hec_bytes,
                       budget, rank)
     if placement.feature_rows.size == feats.shape[0]:
         fs = DeviceFeatureStore(feats, device)
     else:
         fs = TieredFeatureStore(feats, placement.feature_rows, device)
-    return RankStore(graph, fs, placement, placement.hec_on_device, device, st.overlap, budget)
+    return RankStore(graph, fs, placement, placement.hec_on_device, device, st.overlap, budget, threads)
 
 
 def place(cfg, part, sampler, train_ids, batch_size, batches_per_epoch, dims, hec_bytes, budget,

@@ -19,7 +19,7 @@ for mode in ("hec", "off", "exact"):
     if rc != 0:
         raise SystemExit(rc)
 
-from hpcgnn.sampling.distributed import ExactFetch  # noqa: E402
+from hpcgnn.comm.exact_fetch import ExactFetch  # noqa: E402
 from hpcgnn.partition.store import load_partition, read_meta  # noqa: E402
 from hpcgnn.runtime import Runtime  # noqa: E402
 

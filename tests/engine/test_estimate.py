@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mb_support as mb  # noqa: E402
 from mpiutil import ROOT, run_cli  # noqa: E402
 
-from hpcgnn.run.memory import parse_size  # noqa: E402
+from hpcgnn.units import parse_size  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
 
 TWO_THREADS = {"HPCGNN_THREADS": "1"}

@@ -1,12 +1,14 @@
 """DistGNN-MB engine on 3 real MPI ranks: AEP/HEC invariants from the debug record.
 
 One launch (tiny graph, 3 contiguous partitions, HEC mode, delay d = 2, nc = 4 so the cap
-binds) checks: identical parameters on all ranks after every step; every pushed row is the
-sender's layer input for that vertex (bitwise; raw features at layer 0), pushed IDs are solid
-on the sender, halo on the receiver and in the sender's frontier; at most nc rows per
-destination per layer per iteration; each message arrives exactly d iterations later with
-exactly the sent contents; layer-0 halo inputs are either the exact features (HEC hit of a
-vertex received earlier in the epoch) or dropped (zero row); nothing is outstanding.
+binds, life span ls = 2) checks: identical parameters on all ranks after every step; pushed IDs
+are solid on the sender, halo on the receiver and in the sender's frontier; at most nc rows per
+destination per layer per iteration; layer-0 pushed rows are the raw features (bitwise); each
+message arrives exactly d iterations later with exactly the sent contents; layer-0 halo inputs
+are either the exact features (HEC hit of a vertex received earlier in the epoch) or dropped
+(zero row); every halo row a receiver's layer >= 1 consumed from its HEC is bitwise the owner's
+own layer input for that vertex at the iteration of its freshest push (two computations on two
+ranks: the owner's forward and the receiver's cache lookup); nothing is outstanding.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import mb_support as mb  # noqa: E402
 from hpcgnn.partition.store import load_partition  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
 
-P, D, NC, L = 3, 2, 4, 2
+P, D, NC, L, LS = 3, 2, 4, 2, 2
 CONFIG = f"""
 [model]
 arch = "sage"
@@ -37,13 +39,13 @@ lr = 0.01
 eval_every = 0
 debug_record = true
 [minibatch]
-batch_size = 12
-fanouts = [4, 4]
+batch_size = 6
+fanouts = [4, 10]
 halo = "hec"
 delay = {D}
 nc = {NC}
 cs = 64
-ls = 2
+ls = {LS}
 """
 
 
@@ -93,8 +95,7 @@ def test_pushed_rows_are_sender_embeddings(hec_run):
             order = np.argsort(seen["ids"])
             at = order[np.searchsorted(seen["ids"], ids, sorter=order)]
             assert np.array_equal(seen["ids"][at], ids), "pushed vertex not in the sender's frontier"
-            assert np.array_equal(seen["rows"][at].view(np.uint32), rows.view(np.uint32))
-            if l == 0:
+            if l == 0:              # rows of layers >= 1: test_halo_rows_are_the_owners_rows
                 ref = parts[p].features[ids - parts[p].solid_begin]
                 assert np.array_equal(ref.view(np.uint32), rows.view(np.uint32))
     assert capped, "the nc cap never bound; the test graph is too small"
@@ -157,3 +158,47 @@ def test_layer0_halo_inputs_are_hits_or_dropped(hec_run):
                 else:
                     misses += 1     # not received yet, or evicted by the ring (cs = 64)
     assert hits > 0 and misses > 0
+
+
+def test_halo_rows_are_the_owners_rows(hec_run):
+    """End to end, receiver against owner: every nonzero halo row (a HEC hit; a miss leaves a
+    zero row) that rank q's layer l >= 1 consumed at iteration k is bitwise the row the owner's
+    own forward fed to its layer l for that vertex at iteration j, the freshest push of that
+    vertex to q with j + d <= k (only the freshest copy is found), and k - (j + d) <= ls (the
+    line has not expired). The push records give only which vertices were pushed when, never
+    the rows."""
+    parts, debug = hec_run["parts"], hec_run["debug"]
+    ends = np.array([part.solid_end for part in parts])
+    own = {}                 # (owner, epoch, iteration, layer) -> {vertex: the owner's input row}
+    for p, dbg in enumerate(debug):
+        for x in dbg["inputs"]:
+            solid = (x["ids"] >= parts[p].solid_begin) & (x["ids"] < parts[p].solid_end)
+            own[(p, x["epoch"], x["iteration"], x["layer"])] = dict(zip(x["ids"][solid].tolist(), x["rows"][solid]))
+    pushed = defaultdict(list)   # (receiver, epoch, layer, vertex) -> iterations pushed
+    for dbg in debug:
+        for push in dbg["pushes"]:
+            for gid, q in zip(push["ids"].tolist(), push["ranks"].tolist()):
+                pushed[(q, push["epoch"], push["layer"], gid)].append(push["iteration"])
+    hits = np.zeros(L, dtype=int)
+    ages = set()
+    for q, dbg in enumerate(debug):
+        part = parts[q]
+        for x in dbg["inputs"]:
+            e, k, l = x["epoch"], x["iteration"], x["layer"]
+            if l == 0:
+                continue
+            halo = ~((x["ids"] >= part.solid_begin) & (x["ids"] < part.solid_end))
+            for gid, row in zip(x["ids"][halo].tolist(), x["rows"][halo]):
+                if not row.any():
+                    continue
+                js = [j for j in pushed[(q, e, l, gid)] if j + D <= k]
+                assert js, f"rank {q} epoch {e} iteration {k} layer {l}: HEC hit of {gid}, never pushed to it"
+                j = max(js)
+                ages.add(k - (j + D))
+                assert k - (j + D) <= LS, f"vertex {gid}: a line of age {k - (j + D)} > ls = {LS} hit"
+                owner = int(np.searchsorted(ends, gid, side="right"))
+                want = own[(owner, e, j, l)][gid]
+                assert np.array_equal(row.view(np.uint32), want.view(np.uint32)), \
+                    f"rank {q} epoch {e} iteration {k} layer {l} vertex {gid}: {row} != owner {owner}'s {want} (iteration {j})"
+                hits[l] += 1
+    assert hits[1:].min() >= 20 and len(ages) > 1, (hits, ages)

@@ -108,7 +108,7 @@ def test_staged_follows_the_unstaged_losses(setup, name):
 
 
 def _predicted(store, budget: int, cfg_extra: list[str], d: Path) -> tuple[int, int, int]:
-    from hpcgnn.engine.specs.tensor import auto_chunks
+    from hpcgnn.engine.estimate import auto_chunks
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
@@ -157,7 +157,7 @@ def test_budget_below_one_row_per_chunk_exits_2_on_every_rank(setup):
 
 
 def test_device_budget_forms():
-    from hpcgnn.engine.specs.tensor import device_budget
+    from hpcgnn.run.engines.tensor import device_budget
 
     assert device_budget("auto", "cpu", None) is None
     assert device_budget("2GiB", "cpu", None) == 2 << 30

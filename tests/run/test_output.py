@@ -123,9 +123,9 @@ def test_report_table_and_json(tmp_path, rt, capsys):
 def test_report_of_epochs_without_a_phase_has_no_value_and_no_warning(tmp_path, rt):
     import warnings
 
-    from hpcgnn.commands.report import PHASES, summarise
+    from hpcgnn.commands.report import summarise
 
-    phase = next(p for p in PHASES if p not in ("epoch", "forward"))
+    phase = "sample"
     run = tmp_path / "gap"
     out = RunOutput(run, rt, _cfg(run, epochs=2), _meta(tmp_path), resume=False, force=False)
     out.log_epoch(1, {"loss": 2.0, "train_acc": 0.5, "val_acc": 0.4, "test_acc": 0.3},
@@ -139,3 +139,70 @@ def test_report_of_epochs_without_a_phase_has_no_value_and_no_warning(tmp_path, 
     assert s["epochs"][0]["phases_mean_s"][phase] == 0.25
     assert s["epochs"][1]["phases_mean_s"][phase] is None
     assert s["epochs"][1]["time_s"] == 1.2
+
+
+PARENTS = {"epoch": "", "sample": "epoch", "forward": "epoch", "cache": "forward", "halo": "epoch",
+           "eval": "", "comm_wait": "forward"}
+
+
+def _nested_run(run, rt, tmp_path, parents=PARENTS):
+    """Two epochs (the second not evaluated) with nested timings, parents recorded as given."""
+    out = RunOutput(run, rt, _cfg(run, epochs=2), _meta(tmp_path), resume=False, force=False)
+    t1 = {"epoch": 1.0, "sample": 0.25, "forward": 0.5, "cache": 0.375, "halo": 0.125, "eval": 0.5,
+          "comm_wait": 0.0625}
+    t2 = {k: v for k, v in t1.items() if k != "eval"}
+    for e, t in ((1, t1), (2, t2)):
+        out.log_epoch(e, {"loss": 1.0 / e}, t, {}, timing_parents=parents and {k: parents[k] for k in t})
+    out.close()
+    return read_run(run)
+
+
+def test_timing_parents_round_trip_and_report_sums_only_top_level(tmp_path, rt, capsys):
+    from hpcgnn.cli import main
+    from hpcgnn.commands.report import format_table, summarise
+    from hpcgnn.run.output import timing_parents
+
+    r = _nested_run(tmp_path / "nest", rt, tmp_path)
+    # recorded in the order first logged; "halo" as given, whatever the old name list says
+    assert list(r["timing_parents"].items()) == list(PARENTS.items())
+    assert timing_parents(r) == PARENTS
+    s = summarise(r)
+    assert s["timing_parents"] == PARENTS
+    assert [e["top_level_s"] for e in s["epochs"]] == [[0.875], [0.875]]    # sample + forward + halo
+    assert s["epochs"][0]["phases_mean_s"]["cache"] == 0.375                  # shown, not summed
+    text = format_table(s)
+    head = next(line for line in text.splitlines() if line.lstrip().startswith("epoch"))
+    assert head.split()[6:] == ["sample", "forward", "halo", "sum", "eval", "(cache)", "(comm_wait)"]
+    assert "(x): part of another phase, in no sum: cache, comm_wait in forward" in text
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "nest"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epochs"][1]["top_level_s"] == [0.875]
+    # a resumed run keeps the recorded nesting of its earlier epochs
+    res = RunOutput(tmp_path / "nest", rt, _cfg(tmp_path / "nest", epochs=3), _meta(tmp_path),
+                    resume=True, force=False)
+    res.log_epoch(3, {"loss": 0.3}, {"epoch": 1.0, "forward": 0.5}, {},
+                  timing_parents={"epoch": "", "forward": "epoch"})
+    assert read_run(tmp_path / "nest")["timing_parents"] == PARENTS
+
+
+def test_old_run_file_without_nesting_falls_back_to_the_names(tmp_path, rt):
+    """A run file written before the nesting was recorded: no attribute ``parents``."""
+    import h5py
+
+    from hpcgnn.commands.report import summarise
+    from hpcgnn.run.output import timing_parents
+
+    run = tmp_path / "old"
+    _nested_run(run, rt, tmp_path)
+    with h5py.File(run / "run.h5", "a") as f:
+        del f["timings"].attrs["parents"]
+    r = read_run(run)
+    assert r["timing_parents"] == {}
+    parents = timing_parents(r)
+    # old names: halo in forward, backward and eval, cache / comm_wait in forward, eval a root
+    assert parents == {"sample": "epoch", "forward": "epoch", "cache": "forward", "comm_wait": "forward",
+                       "epoch": "", "eval": "", "halo": "forward+backward+eval"}
+    assert list(parents)[:2] == ["sample", "forward"]            # the old display order
+    assert summarise(r)["epochs"][0]["top_level_s"] == [0.75]    # sample + forward
+    # a file whose logger gave no parents reads the same way
+    assert timing_parents(_nested_run(tmp_path / "none", rt, tmp_path, parents=None)) == parents

@@ -1,7 +1,8 @@
 """`hpcgnn report RUN --plot FILE.png [--compare RUN2 ...]` (hpcgnn/run/plot.py): the panels of
 real runs (a 2-rank minibatch run with HEC, a 2-rank offloaded full-graph run) checked through
 matplotlib's figure objects, the overlay of several runs, panels a run lacks left out, the PNG
-written atomically, and one-line exit-2 errors for bad input."""
+written atomically, and one-line exit-2 errors for bad input; the phases' nesting the runs
+record, and the report's sum of top-level phases within each rank's epoch time."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,8 @@ import mb_support as mb  # noqa: E402
 
 from hpcgnn.cli import main  # noqa: E402
 from hpcgnn.commands.report import load_run  # noqa: E402
-from hpcgnn.run.plot import NESTED_PHASES, build_figure, panels_of, save_figure  # noqa: E402
+from hpcgnn.run.output import timing_parents  # noqa: E402
+from hpcgnn.run.plot import build_figure, panels_of, save_figure  # noqa: E402
 
 ENV = {"HPCGNN_THREADS": "1"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -67,7 +69,8 @@ def test_minibatch_run_panels(runs):
     ph = axes["phases"]
     names = [c.get_label() for c in ph.containers]
     assert {"sample", "forward", "backward", "eval"} <= set(names)
-    assert not set(names) & set(NESTED_PHASES)
+    nested = {k for k, parent in timing_parents(run).items() if parent not in ("", "epoch")}
+    assert {"cache", "comm_wait", "push"} <= nested and not set(names) & nested
     assert all(len(c.patches) == 3 * 2 for c in ph.containers)
     t = run["timings"]
     fwd = next(c for c in ph.containers if c.get_label() == "forward")
@@ -94,6 +97,29 @@ def test_minibatch_run_panels(runs):
     mem = _lines(axes["memory"])
     assert set(mem) == {"rank 0 RSS", "rank 1 RSS"}
     assert np.allclose(mem["rank 1 RSS"].get_ydata(), run["counters"]["peak_rss_bytes"][:, 1] / 2**30)
+
+
+@pytest.mark.parametrize("name", ["mb-hec", "fg-offload"])
+def test_runs_record_the_nesting_and_report_sums_top_level_phases_within_the_epoch(runs, name):
+    from hpcgnn.commands.report import summarise
+
+    run = load_run(runs[name])
+    parents = run["timing_parents"]                 # recorded by the run, not guessed from names
+    assert set(parents) == set(run["timings"]) and parents["epoch"] == "" and parents["eval"] == ""
+    if name == "mb-hec":
+        inner = {"cache": "forward", "comm_wait": "forward", "push": "forward"}
+        top = {"sample", "store_wait", "forward", "backward", "allreduce", "optimizer"}
+    else:
+        inner = {"halo": "forward+backward+eval"}
+        top = {"forward", "backward", "allreduce", "update"}
+    assert {k: parents[k] for k in inner} == inner
+    assert {k for k, parent in parents.items() if parent == "epoch"} == top
+    t = run["timings"]
+    s = summarise(run)
+    for i, row in enumerate(s["epochs"]):
+        sums = np.array(row["top_level_s"], dtype=float)                        # per rank
+        assert np.allclose(sums, np.nansum([t[k][i] for k in top], axis=0))     # nested ones not in it
+        assert (sums <= 1.05 * t["epoch"][i]).all(), (sums, t["epoch"][i])
 
 
 def test_offloaded_fullgraph_run_panels(runs):

@@ -1,5 +1,5 @@
 """Training through the store is exact: on Cora (inputs/cora-sage.toml, dropout off, fixed seed)
-host-only, tiered (with and without the gather thread) and device-only stores give the same loss
+host-only, tiered (with and without store.overlap) and device-only stores give the same loss
 curve (<= 1e-6 relative) on 1 and 2 real MPI ranks, and their counters say where rows came from."""
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The DistGNN-MB minibatch engine: config section ``[minibatch]``."""
 from __future__ import annotations
 
-from hpcgnn.engine.registry import EngineSpec
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import Key, nonneg, positive
+from hpcgnn.run.engines.registry import EngineSpec
 
 
 def _fanouts(x) -> bool:

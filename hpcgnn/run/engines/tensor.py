@@ -5,9 +5,10 @@ NN layers run on ``~V/P`` vertices with full rows (see :mod:`hpcgnn.engine.tenso
 """
 from __future__ import annotations
 
-from hpcgnn.engine.registry import EngineSpec
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import Key, nonneg
+from hpcgnn.run.engines.registry import EngineSpec
+from hpcgnn.units import parse_size
 
 MODES = ("decoupled", "coupled")
 DEVICE_MEMORY_HELP = ("device memory budget per rank for tensor.chunks = 'auto': 'auto' (90 % of the "
@@ -19,8 +20,6 @@ AUTO_FRACTION = 0.9
 def device_budget(value, device_type: str, device_total: int | None) -> int | None:
     """``tensor.device_memory`` -> bytes (None: no budget: ``'auto'`` on the CPU). A fraction
     needs a GPU (``device_total``); on the CPU it is an InputError naming the key."""
-    from hpcgnn.run.memory import parse_size
-
     what = "tensor.device_memory"
     if isinstance(value, bool):
         raise InputError(f"{what} = {value!r}: expected {DEVICE_MEMORY_HELP}")
@@ -37,36 +36,6 @@ def device_budget(value, device_type: str, device_total: int | None) -> int | No
                              "'cuda'; on the CPU give a size such as '2GiB'")
         return int(float(value) * device_total)
     return parse_size(value, what)
-
-
-def auto_chunks(cfg, meta, parts: int, budget: int | None, device: str) -> tuple[int, int, int]:
-    """``(chunks, nn_bytes, chunk_bytes)``: the smallest chunk count whose device working set
-    (:func:`hpcgnn.engine.estimate.tensor_device_bytes`: the NN part plus one chunk) fits
-    ``budget`` bytes (None: 1 chunk). InputError naming ``tensor.device_memory`` when even one
-    destination row per chunk does not fit."""
-    from hpcgnn.engine.estimate import tensor_device_bytes
-    from hpcgnn.run.memory import fmt_bytes
-
-    def need(k):
-        return tensor_device_bytes(cfg, meta, parts, k, device)
-
-    if budget is None:
-        return (1, *need(1))
-    v = max(int(meta.num_nodes), 1)
-    nn_b, ch_b = need(v)
-    if nn_b + ch_b > budget:
-        raise InputError(f"tensor.device_memory = {cfg.tensor.device_memory!r} ({fmt_bytes(budget)}) is too small "
-                         f"for tensor.chunks = 'auto': even one destination row per chunk needs "
-                         f"{fmt_bytes(nn_b + ch_b)} on the device (NN layers {fmt_bytes(nn_b)}, chunk "
-                         f"{fmt_bytes(ch_b)}); give more device memory or more ranks")
-    lo, hi = 1, v
-    while lo < hi:                      # the working set shrinks as the chunk count grows
-        mid = (lo + hi) // 2
-        if sum(need(mid)) <= budget:
-            hi = mid
-        else:
-            lo = mid + 1
-    return (lo, *need(lo))
 
 
 def valid_device_memory(value) -> bool:
@@ -105,11 +74,8 @@ KEYS = {
 
 def validate(cfg, label: str) -> None:
     """Coupled mode is a plain GCN/SAGE stack: one aggregation per layer, no teleport, no GAT.
-    The tensor engine's dense layers are float32 only (train.precision)."""
+    (``train.precision`` applies to the linear maps as in the other engines.)"""
     t = cfg.tensor
-    if cfg.train.precision != "fp32":
-        raise InputError(f"{label}: train.precision = {cfg.train.precision!r} with train.engine = 'tensor': "
-                         "the tensor engine computes in float32 only; use train.precision = 'fp32'")
     if t.mode == "coupled":
         if cfg.model.arch == "gat":
             raise InputError(f"{label}: model.arch = 'gat' with tensor.mode = 'coupled': attention is "

@@ -4,8 +4,9 @@ An engine is described by an :class:`EngineSpec`: its config section (keys valid
 engine's own :class:`~hpcgnn.run.config.Key` table and cross-key check), the factory that builds
 its :class:`~hpcgnn.engine.loop.Engine` for the shared training loop, and the function that
 adds its terms to the memory estimate. Specs live in torch-free modules
-``hpcgnn.engine.specs.<name>`` (reading a config, e.g. ``hpcgnn inspect --config``, imports no
-torch); the engine modules are imported only when a run starts.
+``hpcgnn.run.engines.<name>`` (reading a config, e.g. ``hpcgnn inspect --config``, imports no
+torch), beside the config schema that reads them; the engine modules (:mod:`hpcgnn.engine`, a
+higher layer) are named by ``"module:function"`` strings and imported only when a run starts.
 
 Adding an engine: a spec module with ``SPEC``, its name in :data:`ENGINE_NAMES`, a step
 factory ``make_engine(cfg, rt, out, hooks)`` and a memory-terms function.
@@ -51,7 +52,7 @@ def engine_spec(name: str) -> EngineSpec:
     choices first)."""
     if name not in ENGINE_NAMES:
         raise KeyError(name)
-    return importlib.import_module(f"hpcgnn.engine.specs.{name}").SPEC
+    return importlib.import_module(f"hpcgnn.run.engines.{name}").SPEC
 
 
 def engine_specs() -> list[EngineSpec]:

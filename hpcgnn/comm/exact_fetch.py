@@ -1,4 +1,6 @@
-"""Exact minibatch mode (``minibatch.halo = "exact"``): DistDGL-style synchronous fetch.
+"""Exact minibatch mode (``minibatch.halo = "exact"``): DistDGL-style synchronous fetch of
+sampled neighbours and feature rows from their owners (an exchange, built on
+:mod:`hpcgnn.comm.alltoall`; the sampling itself is :mod:`hpcgnn.sampling.neighbor`'s).
 
 Definition (the accuracy and communication reference for the HEC mode). A rank's minibatch is
 sampled on the **whole** graph, not only inside its partition: at every hop the frontier

@@ -1,9 +1,10 @@
 """The exact full-graph engine (HongTu offload as an option): config section ``[fullgraph]``."""
 from __future__ import annotations
 
-from hpcgnn.engine.registry import EngineSpec
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import Key, nonneg, positive
+from hpcgnn.run.engines.registry import EngineSpec
+from hpcgnn.units import parse_size
 
 KEYS = {
     "offload": Key(bool, False, "keep layer data in host memory and stream chunks (HongTu)"),
@@ -35,8 +36,6 @@ KEYS = {
 
 def cache_bytes(text: str, what: str) -> int | None:
     """A cache budget key's value: None for 'all', else bytes (InputError naming ``what``)."""
-    from hpcgnn.run.memory import parse_size
-
     return None if str(text).strip().lower() == "all" else parse_size(text, what)
 
 
