@@ -13,6 +13,9 @@ Modes (the other ranks wait in ``MPI_Barrier`` meanwhile):
                  message, the others with a shared one: rank 0 prints each distinct
                  message once (in rank order), every rank exits 2.
 ``kill``         rank R sends itself SIGKILL: the launcher ends the job.
+``peer-lost``    rank R's collective fails as a survivor's does when another rank has died
+                 (mpi4py's ``MPI.Exception``): one line saying it stopped because another rank
+                 ended, no traceback, MPI_Abort.
 ``none``         nobody fails (a control): every rank prints "rank i finished".
 
 The failing rank prints ``rank R fails (MODE) at T`` (T = Unix time, seconds) just
@@ -34,7 +37,7 @@ import time
 from hpcgnn.errors import InputError
 from hpcgnn.runtime import Runtime
 
-MODES = ("raise", "input", "input-alone", "input-each", "kill", "none")
+MODES = ("raise", "input", "input-alone", "input-each", "kill", "peer-lost", "none")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -83,6 +86,10 @@ def body(rt: Runtime, args: argparse.Namespace) -> None:
                                  "(demo check, no agree)")
             if args.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.mode == "peer-lost":
+                from mpi4py import MPI
+
+                raise MPI.Exception(MPI.ERR_OTHER)
         rt.comm.Barrier()
         print(f"rank {rt.rank} finished", flush=True)
 

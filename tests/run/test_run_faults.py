@@ -192,6 +192,8 @@ def test_a_live_run_directory_is_locked_against_force_and_resume(cora_parts, tmp
 
 # ---- class 8: kill messages, command-line errors ------------------------------------------------
 def test_a_killed_rank_is_named_first_and_the_survivors_give_no_traceback(cora_parts, tmp_path):
+    """(Whether a survivor notices the death before the launcher ends it is a race; the survivor's
+    own line is tested deterministically in tests/runtime/test_failures.py.)"""
     run = tmp_path / "run"
     proc = mb.train(2, GCN, cora_parts(2), run, "--set", "train.epochs=5", "--set", "train.eval_every=0",
                     "--set", "train.debug_kill=[1, 3, 0]", timeout=120)

@@ -71,3 +71,15 @@ def test_killed_rank_ends_the_job_within_30_s():
     elapsed = ended - failed_at(proc.stdout, 3, "kill")
     print(f"killed rank: job ended {elapsed:.2f} s after the SIGKILL")
     assert elapsed < 30.0
+
+
+def test_a_survivors_failed_collective_is_one_line_not_a_cause():
+    """What a rank sees when another rank died in a collective (mpi4py's MPI.Exception) is a
+    consequence: one line saying so, after the dead rank's own line had time to come first, and
+    no traceback; the job still ends."""
+    proc = run_mpi(2, FAIL + ["--rank", "1", "--mode", "peer-lost"], timeout=90)
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcgnn:")]
+    assert lines == ["hpcgnn: rank 1/2: stopped because another rank ended during communication "
+                     "(Exception: Other MPI error)"], proc.stderr
+    assert "Traceback" not in proc.stderr and "failed:" not in proc.stderr
