@@ -15,20 +15,26 @@ itself through others (tests/test_layers.py computes the import graph and checks
   fileio.py      atomic file output, one-line errors for unreadable inputs
 1 kernels
   sampling/      neighbour sampler, sampled blocks
-  cache/         historical embedding cache
+  cache/         caches of remote rows: historical embedding cache (HEC), two-tier halo cache
   nn/            aggregation kernels, dropout and models (GraphSAGE, GAT, GCN)
 2 ranks, exchanges, data
   runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed)
   comm/          collectives as autograd functions, halo providers, asynchronous embedding push,
-                 the exact minibatch mode's distributed sampling and feature pull (exact_fetch.py)
+                 the exact minibatch mode's distributed sampling and feature pull (exact_fetch.py),
+                 the gradient and evaluation-count allreduces (allreduce.py)
   data/          canonical graph file, importers, synthetic generators
   store/         feature and topology store over device and host memory (docs/store.md)
 3 run
   run/           configuration (config.py) and the engines' sections (engines/: the registry
-                 and one spec per engine), run output (HDF5), checkpoints, memory measurement
+                 and one spec per engine), run output (HDF5, output.py), the run directory's lock
+                 (lock.py), checkpoints and the training state saved in them (checkpoint.py),
+                 phase timing (timer.py), memory measurement (memory.py)
 4 partition/     partitioners (METIS multi-constraint, random, contiguous) and the partition store
 5 engine/        the shared training loop (loop.py), hooks, the engines (minibatch, fullgraph,
-                 tensor) and their memory estimate; docs/engines.md
+                 tensor), the device choice (device.py), the model and optimizer (model.py),
+                 global accuracies (metrics.py), the layer-wise inference algorithm
+                 (inference.py) and the one memory estimator (estimate.py: train's pre-run
+                 check, inspect, plan's memory figures); docs/engines.md
 6 plan/          `hpcgnn plan`: calibrated memory and epoch-time predictions per engine setting
 7 commands/      the `hpcgnn` subcommands
   demos/         tiny MPI programs that check a launch and the runtime

@@ -214,7 +214,7 @@ class Runtime:
     local_size: int
     threads: int
     error_comm: object = field(default=None, repr=False)  # private duplicate for the failure policy
-    # The compute device chosen by hpcgnn.engine.common.resolve_device ("cpu", "cuda:1") and,
+    # The compute device chosen by hpcgnn.engine.device.resolve_device ("cpu", "cuda:1") and,
     # for CUDA, how (a DeviceChoice); RunOutput records ``device`` per rank and epoch.
     device: str | None = None
     device_choice: DeviceChoice | None = field(default=None, repr=False)

@@ -117,7 +117,7 @@ def time_pyg(graph_file: Path, model_args: dict, device, epochs: int) -> dict:
 
 def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orders) -> list[dict]:
     """Measured and predicted source-row bytes host->device, summed over partitions."""
-    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.run.timer import PhaseTimer
     from hpcgnn.engine.fullgraph import OffloadedFullGraph
     from hpcgnn.engine.offload import OffloadSettings
     from hpcgnn.nn.models import build_model

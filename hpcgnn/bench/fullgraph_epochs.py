@@ -31,7 +31,7 @@ def epoch_stats(times: list[float]) -> dict:
 def time_hpcgnn(graph, model_args: dict, device, epochs: int, settings=None, precision: str = "fp32") -> dict:
     """Epoch times of the in-memory (settings None) or offloaded engine on one rank; ``precision``
     as ``train.precision``."""
-    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.run.timer import PhaseTimer
     from hpcgnn.engine.fullgraph import InMemoryFullGraph, OffloadedFullGraph
     from hpcgnn.nn.models import build_model
     from hpcgnn.nn.precision import set_precision

@@ -246,7 +246,7 @@ def _hpcgnn_top_ops(graph, model_args: dict, n: int) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from hpcgnn.engine.common import PhaseTimer
+    from hpcgnn.run.timer import PhaseTimer
     from hpcgnn.engine.fullgraph import InMemoryFullGraph
     from hpcgnn.nn.models import build_model
 

@@ -17,6 +17,10 @@ Randomness: the neighbours of vertex ``v`` at hop ``h`` (block ``L-1-h``) of ste
 so they do not depend on which rank asked (two ranks asking at the same step get the same
 sample).
 
+Feature rows are served from the owner's feature store (:mod:`hpcgnn.store`, the rank's
+in-memory vertex data store; its counters count every row served, own or requested by a peer,
+and the device tier's hits); without one, from the partition's array.
+
 Bytes counted (:attr:`ExactFetch.counters`): requests (int64 IDs), replies (int64 neighbour
 counts and IDs), feature rows (float32) and the count exchanges, sent and received per rank.
 """
@@ -70,15 +74,17 @@ def gather_segments(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) ->
 class ExactFetch:
     """Distributed sampling and feature pull for one rank (collective methods)."""
 
-    def __init__(self, comm, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None):
+    def __init__(self, comm, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None, features=None):
         """``csr``: the partition's (indptr, local indices) when the caller holds them already
-        (the rank's graph store), else computed from ``part``."""
+        (the rank's graph store), else computed from ``part``; ``features``: the rank's
+        :class:`~hpcgnn.store.base.FeatureStore` of its solid rows (None: ``part.features``)."""
         from hpcgnn.sampling.neighbor import NeighborSampler
 
         self.comm = comm
         self.size = comm.Get_size()
         self.part = part
         self.offsets = np.asarray(part_offsets, dtype=np.int64)
+        self.features = features
         self.fanouts = list(fanouts)
         indptr, local_indices = csr if csr is not None else part.local_csr()
         # One single-hop sampler per hop (they share the CSR arrays).
@@ -180,9 +186,9 @@ class ExactFetch:
         part = self.part
         gids = np.asarray(gids, dtype=np.int64)
         order, counts, req, req_counts = self._request(gids, "feature")
-        rows = part.features[req - part.solid_begin]
+        rows = self._own_rows(req - part.solid_begin)
         got, _ = self._alltoallv(np.ascontiguousarray(rows), req_counts, counts, kind="feature")
-        out = np.empty((gids.shape[0], part.features.shape[1]), dtype=part.features.dtype)
+        out = np.empty((gids.shape[0], rows.shape[1]), dtype=rows.dtype)
         out[order] = got
         mine = self.owner(gids) == self.comm.Get_rank()
         self.counters.inputs += int(gids.shape[0])
@@ -191,7 +197,14 @@ class ExactFetch:
         return out
 
 
-def _mix(*parts: int) -> int:
-    from hpcgnn.seeding import rng_key
+    def _own_rows(self, local_ids: np.ndarray) -> np.ndarray:
+        """Feature rows [n, F] (host) of solid local ids, through the feature store if any."""
+        if self.features is None:
+            return self.part.features[local_ids]
+        return self.features.gather(torch.from_numpy(np.ascontiguousarray(local_ids, dtype=np.int64))).cpu().numpy()
 
-    return rng_key(*parts)
+
+def _mix(*parts: int) -> int:
+    from hpcgnn.seeding import stream_seed
+
+    return stream_seed(*parts)

@@ -3,8 +3,8 @@
 
 Loads the run's configuration (``RUN/run.h5``) and a checkpoint (the newest in
 ``RUN/checkpoints`` unless ``--checkpoint``), runs exact full-neighbour inference in bounded memory
-(:mod:`hpcgnn.engine.infer`) and writes ONE HDF5 file (``format = "hpcgnn-infer"``) with a row for
-every vertex in the graph file's vertex order (docs/infer.md):
+(see below) and writes ONE HDF5 file (``format = "hpcgnn-infer"``) with a row for every vertex
+in the graph file's vertex order (docs/infer.md):
 
 * ``logits`` float32 [V, C], ``predictions`` int64 [V] (their argmax) or ``embeddings`` float32
   [V, W] (the output of layer ``--layer``, 1-based, default the last hidden layer);
@@ -19,18 +19,300 @@ Bad input (no checkpoint, a layer out of range, a checkpoint of another model sh
 a store of another graph or with another part count) is one line naming it, exit 2 on every
 rank, and nothing is written; the output appears complete (temporary name, then rename) or not
 at all.
+
+**Computing the rows** (the store may have another rank count than training's):
+
+* **Partition-parallel models** (``train.engine`` = ``minibatch`` or ``fullgraph``: the GNN of
+  :mod:`hpcgnn.nn.models`, :func:`gnn_rows`): the minibatch engine's evaluation,
+  :func:`hpcgnn.engine.inference.partition_inference`: exact full-neighbour inference layer by
+  layer over the rank's solid vertices, destinations in chunks (``minibatch.eval_rows``, 0 =
+  a 256 MiB budget) and halo rows streamed in rounds (``minibatch.eval_halo_rounds``, 0 = sized
+  to a 256 MiB round). The full-graph engine's evaluation runs the same layers unchunked; the
+  results agree up to floating-point order.
+* **Tensor parallel** (``tensor``, :func:`tensor_rows`): the engine itself (:class:`hpcgnn.engine.tensor.TensorEngine`,
+  whole topology on every rank) and its forward (:meth:`~hpcgnn.engine.tensor.TensorEngine.logits`),
+  with the model in eval mode.
+
+**Layers** are numbered from 1: ``layer = L`` is the output of the model's ``L``-th layer, after
+its ReLU (hidden layers; dropout is off at inference); ``layer = num_layers`` is the logits. For
+the decoupled tensor models (MLP, then propagation) the hidden layers are the MLP's and the last
+layer includes the propagation; for the coupled tensor model layer ``L`` includes its
+aggregation. The default of ``--what embeddings`` is the last hidden layer, ``num_layers - 1``.
+
+**Writing** (:func:`write_rows`): rank 0 assembles the file block by block (``block_bytes`` of
+output rows per block): every rank sorts its rows by graph vertex id once, and for each block
+sends the rows that fall in it (one ``Gatherv`` of ids, one of rows); rank 0 checks that every
+vertex of the block arrived exactly once and writes it. Memory beyond the rank's own result: one
+block (rank 0: two). The file is written under a temporary name and renamed when complete.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from hpcgnn.errors import InputError
 
+if TYPE_CHECKING:
+    import torch
 
+WHATS = ("logits", "embeddings", "predictions")
+INFER_FORMAT = "hpcgnn-infer"
+INFER_VERSION = 1
+DEFAULT_BLOCK_BYTES = 64 << 20
+
+
+# ---- inputs --------------------------------------------------------------------------------------
+def resolve_layer(what: str, layer: int | None, num_layers: int) -> int:
+    """The 1-based layer whose output ``what`` is (see the module docstring); InputError naming
+    ``--what`` / ``--layer`` otherwise."""
+    if what not in WHATS:
+        raise InputError(f"--what {what!r}: expected one of {', '.join(WHATS)}")
+    if what != "embeddings":
+        if layer is not None and layer != num_layers:
+            raise InputError(f"--layer {layer}: --what {what} is the output of the last layer "
+                             f"({num_layers}); --layer selects a layer for --what embeddings")
+        return num_layers
+    if layer is None:
+        if num_layers < 2:
+            raise InputError(f"--what embeddings: the model has {num_layers} layer and no hidden "
+                             f"layer; pass --layer {num_layers} for its output")
+        return num_layers - 1
+    if not 1 <= layer <= num_layers:
+        raise InputError(f"--layer {layer}: expected 1..{num_layers} (1-based; the model has "
+                         f"{num_layers} layers, {num_layers} = the logits)")
+    return int(layer)
+
+
+def run_config(config_json: str, label: str):
+    """A :class:`~hpcgnn.run.config.Config` from a run file's ``config`` attribute, keys the run
+    file predates filled with their defaults."""
+    from hpcgnn.run.config import Config, schema
+
+    try:
+        stored = json.loads(config_json)
+    except (TypeError, ValueError):
+        raise InputError(f"{label}: attribute 'config' is not JSON") from None
+    resolved = {}
+    for section, keys in schema().items():
+        values = stored.get(section) or {}
+        resolved[section] = {k: values.get(k, spec.default) for k, spec in keys.items()}
+    return Config(resolved)
+
+
+@dataclass
+class Checkpoint:
+    """The parts of a checkpoint inference uses; ``sha256`` is of the file's bytes."""
+
+    path: Path
+    sha256: str
+    epoch: int
+    engine: str
+    content_hash: str
+    model: dict = field(repr=False)
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read and hash one checkpoint file (rank 0); InputError naming the file if it is not a
+    readable hpcgnn checkpoint."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: checkpoint file not found")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: checkpoint not readable ({exc.__class__.__name__})") from None
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
+        raise InputError(f"{path}: not a loadable torch checkpoint ({exc.__class__.__name__})") from None
+    if not isinstance(state, dict) or "epoch" not in state or not isinstance(state.get("model"), dict):
+        raise InputError(f"{path}: not an hpcgnn checkpoint (expected a dict with 'epoch' and 'model')")
+    return Checkpoint(path=path, sha256=hashlib.sha256(data).hexdigest(), epoch=int(state["epoch"]),
+                      engine=str(state.get("engine", "")), content_hash=str(state.get("content_hash", "")),
+                      model=state["model"])
+
+
+# ---- computing rows ------------------------------------------------------------------------------
+@dataclass
+class _InferOutput:
+    """What an engine's constructor reads from its run output (``cfg``, ``rt``, ``meta``,
+    ``engine``); the run attributes it sets are kept here, since inference writes no run file."""
+
+    cfg: object
+    rt: object
+    meta: object
+    engine: str
+    attrs: dict = field(default_factory=dict)
+
+    def set_attrs(self, **values) -> None:
+        self.attrs.update(values)
+
+
+def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Collective (minibatch / fullgraph checkpoints): (store ids [n_solid], output rows
+    [n_solid, width]) of this rank's partition of ``cfg.data.partitions`` after ``layer`` layers
+    (:func:`hpcgnn.engine.inference.partition_inference`, the minibatch engine's evaluation)."""
+    from hpcgnn.engine.device import resolve_device
+    from hpcgnn.engine.model import build_model_from_config
+    from hpcgnn.engine.inference import partition_inference
+    from hpcgnn.partition.store import load_partition
+    from hpcgnn.run.checkpoint import load_model_state
+    from hpcgnn.store.host import HostFeatureStore
+
+    error, part, model, device = None, None, None, None
+    try:
+        part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify)
+        device = resolve_device(cfg, rt)
+        model = build_model_from_config(cfg, int(meta.num_features), int(meta.num_classes), None, device)
+        load_model_state(model, model_state, ckpt, cfg)
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    mb = cfg.minibatch
+    features = HostFeatureStore(part.features).full_rows()
+    rows = partition_inference(model, part, rt.comm, features, device, rows=mb.eval_rows,
+                               halo_rounds=mb.eval_halo_rounds, num_layers=layer)
+    ids = np.arange(part.solid_begin, part.solid_end, dtype=np.int64)
+    return ids, rows.cpu()
+
+
+def tensor_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Collective (tensor checkpoints): (store ids [n_i], output rows [n_i, width]) of this
+    rank's vertices of the tensor engine's layout after ``layer`` layers."""
+    import torch
+
+    from hpcgnn.engine.tensor import TensorEngine, TPPropagate
+    from hpcgnn.nn.decoupled import DecoupledModel
+    from hpcgnn.run.checkpoint import load_model_state
+
+    engine = TensorEngine(cfg, rt, _InferOutput(cfg, rt, meta, "tensor"))
+    error = None
+    try:
+        load_model_state(engine.model, model_state, ckpt, cfg)
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    model = engine.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if layer == model.num_layers:
+                h = engine.logits()
+            elif isinstance(model, DecoupledModel):   # hidden layers are the MLP's (no exchange)
+                h = model.dropout(engine.x)
+                for l in range(layer):
+                    h = model.dropout.forward_relu(model.lins[l](h))
+            else:                                     # coupled: aggregation inside every layer
+                h = engine.x
+                for l in range(layer):
+                    h = model.post(l, TPPropagate.apply(model.pre(l, h), None, engine.run, 1, 1.0, 0.0))
+    finally:
+        model.train(was_training)
+    return np.asarray(engine.layout.own_ids, dtype=np.int64), h
+
+
+def graph_ids(meta, store_ids: np.ndarray) -> np.ndarray:
+    """Graph-file vertex ids of store ids (``meta.h5``'s ``new_to_orig``), reading only the
+    range of the store the ids span."""
+    import h5py
+
+    from hpcgnn.partition.store import META_FILE
+
+    store_ids = np.asarray(store_ids, dtype=np.int64)
+    if store_ids.size == 0:
+        return store_ids.copy()
+    lo, hi = int(store_ids.min()), int(store_ids.max()) + 1
+    with h5py.File(Path(meta.path) / META_FILE, "r") as f:
+        span = np.asarray(f["new_to_orig"][lo:hi], dtype=np.int64)
+    return span[store_ids - lo]
+
+
+# ---- writing -------------------------------------------------------------------------------------
+def write_rows(rt, path: Path, ids: np.ndarray, rows: np.ndarray, num_nodes: int, name: str,
+               attrs: dict, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+    """Collective: write ``rows`` (this rank's, for graph vertex ids ``ids``) of every rank into
+    one HDF5 file ``path`` in vertex order: dataset ``name`` [num_nodes, ...] and ``vertex_ids``
+    [num_nodes] (the graph file's ids of the rows), file attributes ``attrs``. Rank 0 writes,
+    block by block (see the module docstring); the file appears complete or not at all."""
+    from hpcgnn.fileio import atomic_file
+
+    rows = np.ascontiguousarray(rows)
+    tail = tuple(int(s) for s in rows.shape[1:])
+    width = int(np.prod(tail, dtype=np.int64)) if tail else 1
+    block = max(1, int(block_bytes) // max(1, width * rows.dtype.itemsize))
+    if rt.is_root:
+        import h5py
+
+        with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+            for k, v in attrs.items():
+                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+            chunk = (min(max(1, num_nodes), max(1, (1 << 20) // max(1, width * rows.dtype.itemsize))),) + tail
+            data = f.create_dataset(name, shape=(num_nodes,) + tail, dtype=rows.dtype, chunks=chunk)
+            vids = f.create_dataset("vertex_ids", shape=(num_nodes,), dtype=np.int64)
+            _assemble(rt, ids, rows, num_nodes, block, (data, vids))
+    else:
+        _assemble(rt, ids, rows, num_nodes, block, None)
+
+
+def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int, sink) -> None:
+    """The block loop of :func:`write_rows` (``sink`` = (dataset, vertex_ids) on rank 0)."""
+    from mpi4py import MPI
+    from mpi4py.util.dtlib import from_numpy_dtype
+
+    comm = rt.comm
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = np.ascontiguousarray(ids[order], dtype=np.int64)
+    starts = np.unique(np.append(np.arange(0, num_nodes, block, dtype=np.int64), num_nodes))
+    cuts = np.searchsorted(sorted_ids, starts)
+    counts = np.diff(cuts).astype(np.int64)
+    if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= num_nodes):
+        raise ValueError(f"write_rows: vertex ids outside [0, {num_nodes})")
+    everyone = comm.gather(counts, root=0)
+    tail = rows.shape[1:]
+    width = int(np.prod(tail, dtype=np.int64)) if tail else 1
+    mpi_type = from_numpy_dtype(rows.dtype)
+    for k in range(starts.shape[0] - 1):
+        a, b = int(starts[k]), int(starts[k + 1])
+        lo, hi = int(cuts[k]), int(cuts[k + 1])
+        send_ids = sorted_ids[lo:hi]
+        send_rows = np.ascontiguousarray(rows[order[lo:hi]]).reshape(-1)
+        if sink is None:
+            comm.Gatherv(send_ids, None, root=0)
+            comm.Gatherv(send_rows, None, root=0)
+            continue
+        per_rank = np.array([c[k] for c in everyone], dtype=np.int64)
+        displs = np.concatenate([[0], np.cumsum(per_rank)[:-1]]).astype(np.int64)
+        total = int(per_rank.sum())
+        got_ids = np.empty(total, dtype=np.int64)
+        got_rows = np.empty(total * width, dtype=rows.dtype)
+        comm.Gatherv(send_ids, [got_ids, per_rank, displs, MPI.INT64_T], root=0)
+        comm.Gatherv(send_rows, [got_rows, per_rank * width, displs * width, mpi_type], root=0)
+        pos = got_ids - a
+        hits = np.bincount(pos, minlength=b - a) if total else np.zeros(b - a, np.int64)
+        if total != b - a or hits.shape[0] != b - a or not np.all(hits == 1):
+            raise RuntimeError(f"write_rows: vertices {a}..{b - 1} arrived {total} times for "
+                               f"{b - a} rows (the ranks' stores do not cover the graph once)")
+        out = np.empty((b - a,) + tuple(tail), dtype=rows.dtype)
+        out[pos] = got_rows.reshape((total,) + tuple(tail))
+        data, vids = sink
+        data[a:b] = out
+        ordered = np.empty(b - a, dtype=np.int64)
+        ordered[pos] = got_ids
+        vids[a:b] = ordered
+
+
+# ---- the command ---------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
-    from hpcgnn.engine.infer import WHATS
-
     parser.add_argument("run", metavar="RUN", help="run directory (holds run.h5 and checkpoints/)")
     parser.add_argument("--out", required=True, metavar="FILE.h5", help="the HDF5 file to write")
     parser.add_argument("--checkpoint", metavar="FILE",
@@ -60,7 +342,6 @@ def run(args) -> int:
 def _resolve(args, size: int) -> dict:
     """Every rank: the run, its configuration, the store, the layer, the output and the
     checkpoint path, checked (InputError names what is wrong)."""
-    from hpcgnn.engine.infer import resolve_layer, run_config
     from hpcgnn.fileio import check_output, check_writable_dir
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.checkpoint import list_checkpoints
@@ -125,7 +406,6 @@ def _read_newest(path: Path, run_dir: Path, explicit: bool, tries: int = 5):
     ``--checkpoint`` the newest may be removed by a live run's ``output.keep_checkpoints`` between
     listing and reading: then the new newest is read (a consistent file either way: checkpoints
     are renamed into place complete)."""
-    from hpcgnn.engine.infer import read_checkpoint
     from hpcgnn.run.checkpoint import list_checkpoints
 
     for _ in range(tries):
@@ -165,8 +445,6 @@ def _infer(args) -> int:
     import torch
 
     from hpcgnn import __version__
-    from hpcgnn.engine.infer import (INFER_FORMAT, INFER_VERSION, graph_ids, gnn_rows,
-                                     tensor_rows, write_rows)
     from hpcgnn.run.memory import peak_rss_bytes
     from hpcgnn.units import fmt_bytes
     from hpcgnn.runtime import Runtime

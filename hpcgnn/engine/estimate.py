@@ -31,7 +31,16 @@ docs/benchmarks.md.
 
 The tensor engine's device sizing lives here too, for the estimate and the engine alike:
 :func:`tensor_device_bytes` (the working set of ``k`` chunks), :func:`auto_chunks` (the count
-that fits a budget) and :func:`tensor_chunk_count` (``tensor.chunks`` as a count).
+that fits a budget) and :func:`tensor_chunk_count` (``tensor.chunks`` as a count). The budget
+itself, ``tensor.device_memory`` in bytes, is :func:`hpcgnn.run.engines.tensor.device_budget`:
+the config's key check needs it, and run/ sits below this layer.
+
+This module is the project's one memory estimator, used through its public names:
+``hpcgnn train``'s pre-run refusal (:func:`check_memory`), ``hpcgnn inspect STORE --config``
+(:func:`estimate_rank_memory`), the engines (the tensor engine's chunk sizing, the full graph's
+:func:`layer_widths`) and ``hpcgnn plan`` (:mod:`hpcgnn.plan.estimator`: its memory figures are
+:func:`estimate_rank_memory` split by :func:`host_device_peak`; its time model reads
+:func:`layer_widths`, :func:`expected_distinct` and :func:`model_param_sizes`).
 """
 from __future__ import annotations
 
@@ -51,9 +60,10 @@ BF16 = 2
 # two linear outputs, their sum, the activation (native dropout keeps no mask) and the gradients.
 SAVED_PER_LAYER = 6
 # float32 copies of every parameter held for the whole run: the values, their gradients, Adam's
-# exp_avg and exp_avg_sq, and GradientAllreduce's flat buffer (hpcgnn/engine/common.py)
+# exp_avg and exp_avg_sq, and GradientAllreduce's flat buffer (hpcgnn/comm/allreduce.py)
 MODEL_COPIES = 5
 MODEL_SHRINK = "model.hidden or model.layers (the parameters' count)"
+CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
 
 
 @dataclass
@@ -99,14 +109,14 @@ def part_shapes(store: str | Path, part_id: int) -> dict:
     return shapes
 
 
-def _distinct(pool: int, draws: float) -> float:
+def expected_distinct(pool: int, draws: float) -> float:
     """Expected distinct vertices among ``draws`` uniform picks from ``pool``."""
     if pool <= 0:
         return 0.0
     return pool * -math.expm1(-draws / pool)
 
 
-def _widths(cfg, in_dim: int, num_classes: int) -> list[int]:
+def layer_widths(cfg, in_dim: int, num_classes: int) -> list[int]:
     """Input width of every layer, then the output width."""
     m = cfg.model
     hid = m.hidden * (m.heads if m.arch == "gat" else 1)
@@ -241,7 +251,7 @@ def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
 def _sizes(cfg, meta, s: dict):
     """(solid, halo, edges, local rows, layer widths, layers, widest) of partition shapes ``s``."""
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
-    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    widths = layer_widths(cfg, meta.num_features, meta.num_classes)
     return ns, nh, ne, ns + nh, widths, cfg.model.layers, max(widths)
 
 
@@ -268,7 +278,7 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     rows = [float(min(mb.batch_size, max(ns, 1)))]
     for fan in reversed(list(mb.fanouts)):
         f = avg if fan < 0 else min(fan, avg)
-        rows.append(min(nl, rows[-1] + _distinct(nl, rows[-1] * f)))
+        rows.append(min(nl, rows[-1] + expected_distinct(nl, rows[-1] * f)))
     rows = rows[::-1]                      # rows[l] = input rows of layer l
     act = rows[0] * widths[0] * F32 * 2     # gathered input and its gradient
     for l in range(layers):
@@ -334,7 +344,7 @@ def offload_batch_bytes(cfg, meta, s: dict) -> int:
     fg = cfg.fullgraph
     k = max(fg.chunks, 1)
     frac = min(fg.batch_chunks, k) / k
-    src = nl if k == 1 else min(nl, _distinct(nl, ne * frac))
+    src = nl if k == 1 else min(nl, expected_distinct(nl, ne * frac))
     return int(2 * src * wmax * F32 + SAVED_PER_LAYER * ns * frac * wmax * F32)
 
 
@@ -376,7 +386,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
                                      "holds the rows then)") if cfg.train.device != "cuda" else \
             "fullgraph.offload = true with fullgraph.chunks"
     if fg.halo == "cached" or fg.pipeline:
-        # halo cache (comm/halo_cached.py): both tiers hold at most every halo row of every layer
+        # halo cache (cache/halo.py): both tiers hold at most every halo row of every layer
         # input, within fullgraph.cache_memory; a pipelined layer keeps one message in flight:
         # receive buffers of all its halo rows (+ int32 positions) and the rows being sent
         from hpcgnn.run.engines.fullgraph import cache_bytes
@@ -421,6 +431,44 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
         transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
     start = (nl + ns) * widths[0] * F32
     return int(max(start, kept + transient) + 2 * ne * I64)
+
+
+def model_host_bytes(est: MemoryEstimate, ranks: int) -> int:
+    """The model's bytes that stay in host memory when it trains on a GPU: the gradient
+    allreduce's flat float32 buffer and, on more than one rank, its transient host copy
+    (:func:`allreduce_step_bytes`)."""
+    return int(est.params * F32 * (2 if ranks > 1 else 1))
+
+
+def device_split(cfg, meta, s: dict, est: MemoryEstimate, ranks: int | None = None) -> int:
+    """Bytes of ``est`` on the GPU when ``train.device`` is CUDA, without the CUDA context: the
+    minibatch engine keeps its partition's features, HECs, activations and the model
+    (parameters, gradients, Adam's moments and step) there; full graph in memory the partition,
+    its activations and the model; offloaded only one batch of chunks
+    (:func:`offload_batch_bytes`), the chunks' topology and the model. Host memory keeps the
+    rest, the partition as loaded and :func:`model_host_bytes` (``ranks``: the job's, default
+    the store's)."""
+    t = est.terms
+    host_model = model_host_bytes(est, meta.num_parts if ranks is None else ranks)
+    if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
+        model = t.get("model_state", 0) + t.get("optimizer_step", 0) - host_model
+        return int(t.get("chunks", 0) + offload_batch_bytes(cfg, meta, s) + max(model, 0))
+    return int(max(sum(v for k, v in t.items() if k != "baseline") - host_model, 0))
+
+
+def host_device_peak(cfg, meta, s: dict, est: MemoryEstimate, ranks: int, device: str) -> tuple[int, int]:
+    """``(host, device)`` peak bytes of the rank ``est`` estimates (partition shapes ``s``, a job
+    of ``ranks`` ranks on ``device``): on the CPU ``(est.total, 0)``; on CUDA the device holds
+    :func:`device_split` plus :data:`CUDA_CONTEXT`, the host the baseline, the partition as
+    loaded and :func:`model_host_bytes` (offloaded full graph: all of ``est``, its layer data is
+    host-resident)."""
+    if device != "cuda":
+        return est.total, 0
+    on_dev = device_split(cfg, meta, s, est, ranks)
+    offloaded = cfg.train.engine == "fullgraph" and cfg.fullgraph.offload
+    host = est.total if offloaded else \
+        est.terms["baseline"] + est.terms.get("partition", 0) + model_host_bytes(est, ranks)
+    return host, on_dev + CUDA_CONTEXT
 
 
 def describe(est: MemoryEstimate) -> str:
@@ -557,7 +605,7 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     cols = _tensor_cols(cfg, meta, parts)
     dst = -(-v // k)
     edges = -(-(e + v) // k)
-    src = v if k == 1 else min(v, dst + _distinct(v, e / k))
+    src = v if k == 1 else min(v, dst + expected_distinct(v, e / k))
     per = cols * F32 * (3 * src + 5 * dst)
     if m.arch == "gat":
         per += 2 * src * cols * F32 + 2 * edges * F32

@@ -22,6 +22,16 @@ cached row sent once, the rest every epoch); evaluation stays exact. Its per-lay
 as ``per_layer/halo_*`` and counters ``halo_fwd_bytes``, ``halo_fwd_nocache_bytes``, ... The
 cache is soft state: a resumed run starts it cold (first epoch fetches fresh).
 
+Vertex data comes from the rank's vertex data store (:mod:`hpcgnn.store`, built by
+:func:`~hpcgnn.store.rank.build_rank_store` as the minibatch engine does; ``store.device_memory``:
+host-only, tiered or device-only, docs/store.md): the block structure is the graph store's CSR,
+and layer 0's solid input rows are gathered through the feature store at every use (every
+forward that reads them, training and evaluation; recomputations of the offloaded backward
+too); the halo rows of layer 0 are exchanged once and held by the runner. With layer 0's
+aggregate cached (SAGE, GCN) only the update reads features: SAGE's destination rows (gathered
+per forward), GCN none. Every layout gives the same rows, so the same losses; counters
+``store_*`` per epoch (training and evaluation reads) say how many rows the device tier served.
+
 Per epoch the run file gets timings (forward, backward, allreduce, update, eval, halo) and
 counters per rank: ``halo_bytes`` (sent), ``peak_device_bytes`` and, offloaded, the
 host<->device bytes by kind (``h2d_rows_bytes`` = source rows of the chunks,
@@ -55,6 +65,8 @@ class LocalGraph:
              :meth:`InMemoryFullGraph.release_graph_inputs`)
     degree   int64 [num_local]   full-graph degree of every local vertex
     labels   int64 [num_solid]; masks: bool [num_solid] per split
+    features the rank's :class:`~hpcgnn.store.base.FeatureStore` of the solid rows, or None;
+             when set, the runners read layer 0's solid rows through it (x0's are a setup copy)
     """
 
     num_solid: int
@@ -66,22 +78,30 @@ class LocalGraph:
     degree: np.ndarray
     labels: torch.Tensor
     masks: dict
+    features: object = None
 
 
-def build_local_graph(part, comm, fetch_halo: bool = True) -> LocalGraph:
+def build_local_graph(part, comm, fetch_halo: bool = True, store=None) -> LocalGraph:
     """Collective: the rank's block structure, and its features with the halo rows fetched once
     (layer 0's input never changes; ``fetch_halo`` False leaves them zero: a halo cache fetches
-    them)."""
+    them). ``store``: the rank's :class:`~hpcgnn.store.rank.RankStore`; the topology and the
+    solid rows are then read from it and the runners gather layer 0's solid rows through its
+    feature store; None: from ``part``."""
     plan = HaloPlan.from_partition(part, comm)
-    feats = np.ascontiguousarray(part.features, dtype=np.float32)
-    x0 = torch.empty((part.num_local, feats.shape[1]), dtype=torch.float32)
-    x0[:part.num_solid] = torch.from_numpy(feats)
+    if store is None:
+        solid = torch.from_numpy(np.ascontiguousarray(part.features, dtype=np.float32))
+        indptr, local_indices = part.local_csr()
+    else:
+        solid = store.features.full_rows()
+        indptr, local_indices = store.graph.csr()
+    x0 = torch.empty((part.num_local, solid.shape[1]), dtype=torch.float32)
+    x0[:part.num_solid] = solid
     x0[part.num_solid:] = 0.0       # stays zero without peers (comm None: the caller fills it)
     if fetch_halo:
         ExactHalo(comm, plan).fill(0, x0)
-    indptr, local_indices = part.local_csr()
     return LocalGraph(num_solid=part.num_solid, num_local=part.num_local, indptr=indptr,
                       local_indices=local_indices, halo=plan, x0=x0, degree=part.local_degree(),
+                      features=None if store is None else store.features,
                       labels=torch.from_numpy(np.asarray(part.labels, dtype=np.int64)),
                       masks={"train": torch.from_numpy(np.asarray(part.train_mask, dtype=bool)),
                              "val": torch.from_numpy(np.asarray(part.val_mask, dtype=bool)),
@@ -110,6 +130,8 @@ class InMemoryFullGraph:
                            torch.from_numpy(graph.local_indices)).to(self.device)
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
+        self.features = graph.features      # with a feature store x0 ends up holding halo rows only
+        self._solid_ids = torch.arange(graph.num_solid, dtype=torch.int64)
         self.meter = DeviceMemoryMeter(self.device)
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
@@ -126,28 +148,46 @@ class InMemoryFullGraph:
             ns = graph.num_solid
             with torch.no_grad():
                 self.agg0 = self.ops.aggregate(0, self.block, self.x0, self.ctx)
-            if not self.ops.update_needs_dst(0):
+            if self.features is not None or not self.ops.update_needs_dst(0):
                 self.x0 = self.x0.new_empty((0, self.x0.shape[1]))
             elif self.x0.shape[0] > ns:
                 self.x0 = self.x0[:ns].clone()
+        elif self.features is not None:
+            # the solid rows are the store's; a halo cache fetches the halo rows itself
+            ns = graph.num_solid
+            self.x0 = self.x0.new_empty((0, self.x0.shape[1])) if self.fetch_x0 else self.x0[ns:].clone()
 
     def release_graph_inputs(self, graph: LocalGraph) -> None:
         """Let ``graph`` hold this runner's rows instead of all of its own (the runner keeps
         only what it reads: with layer 0's aggregate cached, the solid feature rows, or none;
-        on a GPU the host copy keeps no rows, only its width)."""
-        if self.cache_agg0:
+        on a GPU the host copy keeps no rows, only its width; with a feature store it keeps none)."""
+        if self.features is not None:
+            graph.x0 = torch.empty((0, self.x0.shape[1]), dtype=self.x0.dtype)
+        elif self.cache_agg0:
             graph.x0 = self.x0 if self.x0.device.type == "cpu" else \
                 torch.empty((0, self.x0.shape[1]), dtype=self.x0.dtype)
 
     def _layer0(self) -> torch.Tensor:
         """Layer 0's output rows [num_solid, ...] from the cached aggregate of the features."""
-        ns = self.graph.num_solid
-        x_dst = self.x0[:ns] if self.ops.update_needs_dst(0) else None
+        x_dst = self._solid_rows() if self.ops.update_needs_dst(0) else None
         return self.ops.update(0, self.block, x_dst, self.agg0, self.ctx)
+
+    def _solid_rows(self) -> torch.Tensor:
+        """Layer 0's input rows of the solid vertices (gathered through the feature store)."""
+        if self.features is None:
+            return self.x0[:self.graph.num_solid]
+        return self.features.gather(self._solid_ids)
+
+    def _input_rows(self) -> torch.Tensor:
+        """Layer 0's input [num_local, F] (solid rows only when a halo cache fetches the rest)."""
+        if self.features is None:
+            return self.x0
+        solid = self._solid_rows()
+        return torch.cat([solid, self.x0]) if self.x0.shape[0] else solid
 
     def logits(self) -> torch.Tensor:
         """Forward over all layers: [num_solid, C] (autograd graph when grad is enabled)."""
-        h = self.x0
+        h = None
         for l in range(self.ops.num_layers):
             if l == 0 and self.cache_agg0:
                 h = self._layer0()
@@ -155,7 +195,9 @@ class InMemoryFullGraph:
             if l > 0:
                 h = self.halo.exchange(l, h)
             elif self.fetch_x0:
-                h = self.halo.exchange(0, h[:self.graph.num_solid])
+                h = self.halo.exchange(0, self._input_rows()[:self.graph.num_solid])
+            else:
+                h = self._input_rows()
             h = self.ops.forward(l, self.block, h, self.ctx)
         return h
 
@@ -213,7 +255,13 @@ class OffloadedFullGraph:
         self.meter = DeviceMemoryMeter(self.device)
         self.engine = OffloadEngine(self.ops, graph.indptr, graph.local_indices, graph.num_solid,
                                     graph.num_local, graph.x0, self.halo, self.device, settings,
-                                    self.counter, self.meter)
+                                    self.counter, self.meter, features=graph.features)
+
+    def release_graph_inputs(self, graph: LocalGraph) -> None:
+        """With a feature store the engine holds the halo rows of layer 0 only: ``graph`` keeps
+        no rows either (only their width)."""
+        if graph.features is not None:
+            graph.x0 = graph.x0.new_empty((0, graph.x0.shape[1]))
 
     def train_step(self, timer, n_train: float) -> float:
         g = self.graph
@@ -286,9 +334,9 @@ def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | 
                                    order=fg.order, recompute=fg.recompute)
         return OffloadedFullGraph(model, graph, comm, device, settings)
     if uses_cached_halo(cfg):
-        from hpcgnn.engine.estimate import _widths
+        from hpcgnn.engine.estimate import layer_widths
 
-        widths = _widths(cfg, int(graph.x0.shape[1]), int(num_classes or 1))[:cfg.model.layers]
+        widths = layer_widths(cfg, int(graph.x0.shape[1]), int(num_classes or 1))[:cfg.model.layers]
         halo = CachedHalo(comm, graph.halo, cache_settings(cfg), widths, device)
         return InMemoryFullGraph(model, graph, comm, device, halo=halo)
     return InMemoryFullGraph(model, graph, comm, device,
@@ -300,25 +348,35 @@ class FullGraphEngine(Engine):
     (:func:`hpcgnn.engine.loop.fit`) runs its epochs."""
 
     def __init__(self, cfg, rt, out, hooks: TrainHooks | None = None):
-        from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, allreduce_sum,
-                                          build_model_from_config, build_optimizer, resolve_device)
+        from hpcgnn.comm.allreduce import GradientAllreduce, allreduce_sum
+        from hpcgnn.engine.device import resolve_device
+        from hpcgnn.engine.model import build_model_from_config, build_optimizer
+        from hpcgnn.run.timer import PhaseTimer
         from hpcgnn.errors import InputError
         from hpcgnn.partition.store import load_partition
 
         self.cfg, self.rt, self.out = cfg, rt, out
         self.hooks = hooks or TrainHooks()
-        error, part = None, None
+        from hpcgnn.store.graph import HostGraphStore
+        from hpcgnn.store.rank import build_rank_store
+
+        error, part, store = None, None, None
         try:
             part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
             device = resolve_device(cfg, rt)
+            # the rank's vertex data store: every row is read in every pass (no sampler)
+            store = build_rank_store(cfg, part, HostGraphStore(*part.local_csr(), part.num_solid, part.num_local),
+                                     None, device, None, 0, 0, [], 0, rt.rank, threads=rt.threads)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
         self.device = device
+        self.store = store
         self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         t0 = time.perf_counter()
-        self.graph = graph = build_local_graph(part, rt.comm,
-                                               fetch_halo=cfg.fullgraph.halo != "cached")
+        self.graph = graph = build_local_graph(part, rt.comm, fetch_halo=cfg.fullgraph.halo != "cached",
+                                               store=store)
+        del part            # the store holds the rows (and the topology) from here on
         self.model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
         self.optimizer = build_optimizer(cfg, self.model)
         error, runner = None, None
@@ -328,8 +386,7 @@ class FullGraphEngine(Engine):
             error = str(exc)
         rt.agree(error)
         self.runner = runner
-        if isinstance(runner, InMemoryFullGraph):
-            runner.release_graph_inputs(graph)
+        runner.release_graph_inputs(graph)
         self.reducer = GradientAllreduce(self.model, rt, op="sum")
         self.n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
         if self.n_train == 0:
@@ -342,14 +399,16 @@ class FullGraphEngine(Engine):
                       fullgraph_halo=fg.halo, fullgraph_pipeline=bool(fg.pipeline),
                       fullgraph_staleness=int(fg.staleness), fullgraph_halo_precision=fg.halo_precision,
                       fullgraph_grad_reduce="sum of partial gradients of the global mean loss",
-                      device=str(device), setup_seconds=setup_s,
+                      device=str(device), setup_seconds=setup_s, store_mode=store.features.name,
+                      store_placement=rt.comm.allgather(store.summary()) if rt.size > 1 else [store.summary()],
                       **({"fullgraph_plans": plans} if cfg.fullgraph.offload and rt.is_root else {}))
 
     def train_epoch(self, epoch: int) -> EpochResult:
-        from hpcgnn.engine.common import allreduce_sum
+        from hpcgnn.comm.allreduce import allreduce_sum
 
         timer, runner = self.timer, self.runner
         runner.reset_stats()
+        self.store.reset_counters()
         runner.begin_epoch(epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.before_step(epoch, 0)
@@ -363,9 +422,11 @@ class FullGraphEngine(Engine):
         return EpochResult(loss)
 
     def finish_epoch(self, result: EpochResult) -> None:
-        """The runner's counters and halo time, which include the evaluation pass when the epoch
-        evaluated."""
+        """The runner's and the store's counters and halo time, which include the evaluation
+        pass when the epoch evaluated."""
         result.counters.update(self.runner.counters())
+        result.counters.update(self.store.counters.as_dict())
+        result.counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
         timings = self.runner.timings()
         result.timings.update(timings)
         result.timing_parents.update({k: HALO_TIMING_PARENTS[k] for k in timings})
@@ -374,10 +435,11 @@ class FullGraphEngine(Engine):
     def close(self) -> None:
         """Collective: a cached halo completes its pipelined messages and frees its communicator."""
         self.runner.close()
+        self.store.close()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        from hpcgnn.engine.common import accuracy_metrics, split_counts
+        from hpcgnn.engine.metrics import accuracy_metrics, split_counts
 
         g = self.graph
         pred = self.runner.predict().argmax(1)

@@ -62,7 +62,7 @@ class DebugHooks(TrainHooks):
 
     def after_step(self, epoch: int, step: int, loss: float, seeds: int, model) -> None:
         if self.path is not None:
-            from hpcgnn.engine.common import parameter_checksum
+            from hpcgnn.engine.model import parameter_checksum
 
             self.steps.append((epoch, step, float(loss), int(seeds), parameter_checksum(model).encode()))
 

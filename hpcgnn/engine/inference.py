@@ -1,4 +1,9 @@
-"""Bounded-memory layer-wise full-neighbour inference over one rank's partition.
+"""Bounded-memory layer-wise full-neighbour inference over one rank's partition: the one
+algorithm behind the minibatch engine's evaluation (``minibatch.eval = "full"``) and
+`hpcgnn infer` (minibatch and fullgraph checkpoints). :func:`partition_inference` is their
+shared entry (halo plan and rounds, GCN scales, features on the device);
+:func:`layerwise_inference` the algorithm. The full-graph engine evaluates with its own
+training forward (same layers, unchunked; the results agree up to floating-point order).
 
 Every layer runs over all in-neighbours of all solid vertices (exact full-graph inference), in
 memory that does not grow with the halo:
@@ -140,6 +145,36 @@ def max_width(model) -> int:
 
 
 @torch.no_grad()
+def partition_inference(model, part, comm, features: torch.Tensor, device, *, rows: int = 0,
+                        halo_rounds: int = 0, plan=None, csr=None,
+                        num_layers: int | None = None) -> torch.Tensor:
+    """Collective: exact full-neighbour output of the model's first ``num_layers`` layers (default
+    all: the logits) for the solid rows of ``part`` [num_solid, width], on ``device``.
+
+    ``features`` [num_solid, in_dim]: the solid rows' input (any device; a transient copy on
+    ``device`` when elsewhere); ``rows``: destination rows per chunk (0 = :func:`auto_rows`);
+    ``halo_rounds``: collectives per layer for the halo rows (0 = :func:`auto_rounds`, the
+    same on every rank); ``plan``: the partition's :class:`~hpcgnn.comm.halo.HaloPlan` (built,
+    collectively, when None); ``csr``: the partition's (indptr, local indices) (default
+    ``part.local_csr()``). GCN layers scale by :func:`~hpcgnn.nn.conv.gcn_norm` of the full
+    graph's degrees (the whole graph is the block evaluation runs on: hpcgnn.nn.conv's
+    docstring)."""
+    from hpcgnn.comm.halo import ExactHalo, HaloPlan
+    from hpcgnn.nn.conv import GCNConv, gcn_norm
+
+    if plan is None:
+        plan = HaloPlan.from_partition(part, comm)
+    rounds = halo_rounds or auto_rounds(comm, part.num_halo, max_width(model))
+    halo = ExactHalo(comm, plan).rounds(rounds)
+    gcn_scale = None
+    if any(isinstance(conv, GCNConv) for conv in model.layers):
+        gcn_scale = gcn_norm(part.local_degree()[:part.num_solid])
+    indptr, local_indices = part.local_csr() if csr is None else csr
+    return layerwise_inference(model, indptr, local_indices, features.to(device), halo, rows=rows,
+                               gcn_scale=gcn_scale, num_layers=num_layers)
+
+
+@torch.no_grad()
 def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid: torch.Tensor,
                         halo, *, rows: int = 0, gcn_scale: torch.Tensor | None = None,
                         num_layers: int | None = None) -> torch.Tensor:
@@ -149,8 +184,8 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     [num_solid + 1] / ``indices`` (local ids, halo rows after the solid ones): the partition's
     CSR over solid destinations; ``halo``: a :class:`~hpcgnn.comm.halo.HaloRounds` of the
     partition (collective calls: every rank runs the same layers); ``rows``: destination rows
-    per chunk (0 = :func:`auto_rows`); ``gcn_scale`` [num_solid]: ``(degree + 1)^-1/2`` of the
-    full graph (GCN layers). Returns [num_solid, width of the last layer run] on ``x_solid``'s
+    per chunk (0 = :func:`auto_rows`); ``gcn_scale`` [num_solid]: the solid rows'
+    :func:`~hpcgnn.nn.conv.gcn_norm` of their full-graph degrees (GCN layers). Returns [num_solid, width of the last layer run] on ``x_solid``'s
     device; the model runs in eval mode and its mode is restored afterwards.
     """
     from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv

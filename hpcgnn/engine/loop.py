@@ -18,7 +18,7 @@ Per epoch ``e`` (1-based; a resumed run starts after its checkpoint's epoch):
    refused (:func:`require_finite_state`) when a parameter or optimizer state is not finite.
 
 A non-finite loss or gradient stops the run inside ``train_epoch``, before that step's update
-(:class:`~hpcgnn.engine.common.GradientAllreduce` raises TrainingDiverged on every rank).
+(:class:`~hpcgnn.comm.allreduce.GradientAllreduce` raises TrainingDiverged on every rank).
 
 After the last epoch ``engine.close()`` releases the engine's communicators.
 """
@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpcgnn.engine.common import PhaseTimer, restore_training_state, save_training_state, seed_torch
+from hpcgnn.run.checkpoint import restore_training_state, save_training_state
+from hpcgnn.run.timer import PhaseTimer
+from hpcgnn.seeding import seed_torch
 
 SPLITS = ("train", "val", "test")
 
@@ -54,7 +56,7 @@ class Engine(ABC):
     ``make_engine(cfg, rt, out, hooks)``, see :mod:`hpcgnn.run.engines.registry`).
 
     Attributes the loop uses: ``model``, ``optimizer`` (parameters identical on every rank),
-    ``timer`` (a :class:`~hpcgnn.engine.common.PhaseTimer` on the engine's device).
+    ``timer`` (a :class:`~hpcgnn.run.timer.PhaseTimer` on the engine's device).
     """
 
     model: torch.nn.Module

@@ -62,14 +62,17 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn.comm.aep import AsyncEmbeddingPush
-from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, accuracy_metrics, allreduce_max,
-                                  allreduce_sum, build_model_from_config, build_optimizer,
-                                  numpy_rng, resolve_device, rng_key, seed_torch, split_counts)
+from hpcgnn.comm.allreduce import GradientAllreduce, allreduce_max, allreduce_sum
+from hpcgnn.engine.device import resolve_device
+from hpcgnn.engine.metrics import accuracy_metrics, split_counts
+from hpcgnn.engine.model import build_model_from_config, build_optimizer
+from hpcgnn.run.timer import PhaseTimer
+from hpcgnn.seeding import numpy_rng, stream_seed, seed_torch
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
 
-# Stream tags of rng_key (distinct first parts keep the streams unrelated).
+# Stream tags of stream_seed (distinct first parts keep the streams unrelated).
 _ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
 MISS_POLICY = "edges from missed halo sources are dropped (mean over the remaining neighbours)"
 
@@ -139,7 +142,7 @@ class HaloHooks:
         if t.hooks.wants_layer_inputs:
             t.hooks.layer_input(t, self.epoch, self.k, l, f, h)
         if self.k < self.m - t.delay:
-            aep.push(l, self.k, f, h, rng_key(t.seed, _AEP, self.epoch, self.k, l, t.rt.rank))
+            aep.push(l, self.k, f, h, stream_seed(t.seed, _AEP, self.epoch, self.k, l, t.rt.rank))
         return h, block
 
 
@@ -174,7 +177,7 @@ class MinibatchEngine(Engine):
         indptr, local_indices = part.local_csr()
         self.graph = HostGraphStore(indptr, local_indices, part.num_solid, part.num_local)
         self.sampler = NeighborSampler(*self.graph.csr(), part.num_solid, self.fanouts,
-                                       seed=rng_key(self.seed, _SAMPLER, rt.rank), num_local=part.num_local)
+                                       seed=stream_seed(self.seed, _SAMPLER, rt.rank), num_local=part.num_local)
         self.labels = torch.from_numpy(part.labels).to(self.device)
         self.train_ids = np.flatnonzero(part.train_mask).astype(np.int64)
         self.in_dim = int(part.features.shape[1])
@@ -210,7 +213,7 @@ class MinibatchEngine(Engine):
             from hpcgnn.comm.exact_fetch import ExactFetch
 
             self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed,
-                                    csr=self.graph.csr())
+                                    csr=self.graph.csr(), features=self.store.features)
         self.halo_plan = None
         if mb.eval == "full":
             from hpcgnn.comm.halo import HaloPlan
@@ -446,25 +449,15 @@ class MinibatchEngine(Engine):
     def infer_full(self, num_layers: int | None = None) -> torch.Tensor:
         """Collective: exact layer-wise full-neighbour output [num_solid, width] of the first
         ``num_layers`` layers (default all: the logits), in bounded memory
-        (:func:`hpcgnn.engine.inference.layerwise_inference`: ``minibatch.eval_rows`` destination
+        (:func:`hpcgnn.engine.inference.partition_inference`: ``minibatch.eval_rows`` destination
         rows per chunk, halo rows in ``minibatch.eval_halo_rounds`` rounds)."""
-        from hpcgnn.comm.halo import ExactHalo
-        from hpcgnn.engine.inference import auto_rounds, layerwise_inference, max_width
+        from hpcgnn.engine.inference import partition_inference
 
-        part = self.part
         mb = self.cfg.minibatch
-        gcn_scale = None
-        if self.cfg.model.arch == "gcn":   # exact full-graph GCN normalisation (D+I)^-1/2
-            from hpcgnn.nn.conv import gcn_norm
-
-            gcn_scale = gcn_norm(part.local_degree()[:part.num_solid])
-        rounds = mb.eval_halo_rounds or auto_rounds(self.rt.comm, part.num_halo, max_width(self.model))
-        halo = ExactHalo(self.rt.comm, self.halo_plan).rounds(rounds)
-        x = self.store.features.full_rows()
-        x = x if x.device == self.device else x.to(self.device)   # tiered on a GPU: a transient copy
-        indptr, local_indices = self.graph.csr()
-        return layerwise_inference(self.model, indptr, local_indices, x, halo,
-                                   rows=mb.eval_rows, gcn_scale=gcn_scale, num_layers=num_layers)
+        # tiered on a GPU: a transient copy of the host rows on the device
+        return partition_inference(self.model, self.part, self.rt.comm, self.store.features.full_rows(),
+                                   self.device, rows=mb.eval_rows, halo_rounds=mb.eval_halo_rounds,
+                                   plan=self.halo_plan, csr=self.graph.csr(), num_layers=num_layers)
 
     def _predict_sampled(self) -> torch.Tensor:
         """Sampled inference over the whole graph for the labelled solid vertices."""

@@ -23,6 +23,10 @@ then the halo gradients go back to their owners (the adjoint exchange).
 Dropout masks are replayed in recomputation from the RNG state saved in
 forward. The result equals in-memory training up to floating-point order.
 
+With a feature store (:mod:`hpcgnn.store`, the rank's vertex data store) layer 0's solid source
+rows are gathered through it instead of copied from ``h^0`` (device-tier hits do not cross the
+link; the misses' bytes count as ``h2d_rows``/``h2d_self``), and ``h^0`` holds the halo rows only.
+
 The model is reached through a :class:`LayerOps` adapter (see
 :mod:`hpcgnn.engine.fullgraph`).
 """
@@ -38,7 +42,7 @@ import torch
 from hpcgnn.comm.halo import HaloProvider
 from hpcgnn.engine.chunk_schedule import (Chunk, TransferPlan, Volumes, build_transfer_plan, choose_schedule,
                                           make_chunks, schedule_volumes)
-from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter, host_empty, host_zeros
+from hpcgnn.engine.transfer import DeviceMemoryMeter, Loaded, RowMover, TransferCounter, host_empty, host_zeros
 from hpcgnn.errors import InputError
 
 
@@ -126,12 +130,14 @@ class OffloadEngine:
     ``x0`` is the host tensor of input features of every local vertex (solid
     then halo, [num_local, F]); the engine owns host buffers for every later
     layer. ``halo`` (the rank's :class:`~hpcgnn.comm.halo.HaloProvider`) may be None on a single rank.
+    ``features``: the rank's :class:`~hpcgnn.store.base.FeatureStore` of the solid rows (layer 0's
+    solid rows are then read through it and only x0's halo rows are kept), or None.
     """
 
     def __init__(self, ops: LayerOps, indptr: np.ndarray, local_indices: np.ndarray, num_solid: int,
                  num_local: int, x0: torch.Tensor, halo: HaloProvider | None, device,
                  settings: OffloadSettings, counter: TransferCounter | None = None,
-                 meter: DeviceMemoryMeter | None = None):
+                 meter: DeviceMemoryMeter | None = None, features=None):
         from hpcgnn.sampling.block import Block
 
         if num_solid < 1:
@@ -163,6 +169,9 @@ class OffloadEngine:
         self.modes = resolve_modes(ops, settings.recompute)
         if x0.shape[0] != self.num_local:
             raise ValueError(f"x0 has {x0.shape[0]} rows, expected {self.num_local} local vertices")
+        self.features = features
+        if features is not None:        # h^0: the halo rows (the solid ones are the store's)
+            x0 = x0[self.num_solid:].clone() if not self.pin else x0[self.num_solid:]
         self.h: list[torch.Tensor | None] = [x0.pin_memory() if self.pin else x0] + [None] * ops.num_layers
         self.agg: list[torch.Tensor | None] = [None] * ops.num_layers
         self._slot_tensors = [[torch.from_numpy(s).to(self.device) for s in u.chunk_slots]
@@ -208,9 +217,26 @@ class OffloadEngine:
         return host_empty((rows,) + tuple(like.shape[1:]), like.dtype, self.pin)
 
 
+    def _load_rows(self, l: int, rows: np.ndarray, kind: str) -> Loaded:
+        """Start loading layer ``l``'s input rows ``rows`` (local ids) to the device: from
+        ``h^l``, or for layer 0 with a feature store the solid rows through it (only its misses'
+        bytes count as ``kind``) and the halo rows from ``h^0``."""
+        if l > 0 or self.features is None:
+            return self.mover.load_rows(self.h[l], rows, kind)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        c = self.features.counters["feature"]
+        before = c.h2d_bytes
+        out = self.features.gather(torch.from_numpy(rows))      # halo ids give zero rows
+        self.counter.add_h2d(kind, c.h2d_bytes - before)
+        halo = np.flatnonzero(rows >= self.num_solid)
+        if halo.size:
+            got = self.mover.load_rows(self.h[0], rows[halo] - self.num_solid, kind).get()
+            out.index_copy_(0, torch.from_numpy(halo).to(self.device), got)
+        return Loaded(out, None)
+
     def _count_nodedup(self, x: torch.Tensor, grads: bool = False) -> None:
         """Bytes of one pass over every chunk's whole source set (what no deduplication moves)."""
-        nbytes = sum(c.num_src for c in self.chunks) * x[0:1].nbytes
+        nbytes = sum(c.num_src for c in self.chunks) * int(np.prod(x.shape[1:])) * x.element_size()
         if grads:
             self.counter.d2h_grad_nodedup += nbytes
         else:
@@ -239,7 +265,7 @@ class OffloadEngine:
                           device=self.device)
         self.meter.hold(buf.nbytes)
         self._count_nodedup(x_host)
-        pending = self.mover.load_rows(x_host, units[0].vertices[units[0].enter], "rows") if units else None
+        pending = self._load_rows(l, units[0].vertices[units[0].enter], "rows") if units else None
         for ui, unit in enumerate(units):
             rows = pending.get()
             self.meter.hold(rows.nbytes)
@@ -247,7 +273,7 @@ class OffloadEngine:
             self.meter.release(rows.nbytes)
             if ui + 1 < len(units):  # prefetch the next batch's new rows while this one computes
                 nxt = units[ui + 1]
-                pending = self.mover.load_rows(x_host, nxt.vertices[nxt.enter], "rows")
+                pending = self._load_rows(l, nxt.vertices[nxt.enter], "rows")
             for k, (c, slots) in enumerate(zip(unit.chunks, self._slot_tensors[ui])):
                 chunk = self.chunks[c]
                 with self.meter.scope(), torch.no_grad():
@@ -304,7 +330,7 @@ class OffloadEngine:
         pending = None
         if recompute and order:
             u0 = units[order[0]]
-            pending = self.mover.load_rows(x_host, u0.vertices[u0.leave], "rows")
+            pending = self._load_rows(l, u0.vertices[u0.leave], "rows")
         for k, ui in enumerate(order):
             unit = units[ui]
             entering = torch.from_numpy(unit.slots[unit.leave]).to(self.device)
@@ -315,7 +341,7 @@ class OffloadEngine:
                 self.meter.release(rows.nbytes)
                 if k + 1 < len(order):
                     nxt = units[order[k + 1]]
-                    pending = self.mover.load_rows(x_host, nxt.vertices[nxt.leave], "rows")
+                    pending = self._load_rows(l, nxt.vertices[nxt.leave], "rows")
             if need_src:
                 gbuf.index_fill_(0, entering, 0.0)
             for k in reversed(range(len(unit.chunks))):
@@ -360,7 +386,9 @@ class OffloadEngine:
             a.requires_grad_(True)
             x_dst = None
             if self.ops.update_needs_dst(l):
-                x_dst = self.mover.load_range(self.h[l], chunk.dst_begin, chunk.dst_end, "self").get()
+                x_dst = (self._load_rows(l, np.arange(chunk.dst_begin, chunk.dst_end), "self") if l == 0
+                         and self.features is not None else
+                         self.mover.load_range(self.h[l], chunk.dst_begin, chunk.dst_end, "self")).get()
                 x_dst.requires_grad_(need_src)
             self.meter.track(a, x_dst)
             out = self.ops.update(l, block, x_dst, a, ctx)

@@ -7,8 +7,13 @@ partition is read, and the graph file the store names is not needed): O(V + E) i
 the propagation matrix with self loops and its transpose. Vertex data: full rows (features,
 labels, masks) of its own ``~V/P`` vertices (read from whichever partition files hold them)
 and, during the epoch, ``[V, C/P]`` column slices of the propagated embedding: O(V D / P),
-never O(V D). Rank ``r`` re-hashes partition file ``r`` when ``data.verify``; every file read
-must carry the store's content hash.
+never O(V D). Every partition file is opened through
+:func:`hpcgnn.partition.store.open_partition_file` (content hash and solid range checked; rank
+``r`` re-hashes file ``r`` when ``data.verify``). The feature rows of the rank's vertices are
+held by a feature store (:func:`hpcgnn.store.rank.full_pass_features`, ``store.device_memory``:
+host-only, tiered or device-only; docs/store.md) and gathered through it at every forward
+(training and evaluation), so per-epoch counters ``store_*`` say how many rows the device tier
+served; every layout gives the same rows, so the same losses.
 
 **One decoupled epoch** (:class:`~hpcgnn.nn.decoupled.DecoupledModel`): the MLP on the rank's
 vertex rows -> one **split** all-to-all to the feature layout
@@ -55,7 +60,6 @@ columns x rounds of the forward). Checkpoints and ``--resume`` through the share
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,94 +70,7 @@ from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
 from hpcgnn.nn.decoupled import edge_dot, sum_adjoint
-
-SPLITS = ("train", "val", "test")
-
-
-# ---- reading the store -----------------------------------------------------------------------
-def _part_path(store, p: int) -> Path:
-    from hpcgnn.partition.store import part_file_name
-
-    return Path(store) / part_file_name(p)
-
-
-def _open_part(store, meta, p: int):
-    from hpcgnn.fileio import open_h5
-    from hpcgnn.partition.store import PART_FORMAT
-
-    f = open_h5(_part_path(store, p), PART_FORMAT)
-    ch = f.attrs.get("content_hash")
-    ch = ch.decode() if isinstance(ch, bytes) else ch
-    if ch != meta.content_hash:
-        f.close()
-        raise InputError(f"{_part_path(store, p)}: content_hash does not match meta.h5; the store mixes "
-                         "two partitionings")
-    return f
-
-
-def read_topology(store, meta, verify_part: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The global in-edge CSR ``(indptr [V+1], indices [E])`` (int64) from every partition file's
-    ``indptr``/``indices``; ``verify_part``: re-hash that partition file against its part_hash."""
-    from hpcgnn.partition.store import PART_DATASETS, datasets_digest
-
-    v, k = meta.num_nodes, meta.num_parts
-    sizes = []
-    for p in range(k):
-        with _open_part(store, meta, p) as f:
-            sizes.append(int(f["indices"].shape[0]))
-            if p == verify_part:
-                want = f.attrs.get("part_hash")
-                want = want.decode() if isinstance(want, bytes) else want
-                if datasets_digest(f, PART_DATASETS) != want:
-                    raise InputError(f"{_part_path(store, p)}: data does not match its part_hash "
-                                     "(file modified or corrupt)")
-    indptr = np.zeros(v + 1, dtype=np.int64)
-    indices = np.empty(sum(sizes), dtype=np.int64)
-    off = 0
-    for p in range(k):
-        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
-        with _open_part(store, meta, p) as f:
-            ip = np.asarray(f["indptr"][()], dtype=np.int64)
-            if ip.shape != (e - b + 1,) or ip[-1] != sizes[p]:
-                raise InputError(f"{_part_path(store, p)}: indptr does not match its solid range / indices")
-            indptr[b + 1:e + 1] = ip[1:] + off
-            if sizes[p]:
-                f["indices"].read_direct(indices, dest_sel=np.s_[off:off + sizes[p]])
-            off += sizes[p]
-    if indices.size and (indices.min() < 0 or indices.max() >= v):
-        raise InputError(f"{store}: an edge source is outside [0, {v})")
-    return indptr, indices
-
-
-def read_vertex_rows(store, meta, ids: np.ndarray, block_bytes: int = 64 << 20) -> dict:
-    """Features, labels and split masks of the vertices ``ids`` (global, any order), in that
-    order, read from the partition files that hold them (row blocks of ``block_bytes``)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    n, nf = int(ids.shape[0]), int(meta.num_features)
-    feats = np.empty((n, nf), dtype=np.float32)
-    labels = np.empty(n, dtype=np.int64)
-    masks = {s: np.zeros(n, dtype=bool) for s in SPLITS}
-    order = np.argsort(ids, kind="stable")
-    sids = ids[order]
-    step = max(1, block_bytes // max(1, nf * 4))
-    for p in range(meta.num_parts):
-        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
-        lo, hi = np.searchsorted(sids, [b, e])
-        if lo == hi:
-            continue
-        sel, loc = order[lo:hi], sids[lo:hi] - b
-        r0, r1 = int(loc[0]), int(loc[-1]) + 1
-        with _open_part(store, meta, p) as f:
-            for s in range(r0, r1, step):
-                t = min(s + step, r1)
-                i0, i1 = np.searchsorted(loc, [s, t])
-                if i0 < i1:
-                    block = np.asarray(f["features"][s:t], dtype=np.float32)
-                    feats[sel[i0:i1]] = block[loc[i0:i1] - s]
-            labels[sel] = np.asarray(f["labels"][r0:r1], dtype=np.int64)[loc - r0]
-            for s in SPLITS:
-                masks[s][sel] = np.asarray(f[f"{s}_mask"][r0:r1], dtype=bool)[loc - r0]
-    return {"features": feats, "labels": labels, "masks": masks}
+from hpcgnn.partition.store import read_store_topology, read_vertex_rows
 
 
 # ---- the tensor-parallel aggregation (split, k rounds, gather) as one autograd Function --------
@@ -645,8 +562,11 @@ class TensorEngine(Engine):
 
     def __init__(self, cfg, rt, out, hooks: TrainHooks | None = None):
         from hpcgnn.engine.chunk_schedule import chunk_bounds
-        from hpcgnn.engine.common import (GradientAllreduce, PhaseTimer, allreduce_sum, broadcast_parameters,
-                                          build_optimizer, resolve_device, seed_torch)
+        from hpcgnn.comm.allreduce import GradientAllreduce, allreduce_sum
+        from hpcgnn.engine.device import resolve_device
+        from hpcgnn.engine.model import broadcast_parameters, build_optimizer
+        from hpcgnn.run.timer import PhaseTimer
+        from hpcgnn.seeding import seed_torch
         from hpcgnn.nn.decoupled import PROPAGATIONS, CoupledModel, DecoupledModel, Propagation
 
         self.cfg, self.rt, self.out = cfg, rt, out
@@ -670,10 +590,14 @@ class TensorEngine(Engine):
         chunks = int(rt.comm.allreduce(chunks, op=MPI.MAX))
         error = None
         try:
-            indptr, indices = read_topology(store, meta, rt.rank if cfg.data.verify else None)
+            indptr, indices = read_store_topology(store, meta, rt.rank if cfg.data.verify else None)
             bounds = chunk_bounds(indptr, chunks)
             layout = TPLayout.build(indptr, indices, bounds, rt.size, rt.rank)
             data = read_vertex_rows(store, meta, layout.own_ids)
+            from hpcgnn.store.rank import full_pass_features
+
+            features = full_pass_features(cfg.store.device_memory, data["features"],
+                                          np.diff(indptr)[layout.own_ids], device)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
@@ -692,7 +616,8 @@ class TensorEngine(Engine):
         self.k = t.k or cfg.model.layers
         self.c = t.gamma * (1.0 - t.alpha)
         self.alpha = t.alpha
-        self.x = torch.from_numpy(data["features"]).to(device)
+        self.features = features      # the rank's rows of X, read through :attr:`x` per forward
+        self._own_rows = torch.arange(layout.num_own, dtype=torch.int64)
         self.labels = torch.from_numpy(data["labels"]).to(device)
         self.masks = {s: torch.from_numpy(m).to(device) for s, m in data["masks"].items()}
         m = cfg.model
@@ -732,7 +657,7 @@ class TensorEngine(Engine):
             print(f"hpcgnn: tensor.chunks = auto: {layout.num_chunks} chunk(s); estimated device working set "
                   f"{fmt_bytes(nn_b + chunk_b)} (NN layers {fmt_bytes(nn_b)}, one chunk {fmt_bytes(chunk_b)}) "
                   f"within {budget}", flush=True)
-        out.set_attrs(tensor_mode=self.mode, tensor_propagation=self.kind, tensor_k=self.k,
+        out.set_attrs(store_mode=features.name, tensor_mode=self.mode, tensor_propagation=self.kind, tensor_k=self.k,
                       tensor_chunks=layout.num_chunks, tensor_vertex_rows=sizes, **device_attrs,
                       tensor_columns=[int(x) for x in np.diff(column_bounds(meta.num_classes, rt.size))],
                       tensor_topology="indptr/indices of every partition file (whole graph on every rank)",
@@ -762,13 +687,20 @@ class TensorEngine(Engine):
         return int(t.chunks)
 
     # ---- forward -------------------------------------------------------------------------------
+    @property
+    def x(self) -> torch.Tensor:
+        """Input feature rows [n_own, F] of the rank's vertices, gathered through the feature
+        store (counted in its counters)."""
+        return self.features.gather(self._own_rows)
+
     def logits(self) -> torch.Tensor:
         """Vertex-layout output rows [n_i, C] of the rank's vertices (autograd when enabled)."""
         from hpcgnn.nn.decoupled import DecoupledModel
 
         model, run = self.model, self.run
+        x = self.x
         if isinstance(model, DecoupledModel):
-            h = model.mlp(self.x)
+            h = model.mlp(x)
             weight = None
             if self.kind == "attention":
                 el, er = model.scores(h)
@@ -776,7 +708,7 @@ class TensorEngine(Engine):
                 both = AllgatherRows.apply(torch.stack([el, er], 1).cpu(), self.tp)
                 weight = self.prop.attention(both[:, 0], both[:, 1])
             return TPPropagate.apply(h, weight, run, self.k, self.c, self.alpha)
-        h = self.x
+        h = x
         for l in range(model.num_layers):
             h = model.pre(l, h)
             h = TPPropagate.apply(h, None, run, 1, 1.0, 0.0)
@@ -784,11 +716,12 @@ class TensorEngine(Engine):
         return h
 
     def train_epoch(self, epoch: int) -> EpochResult:
-        from hpcgnn.engine.common import allreduce_sum
+        from hpcgnn.comm.allreduce import allreduce_sum
 
         timer = self.timer
         self.stats.reset()
         self.run.reset()
+        self.features.reset_counters()
         if self.stage is not None:
             self.stage.counter.reset()
             self.stage.meter.reset()
@@ -832,7 +765,7 @@ class TensorEngine(Engine):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        from hpcgnn.engine.common import accuracy_metrics, split_counts
+        from hpcgnn.engine.metrics import accuracy_metrics, split_counts
 
         self.tp.stats, self.run.record = self.eval_stats, False
         try:
@@ -844,6 +777,7 @@ class TensorEngine(Engine):
 
     def finish_epoch(self, result: EpochResult) -> None:
         result.counters["eval_bytes"] = float(sum(self.eval_stats.bytes.values()))
+        result.counters.update(self.features.counters.as_dict())    # training and evaluation reads
         self.eval_stats.reset()
 
 

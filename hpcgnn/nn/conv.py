@@ -11,8 +11,16 @@ many more sources than destinations (:meth:`SAGEConv.projects_first`).
 Layers whose aggregation is linear and parameter-free (SAGE, GCN: ``cacheable``) also expose
 the split that host-offloaded training (:mod:`hpcgnn.engine.offload`) caches and recomputes
 around: ``forward(block, h) == update(aggregate(block, h), h[:num_dst])``, with
-``aggregate_adjoint`` the transpose of ``aggregate``. GCN's normalisation is
-:func:`gcn_norm` of the full graph's degrees.
+``aggregate_adjoint`` the transpose of ``aggregate``.
+
+**GCN normalisation** (one definition, :func:`gcn_norm`, used by training, evaluation and
+inference): a GCN layer scales by ``(degree + 1)^-1/2`` (the ``+ 1`` is the self loop) the degrees
+of the graph the layer runs on: a sampled block's own degrees in minibatch training
+(:func:`gcn_block_norm`: source out-degree, destination in-degree in the block, DGL's
+``GraphConv(norm="both")`` on a block), and the whole graph's in full-neighbour evaluation,
+inference and full-graph training, whose block is the whole graph (the graph is symmetric, so
+in- = out-degree = the partition's ``local_degree()``; a destination chunk or a partition is a
+piece of that block, not a block of its own). docs/engines.md has the measured alternative.
 """
 from __future__ import annotations
 
@@ -141,18 +149,19 @@ class SAGEConv(nn.Module):
 
 
 def gcn_norm(degree) -> torch.Tensor:
-    """GCN's symmetric normalisation with self loops: ``(degree + 1)^-1/2`` (float32) of every
-    vertex's full-graph degree (numpy or torch integers), used as both source and destination
-    scale so that a block, chunk or partition computes what the whole graph computes."""
+    """The GCN scale of vertices of ``degree`` (numpy or torch integers) in the graph a layer runs
+    on: ``(degree + 1)^-1/2``, float32 (rounded once from float64), on ``degree``'s device. The
+    only place the normalisation is computed (see the module docstring)."""
     d = torch.as_tensor(degree).to(torch.float64)
     return (d + 1.0).rsqrt().to(torch.float32)
 
 
-def gcn_default_scales(block, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-local GCN scales: ``(outdeg_block(u) + 1)^-1/2`` [num_src], ``(indeg_block(v) + 1)^-1/2`` [num_dst]."""
-    out_deg = torch.bincount(block.indices, minlength=block.num_src).to(dtype)
-    in_deg = (block.indptr[1:] - block.indptr[:-1]).to(dtype)
-    return (out_deg + 1).rsqrt(), (in_deg + 1).rsqrt()
+def gcn_block_norm(block) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's own GCN scales (minibatch training, sampled evaluation): :func:`gcn_norm` of
+    every source's out-degree in the block [num_src] and every destination's in-degree
+    [num_dst]. On the whole graph's block these are :func:`gcn_norm` of the full degrees."""
+    out_deg = torch.bincount(block.indices, minlength=block.num_src)
+    return gcn_norm(out_deg), gcn_norm(block.in_degree())
 
 
 class GCNConv(nn.Module):
@@ -163,8 +172,8 @@ class GCNConv(nn.Module):
     With ``src_scale = dst_scale = (deg + 1)^-1/2`` of the full graph's degrees this is
     ``D~^-1/2 (A + I) D~^-1/2 H W + b``. ``forward(block, h, src_scale, dst_scale)`` takes the
     scales (float [num_src] / [num_dst], constants) from its arguments, else from optional
-    ``block.src_scale`` / ``block.dst_scale`` attributes, else block-local degrees
-    (:func:`gcn_default_scales`; exact only when the block is the whole graph).
+    ``block.src_scale`` / ``block.dst_scale`` attributes, else the block's own degrees
+    (:func:`gcn_block_norm`, the minibatch engine's training; see the module docstring).
     """
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
@@ -178,7 +187,7 @@ class GCNConv(nn.Module):
         src_scale = src_scale if src_scale is not None else getattr(block, "src_scale", None)
         dst_scale = dst_scale if dst_scale is not None else getattr(block, "dst_scale", None)
         if src_scale is None or dst_scale is None:
-            d_src, d_dst = gcn_default_scales(block, h.dtype)
+            d_src, d_dst = gcn_block_norm(block)
             src_scale = d_src if src_scale is None else src_scale
             dst_scale = d_dst if dst_scale is None else dst_scale
         if tuple(src_scale.shape) != (block.num_src,) or tuple(dst_scale.shape) != (block.num_dst,):

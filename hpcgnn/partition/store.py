@@ -1,14 +1,20 @@
-"""The partition store: one HDF5 file per partition plus ``meta.h5`` (docs/formats.md).
+"""The *partition store*: the on-disk HDF5 partition files (``data.partitions``), one file per
+partition plus ``meta.h5`` (docs/formats.md). Not to be confused with the in-memory *vertex data
+store* of a rank (:mod:`hpcgnn.store`: feature store and graph store, docs/store.md), which the
+engines fill from these files and read through.
 
-Readers only; :mod:`hpcgnn.partition.writer` writes the store. A rank loads
-its own partition with :func:`load_partition` and never needs a V-sized array:
-ownership is a range lookup in ``part_offsets``.
+Readers only; :mod:`hpcgnn.partition.writer` writes the store. Every reader opens a partition
+file through :func:`open_partition_file` (the one place that checks a file belongs to the store
+and, when asked, re-hashes it). A rank loads its own partition with :func:`load_partition` and
+never needs a V-sized array: ownership is a range lookup in ``part_offsets``. The tensor engine
+reads slices of every file instead (:func:`read_store_topology`, :func:`read_vertex_rows`).
 
 Local numbering (derived here, not stored): solid vertices ``0..n_solid-1``
 (global ``solid_begin + i``), then halo vertices in ``halo_ids`` order.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -200,11 +206,13 @@ class Partition:
         return np.concatenate([self.degree, self.halo_degree])
 
 
-def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
-                   verify: bool = True) -> Partition:
-    """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``)."""
+@contextlib.contextmanager
+def open_partition_file(directory: str | os.PathLike, part_id: int, meta: PartitionMeta, verify: bool = False):
+    """Partition file ``part_id`` of the store in ``directory``, open (h5py.File, closed on exit),
+    after checking it belongs to the store (content hash, solid range) and, with ``verify``, that
+    its data still matches its part_hash. InputError otherwise. The one opener of partition
+    files: :func:`load_partition` reads a whole file through it, the slice readers parts of it."""
     d = Path(directory)
-    meta = meta or read_meta(d)
     if not 0 <= part_id < meta.num_parts:
         raise InputError(f"{d}: partition {part_id} requested, the store has {meta.num_parts}")
     path = d / part_file_name(part_id)
@@ -220,6 +228,15 @@ def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMe
         b, e = int(_attr(f, "solid_begin")), int(_attr(f, "solid_end"))
         if (b, e) != (int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])):
             raise InputError(f"{path}: solid range [{b}, {e}) disagrees with meta.h5 part_offsets")
+        yield f
+
+
+def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
+                   verify: bool = True) -> Partition:
+    """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``)."""
+    meta = meta or read_meta(directory)
+    with open_partition_file(directory, part_id, meta, verify) as f:
+        b, e = int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])
         n, k = e - b, meta.num_parts
         arrays = dict(
             indptr=read_dataset(f, "indptr", np.int64, (n + 1,)),
@@ -237,5 +254,68 @@ def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMe
             send_ids=read_dataset(f, "send_ids", np.int64, (None,)),
         )
         return Partition(part_id=part_id, num_parts=k, solid_begin=b, solid_end=e,
-                         num_classes=meta.num_classes, content_hash=ch,
+                         num_classes=meta.num_classes, content_hash=meta.content_hash,
                          part_hash=str(_attr(f, "part_hash")), **arrays)
+
+
+SPLITS = ("train", "val", "test")
+
+
+def read_store_topology(directory, meta: PartitionMeta, verify_part: int | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """The global in-edge CSR ``(indptr [V+1], indices [E])`` (int64) from every partition file's
+    ``indptr``/``indices`` (each file holds its contiguous global-ID range; no other dataset is
+    read); ``verify_part``: re-hash that partition file against its part_hash."""
+    v, k = meta.num_nodes, meta.num_parts
+    sizes = []
+    for p in range(k):
+        with open_partition_file(directory, p, meta, verify=p == verify_part) as f:
+            sizes.append(int(f["indices"].shape[0]))
+    indptr = np.zeros(v + 1, dtype=np.int64)
+    indices = np.empty(sum(sizes), dtype=np.int64)
+    off = 0
+    for p in range(k):
+        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
+        with open_partition_file(directory, p, meta) as f:
+            ip = np.asarray(f["indptr"][()], dtype=np.int64)
+            if ip.shape != (e - b + 1,) or ip[-1] != sizes[p]:
+                raise InputError(f"{f.filename}: indptr does not match its solid range / indices")
+            indptr[b + 1:e + 1] = ip[1:] + off
+            if sizes[p]:
+                f["indices"].read_direct(indices, dest_sel=np.s_[off:off + sizes[p]])
+            off += sizes[p]
+    if indices.size and (indices.min() < 0 or indices.max() >= v):
+        raise InputError(f"{directory}: an edge source is outside [0, {v})")
+    return indptr, indices
+
+
+def read_vertex_rows(directory, meta: PartitionMeta, ids: np.ndarray, block_bytes: int = 64 << 20) -> dict:
+    """Features, labels and split masks of the vertices ``ids`` (global, any order), in that
+    order, read from the partition files that hold them (row blocks of ``block_bytes``, so no
+    whole feature matrix is loaded)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n, nf = int(ids.shape[0]), int(meta.num_features)
+    feats = np.empty((n, nf), dtype=np.float32)
+    labels = np.empty(n, dtype=np.int64)
+    masks = {s: np.zeros(n, dtype=bool) for s in SPLITS}
+    order = np.argsort(ids, kind="stable")
+    sids = ids[order]
+    step = max(1, block_bytes // max(1, nf * 4))
+    for p in range(meta.num_parts):
+        b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
+        lo, hi = np.searchsorted(sids, [b, e])
+        if lo == hi:
+            continue
+        sel, loc = order[lo:hi], sids[lo:hi] - b
+        r0, r1 = int(loc[0]), int(loc[-1]) + 1
+        with open_partition_file(directory, p, meta) as f:
+            for s in range(r0, r1, step):
+                t = min(s + step, r1)
+                i0, i1 = np.searchsorted(loc, [s, t])
+                if i0 < i1:
+                    block = np.asarray(f["features"][s:t], dtype=np.float32)
+                    feats[sel[i0:i1]] = block[loc[i0:i1] - s]
+            labels[sel] = np.asarray(f["labels"][r0:r1], dtype=np.int64)[loc - r0]
+            for s in SPLITS:
+                masks[s][sel] = np.asarray(f[f"{s}_mask"][r0:r1], dtype=bool)[loc - r0]
+    return {"features": feats, "labels": labels, "masks": masks}

@@ -1,9 +1,11 @@
 """Per-candidate predictions: each rank's peak host and device memory, bytes sent per epoch and
 the epoch time from a cost model with a machine's :class:`~hpcgnn.plan.calibrate.Calibration`.
 
-Memory is the project's pre-run estimate (:func:`hpcgnn.engine.estimate.estimate_rank_memory`,
-every engine's ``memory_terms``) with the calibrated ``baseline``; on a CUDA device the terms
-are split into what lives on the GPU and what stays in host memory (:func:`device_split`).
+Memory comes from the project's one estimator, :mod:`hpcgnn.engine.estimate` (the figures
+``hpcgnn train``'s pre-run check refuses by): :func:`~hpcgnn.engine.estimate.estimate_rank_memory`
+(every engine's ``memory_terms``) with the calibrated ``baseline``, on a CUDA device split into
+what lives on the GPU and what stays in host memory
+(:func:`~hpcgnn.engine.estimate.host_device_peak`); this module adds them up per node.
 
 Time (seconds per training epoch, evaluation not included) is the slowest rank's sum of
 
@@ -30,13 +32,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hpcgnn.engine.estimate import F32, I64, SAVED_PER_LAYER, _distinct, _widths
+from hpcgnn.engine.estimate import F32, I64, SAVED_PER_LAYER, expected_distinct, layer_widths
 
 # small torch operations per layer per chunk (offload) / per layer per iteration (minibatch) /
 # per layer per epoch (full graph), forward and backward together: counted from the engines'
 # code paths, used only with the calibrated per-op overhead
 OPS_PER_LAYER = 60
-CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
 
 
 @dataclass
@@ -74,7 +75,7 @@ def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
     imbalance). Cut edges per rank follow the random-partition scaling of the store's cut
     fraction c(N) = c(P) (1 - 1/N) / (1 - 1/P) (with P = 1: 1 - 1/N, an upper bound), and halo
     vertices = cut edges x the store's distinct-halo-per-cut-edge ratio (random model
-    :func:`_distinct` when the store has no cut). ``file_bytes`` keeps the store's bytes per
+    :func:`~hpcgnn.engine.estimate.expected_distinct` when the store has no cut). ``file_bytes`` keeps the store's bytes per
     solid vertex, edge and halo vertex. Exact when ``ranks == meta.num_parts``."""
     p = meta.num_parts
     if ranks == p:
@@ -96,7 +97,7 @@ def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
         ratio = nh.sum() / (cut_frac_p * e)
         nh_n = min(v - ns_n, cut_rank * ratio)
     else:
-        nh_n = _distinct(v - ns_n, cut_rank)
+        nh_n = expected_distinct(v - ns_n, cut_rank)
     s = {"num_solid": int(ns_n), "num_halo": int(nh_n), "num_edges": int(ne_n),
          "num_train": int(math.ceil(train / ranks * imb_v)),
          "file_bytes": int(per_solid * ns_n + 8 * ne_n + 24 * nh_n), "cut_frac": float(cut_frac)}
@@ -112,46 +113,15 @@ def plan_meta(meta, ranks: int):
 
 # ---- memory ----------------------------------------------------------------------------------
 
-def model_host_bytes(est, ranks: int) -> int:
-    """The model's bytes that stay in host memory when it trains on a GPU: the gradient
-    allreduce's flat float32 buffer and, on more than one rank, its transient host copy
-    (:func:`hpcgnn.engine.estimate.allreduce_step_bytes`)."""
-    return int(est.params * F32 * (2 if ranks > 1 else 1))
-
-
-def device_split(cfg, meta, s: dict, est, ranks: int | None = None) -> int:
-    """Bytes of ``est`` on the GPU when ``train.device`` is CUDA, without the CUDA context: the
-    minibatch engine keeps its partition's features, HECs, activations and the model
-    (parameters, gradients, Adam's moments and step) there; full graph in memory the partition,
-    its activations and the model; offloaded only one batch of chunks
-    (:func:`hpcgnn.engine.estimate.offload_batch_bytes`), the chunks' topology and the model.
-    Host memory keeps the rest, the partition as loaded and :func:`model_host_bytes` (``ranks``:
-    the job's, default the store's)."""
-    t = est.terms
-    host_model = model_host_bytes(est, meta.num_parts if ranks is None else ranks)
-    if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
-        from hpcgnn.engine.estimate import offload_batch_bytes
-
-        model = t.get("model_state", 0) + t.get("optimizer_step", 0) - host_model
-        return int(t.get("chunks", 0) + offload_batch_bytes(cfg, meta, s) + max(model, 0))
-    return int(max(sum(v for k, v in t.items() if k != "baseline") - host_model, 0))
-
-
 def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) -> None:
     """Fill ``pred``'s memory fields: the largest rank's peak and terms, the fullest node."""
-    from hpcgnn.engine.estimate import estimate_rank_memory
+    from hpcgnn.engine.estimate import estimate_rank_memory, host_device_peak
 
     pm = plan_meta(meta, topo.ranks)
     hosts, devs, ests = [], [], []
     for r, s in enumerate(shapes):
         est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s)
-        host, dev = est.total, 0
-        if topo.device == "cuda":
-            on_dev = device_split(cfg, meta, s, est, topo.ranks)
-            offloaded = cfg.train.engine == "fullgraph" and cfg.fullgraph.offload
-            host = est.total if offloaded else \
-                est.terms["baseline"] + est.terms.get("partition", 0) + model_host_bytes(est, topo.ranks)
-            dev = on_dev + CUDA_CONTEXT
+        host, dev = host_device_peak(cfg, meta, s, est, topo.ranks, topo.device)
         hosts.append(int(host))
         devs.append(int(dev))
         ests.append(est)
@@ -251,7 +221,7 @@ def _allreduce(c: _Cost, cfg, widths, ranks: int, times: float = 1) -> None:
 
 def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     """One rank of the exact full-graph engine, in memory or offloaded in k chunks."""
-    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    widths = layer_widths(cfg, meta.num_features, meta.num_classes)
     layers = cfg.model.layers
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
     nl = ns + nh
@@ -275,7 +245,7 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     if fg.offload:
         k = max(fg.chunks, 1)
         recompute = fg.recompute == "recompute" or (fg.recompute == "auto" and cfg.model.arch == "gat")
-        rows = k * _distinct(nl, ne / k) if k > 1 else nl       # source rows moved per layer
+        rows = k * expected_distinct(nl, ne / k) if k > 1 else nl       # source rows moved per layer
         for l in range(layers):
             w_in, w_out = widths[l], widths[l + 1]
             aw, _ = _agg_width(cfg.model.arch, w_in, w_out)
@@ -299,7 +269,7 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
 def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     """One rank of the DistGNN-MB engine: iterations of sampled minibatches; HEC + AEP pushes,
     or the exact halo fetched synchronously each iteration."""
-    widths = _widths(cfg, meta.num_features, meta.num_classes)
+    widths = layer_widths(cfg, meta.num_features, meta.num_classes)
     layers = cfg.model.layers
     mb = cfg.minibatch
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
@@ -319,7 +289,7 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     for fan in reversed(list(mb.fanouts)):
         f = avg if fan < 0 else min(fan, avg)
         fans.append(f)
-        new = (pool - rows[-1]) / pool * _distinct(pool, grow[-1] * f)
+        new = (pool - rows[-1]) / pool * expected_distinct(pool, grow[-1] * f)
         rows.append(min(pool, rows[-1] + new))
         grow.append(rows[-1] if exact else grow[-1] + new * (1 - cut))
     # rows[l] = input rows of layer l; grow[l] = those with sampled neighbours

@@ -178,7 +178,7 @@ def _toml_key(k: str) -> str:
 def recommended_toml(config, overrides, store, row: Row, header: list[str]) -> str:
     """The user's configuration (its file, then ``--set``) with the candidate's settings and
     ``data.partitions = store``, as TOML text with ``header`` as comments."""
-    from hpcgnn.run.config import _parse_override
+    from hpcgnn.run.config import parse_override
 
     raw: dict = {}
     if config:
@@ -188,7 +188,7 @@ def recommended_toml(config, overrides, store, row: Row, header: list[str]) -> s
             raise InputError(f"{config}: not valid TOML ({exc})") from None
     sets = list(overrides) + [f"{k}={_value(v)}" for k, v in row.candidate.overrides.items()]
     for text in sets:
-        name, value = _parse_override(text)
+        name, value = parse_override(text)
         section, key = name.split(".", 1)
         raw.setdefault(section, {})[key] = value
     raw.setdefault("data", {})["partitions"] = str(store)

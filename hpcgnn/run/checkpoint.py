@@ -166,3 +166,64 @@ def load_model_state(model, state: dict, where, cfg) -> None:
         m = cfg.model
         raise InputError(f"{where}: checkpoint does not fit the run's model (model.arch={m.arch}, "
                          f"layers={m.layers}, hidden={m.hidden}): {detail[:300]}") from None
+
+
+# ---- training state: what the loop saves and restores ---------------------------------------
+
+
+def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        extra: dict | None = None) -> None:
+    """Collective: checkpoint model, optimizer, torch RNG and ``extra`` after ``epoch`` (1-based)."""
+    state = {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "content_hash": out.meta.content_hash,
+        "config": out.cfg.to_json(),
+        "engine": out.engine,
+        "run_id": getattr(out, "run_id", ""),
+        "extra": extra or {},
+    }
+    save_checkpoint(out.run_dir, epoch, state, out.rt, out.cfg.output.keep_checkpoints)
+
+
+def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+                        where, cfg) -> None:
+    """Load a checkpoint's model and optimizer state; a checkpoint that does not fit (another
+    model shape) is an InputError naming ``where``, the model settings and the first mismatch."""
+    load_model_state(model, state["model"], where, cfg)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise InputError(f"{where}: the checkpoint's optimizer state does not fit the model "
+                         f"({' '.join(str(exc).split())[:200]})") from None
+
+
+def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
+    """Collective: on ``--resume`` load the newest checkpoint into model and optimizer.
+
+    Returns (first epoch to run, the checkpoint's ``extra``); (1, {}) when not resuming or when
+    there is no checkpoint yet. Run-file history after the checkpoint's epoch is dropped.
+    """
+    if not out.resume:
+        return 1, {}
+    error, state = None, None
+    try:
+        state = load_latest_checkpoint(out.run_dir, out.meta.content_hash)
+        if state is not None and state.get("engine", out.engine) != out.engine:
+            error = (f"{out.run_dir}: checkpoint was written by engine {state.get('engine')!r}, "
+                     f"config says {out.engine!r}")
+    except InputError as exc:
+        error = str(exc)
+    out.rt.agree(error)
+    epochs = out.rt.comm.allgather(None if state is None else int(state["epoch"]))
+    if len(set(epochs)) != 1:
+        out.rt.agree("ranks see different checkpoints in the run directory "
+                     f"(epochs {epochs}); is it on a shared file system?")
+    if state is None:
+        out.rewind(0)
+        return 1, {}
+    out.rt.agree_on(lambda: load_training_state(model, optimizer, state, out.run_dir, out.cfg))
+    torch.set_rng_state(state["torch_rng"])
+    out.rewind(int(state["epoch"]))
+    return int(state["epoch"]) + 1, state.get("extra", {})

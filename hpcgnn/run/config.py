@@ -110,16 +110,17 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
                             "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
     },
-    "store": {   # the feature/topology store over device and host memory (docs/store.md)
+    "store": {   # the in-memory vertex data store (feature/graph store) of every engine (docs/store.md)
         "device_memory": Key((str, int, float), "auto", _store_budget.HELP,
                              _store_budget.valid_device_memory,
                              "'auto', a fraction in [0, 1] or a size such as '6GiB'"),
-        "hotness": Key(str, "degree", "row ranking: 'degree' (in-degree) or 'presample' (access "
-                       "frequency of pre-sampled minibatches)", choices=("degree", "presample")),
-        "presample": Key(int, 16, "minibatches per pre-sampling pass (the solver runs two: ranking "
-                         "and hit-rate prediction)", positive, "> 0"),
-        "overlap": Key(bool, True, "read the next minibatch's rows on a gather thread (GPU: pinned "
-                       "staging and a side-stream copy) while the current one computes"),
+        "hotness": Key(str, "degree", "row ranking of the minibatch engine: 'degree' (in-degree) or "
+                       "'presample' (access frequency of pre-sampled minibatches); the full-pass engines "
+                       "(fullgraph, tensor) read every row every pass and always place by degree", choices=("degree", "presample")),
+        "presample": Key(int, 16, "minibatches per pre-sampling pass of the minibatch engine (the "
+                         "solver runs two: ranking and hit-rate prediction)", positive, "> 0"),
+        "overlap": Key(bool, True, "minibatch engine: read the next minibatch's rows on a gather "
+                       "thread (GPU: pinned staging and a side-stream copy) while the current one computes"),
     },
 }
 
@@ -186,7 +187,7 @@ def _coerce(where: str, key: Key, value):
     return value
 
 
-def _parse_override(text: str):
+def parse_override(text: str):
     """Parse ``key=value``; the value is TOML (bare words are strings)."""
     if "=" not in text:
         raise InputError(f"--set {text!r}: expected section.key=value")
@@ -211,7 +212,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{p}: not valid TOML ({exc})") from None
     for text in overrides:
-        name, value = _parse_override(text)
+        name, value = parse_override(text)
         if name.count(".") != 1:
             raise InputError(f"--set {name}: expected section.key")
         section, key = name.split(".")

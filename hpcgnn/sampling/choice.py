@@ -7,8 +7,8 @@ import torch
 from hpcgnn.native import sampler as _native
 
 
-def rng_key(*parts: int) -> int:
-    """64-bit key from integers (e.g. ``rng_key(seed, epoch, step, layer, dest)``), splitmix64 chain.
+def sample_key(*parts: int) -> int:
+    """64-bit key from integers (e.g. ``sample_key(seed, epoch, step, layer, dest)``), splitmix64 chain.
 
     Equal parts give equal keys on every machine and thread count; any change of a part
     gives an unrelated key.

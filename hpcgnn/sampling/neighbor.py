@@ -25,7 +25,7 @@ import torch
 from hpcgnn.errors import InputError
 from hpcgnn.native import sampler as _native
 from hpcgnn.sampling.block import Block
-from hpcgnn.sampling.choice import _as_int64_numpy, rng_key
+from hpcgnn.sampling.choice import _as_int64_numpy, sample_key
 
 
 @dataclass(eq=False)
@@ -137,7 +137,7 @@ class NeighborSampler:
 
     def sample(self, seeds, epoch: int = 0, step: int = 0) -> SampledBatch:
         """Sample the blocks of one minibatch; ``seeds`` are distinct local vertex IDs."""
-        return self._run(seeds, self.fanouts, rng_key(self.seed, epoch, step))
+        return self._run(seeds, self.fanouts, sample_key(self.seed, epoch, step))
 
     def full_neighbor_blocks(self, seeds, num_layers: int | None = None) -> SampledBatch:
         """All in-neighbours at every layer (layer-wise inference / evaluation); no randomness."""

@@ -6,7 +6,7 @@ import math
 from hpcgnn.errors import InputError
 from hpcgnn.units import parse_size
 
-HELP = ("device memory for the store per rank: 'auto' (all on the GPU, host-only on the CPU), 0 "
+HELP = ("device memory per rank for the feature store of every engine: 'auto' (all on the GPU, host-only on the CPU), 0 "
         "(host-only), a fraction in (0, 1] of the rank's feature bytes, or a size such as '6GiB'")
 
 

@@ -1,5 +1,11 @@
-"""One rank's store as the minibatch engine uses it: the graph store, the feature store chosen
-by the budget and the placement solver, the HEC placement, the prefetcher and the counters.
+"""One rank's vertex data store (feature store + graph store) as every engine uses it: the
+graph store, the feature store chosen by the budget and the placement solver, the HEC
+placement, the prefetcher and the counters.
+
+The minibatch engine places rows by pre-sampled hotness (:func:`place`); the full-pass engines
+(full-graph in memory and offloaded, tensor; ``sampler=None``) read every row in every layer-0
+pass, so their placement is static: the highest-degree rows fill the budget
+(:func:`full_pass_features`).
 
 ``store.device_memory`` (see :func:`resolve_budget`): ``0`` host-only; a fraction in (0, 1] of
 the rank's feature bytes or a size such as ``"6GiB"``: the placement solver fills that budget
@@ -64,12 +70,35 @@ class RankStore:
 
     @property
     def predicted_hit_rate(self) -> float:
+        """Expected fraction of feature lookups served by the device tier (full passes: the
+        fraction of rows held there, since every row is read equally often)."""
         if self.placement is not None:
             return float(self.placement.predicted["feature_hit_rate"])
-        return 1.0 if self.features.name == "device" else 0.0
+        n = int(self.features.num_rows)
+        return float(self.features.device_rows) / n if n else 0.0
 
     def close(self) -> None:
         self.prefetch.close()
+
+
+def full_pass_features(device_memory, features, degree: np.ndarray, device: torch.device):
+    """Feature store of ``features`` [n, F] for an engine that reads every row in every pass
+    (no hotness to measure): host-only for a zero budget, device-only when every row fits,
+    else tiered with the highest-degree rows (ties: lower id) on the device.
+    ``device_memory``: a ``store.device_memory`` value (:func:`resolve_budget`)."""
+    from hpcgnn.store.device import DeviceFeatureStore
+    from hpcgnn.store.host import HostFeatureStore
+    from hpcgnn.store.hotness import degree_order
+    from hpcgnn.store.tiered import TieredFeatureStore
+
+    row_bytes = int(features.shape[1]) * features.dtype.itemsize
+    budget = resolve_budget(device_memory, int(features.shape[0]) * row_bytes, device.type)
+    if budget == 0:
+        return HostFeatureStore(features, device)
+    rows = int(features.shape[0]) if budget is None else min(int(features.shape[0]), budget // max(1, row_bytes))
+    if rows == int(features.shape[0]):
+        return DeviceFeatureStore(features, device)
+    return TieredFeatureStore(features, np.sort(degree_order(np.asarray(degree))[:rows]), device)
 
 
 def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.device, train_ids: np.ndarray,
@@ -77,7 +106,10 @@ def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.de
                      rank: int, threads: int | None = None) -> RankStore:
     """The rank's store for ``cfg.store`` (not collective; an InputError is the rank's);
     ``threads``: the rank's thread count, split between the gather thread and compute while
-    a gather is in flight (:class:`~hpcgnn.store.prefetch.Prefetcher`)."""
+    a gather is in flight (:class:`~hpcgnn.store.prefetch.Prefetcher`). ``sampler`` None: a
+    full-pass engine (every row read every pass; no HEC, no gather thread): the static
+    placement of :func:`full_pass_features` (``train_ids``, ``batch_size``,
+    ``batches_per_epoch`` unused)."""
     from hpcgnn.store.device import DeviceFeatureStore
     from hpcgnn.store.host import HostFeatureStore
     from hpcgnn.store.tiered import TieredFeatureStore
@@ -88,6 +120,9 @@ def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.de
     feature_bytes = int(feats.shape[0]) * row_bytes
     budget = resolve_budget(st.device_memory, feature_bytes, device.type)
     layers = len(dims)
+    if sampler is None:
+        return RankStore(graph, full_pass_features(st.device_memory, feats, part.degree, device), None,
+                         [False] * layers, device, False, budget, threads)
     hec_bytes = [hec_lines * int(d) * F32 for d in dims] if hec_lines else [0] * layers
     if budget == 0:
         return RankStore(graph, HostFeatureStore(feats, device), None, [False] * layers, device,

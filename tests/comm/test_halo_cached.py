@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcgnn.comm.halo_cached import (TIER_DEVICE, TIER_HOST, TIER_NONE, ReceiverCache, SenderState,
-                                     admission)
+from hpcgnn.cache.halo import TIER_DEVICE, TIER_HOST, TIER_NONE, ReceiverCache, admission
+from hpcgnn.comm.halo_cached import SenderState
 
 
 def test_admission_by_duplication_count_with_tier_budgets():

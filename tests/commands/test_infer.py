@@ -220,8 +220,8 @@ def test_embeddings_and_logits_equal_a_single_process_reference(world):
     """The minibatch SAGE checkpoint run over the whole graph in one block: layer 1 (the
     default embeddings) and the logits; the decoupled tensor run's layer 1 is its MLP's first
     layer, the coupled one's a GCN layer (computed here with numpy)."""
-    from hpcgnn.engine.common import build_model_from_config
-    from hpcgnn.engine.infer import run_config
+    from hpcgnn.engine.model import build_model_from_config
+    from hpcgnn.commands.infer import run_config
     from hpcgnn.run.output import read_run
     from hpcgnn.sampling.block import Block
 

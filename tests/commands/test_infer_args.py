@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpcgnn.engine.infer import resolve_layer, run_config  # noqa: E402
+from hpcgnn.commands.infer import resolve_layer, run_config  # noqa: E402
 from hpcgnn.errors import InputError  # noqa: E402
 
 

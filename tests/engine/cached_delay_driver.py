@@ -9,12 +9,12 @@ driver wraps :class:`hpcgnn.comm.alltoall.PendingCappedExchange` (the point-to-p
 of :class:`~hpcgnn.comm.halo_cached.CachedHalo`) so that, depending on the rank, the epoch and
 the call, posting a message (the sends and receives), driving its progress (``test``) and
 completing its receives (``wait``) sleep first, and ``test`` sometimes returns "not done"
-without driving progress at all. Every call of :meth:`ReceiverCache.assemble` is checked
-against an independent reference: the halo block is the rows received at their positions and,
-for every other row, the last value received for it (which must be a cached row), with the
-ages that follow from the epochs the rows were sent. Writes, from rank 0, per run: the
-losses, a digest of every halo block in call order, the per-layer figures, the number of waits
-that blocked and the seconds slept.
+without driving progress at all. Every call of
+:meth:`~hpcgnn.cache.halo.ReceiverCache.assemble` is checked against an independent reference:
+the halo block is the rows received at their positions and, for every other row, the last value
+received for it (which must be a cached row), with the ages that follow from the epochs the
+rows were sent. Writes, from rank 0, per run: the losses, a digest of every halo block in call
+order, the per-layer figures, the number of waits that blocked and the seconds slept.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcgnn.cache.halo import NEVER, TIER_NONE, ReceiverCache
 from hpcgnn.comm import alltoall
-from hpcgnn.comm.halo_cached import NEVER, TIER_NONE, CacheSettings, CachedHalo, ReceiverCache
-from hpcgnn.engine.common import PhaseTimer
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
 from hpcgnn.nn.models import build_model
 from hpcgnn.partition.store import load_partition, read_meta

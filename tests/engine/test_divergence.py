@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
 
-from hpcgnn.engine.common import GradientAllreduce  # noqa: E402
+from hpcgnn.comm.allreduce import GradientAllreduce  #noqa: E402
 from hpcgnn.engine.loop import require_finite_state  # noqa: E402
 from hpcgnn.errors import InputError, TrainingDiverged  # noqa: E402
 from hpcgnn.run.config import load_config, schema  # noqa: E402

@@ -30,7 +30,7 @@ from mpi4py import MPI
 from hpcgnn.partition.store import read_meta, load_partition
 from hpcgnn.comm.halo import ExactHalo
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
-from hpcgnn.engine.common import PhaseTimer
+from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
 from hpcgnn.nn.models import build_model
 

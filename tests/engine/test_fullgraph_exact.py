@@ -22,7 +22,7 @@ import numpy as np, torch
 from mpi4py import MPI
 from hpcgnn.data.graph import read_graph
 from hpcgnn.partition.store import read_meta, load_partition
-from hpcgnn.engine.common import PhaseTimer
+from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.engine.fullgraph import InMemoryFullGraph, OffloadedFullGraph, build_local_graph
 from hpcgnn.engine.offload import OffloadSettings
 from hpcgnn.nn.models import build_model

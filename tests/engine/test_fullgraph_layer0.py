@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
 
 from toygraph import toy_graph, toy_store  # noqa: E402
 
-from hpcgnn.engine.common import PhaseTimer  # noqa: E402
+from hpcgnn.run.timer import PhaseTimer  #noqa: E402
 from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph  # noqa: E402
 from hpcgnn.engine.offload import ModelLayerOps  # noqa: E402
 from hpcgnn.nn.models import build_model  # noqa: E402

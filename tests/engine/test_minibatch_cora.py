@@ -43,7 +43,8 @@ def runs(cora_parts, tmp_path_factory):
 
 def reference_losses(store: Path, cfg) -> tuple[list[float], str]:
     """Single-process minibatch training following the engine's documented random streams."""
-    from hpcgnn.engine.common import parameter_checksum, rng_key
+    from hpcgnn.engine.model import parameter_checksum
+    from hpcgnn.seeding import stream_seed
     from hpcgnn.nn.models import build_model
     from hpcgnn.partition.store import load_partition
     from hpcgnn.sampling.neighbor import NeighborSampler
@@ -52,8 +53,8 @@ def reference_losses(store: Path, cfg) -> tuple[list[float], str]:
     part = load_partition(store, 0)
     indptr, indices = part.local_csr()
     sampler = NeighborSampler(indptr, indices, part.num_solid, cfg.minibatch.fanouts,
-                              seed=rng_key(seed, 4, 0), num_local=part.num_local)
-    torch.manual_seed(rng_key(seed, -1))
+                              seed=stream_seed(seed, 4, 0), num_local=part.num_local)
+    torch.manual_seed(stream_seed(seed, -1))
     m = cfg.model
     model = build_model(m.arch, part.features.shape[1], m.hidden, part.num_classes, m.layers, m.heads,
                         m.dropout, gat_variant=m.gat_variant)
@@ -63,7 +64,7 @@ def reference_losses(store: Path, cfg) -> tuple[list[float], str]:
     losses = []
     model.train()
     for epoch in range(1, cfg.train.epochs + 1):
-        order = np.random.default_rng(rng_key(seed, 1, epoch, 0)).permutation(train_ids)
+        order = np.random.default_rng(stream_seed(seed, 1, epoch, 0)).permutation(train_ids)
         steps = math.ceil(order.size / cfg.minibatch.batch_size)
         base, extra = divmod(order.size, steps)
         start = 0
@@ -71,7 +72,7 @@ def reference_losses(store: Path, cfg) -> tuple[list[float], str]:
             seeds = order[start:start + base + (k < extra)]
             start += seeds.size
             batch = sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
-            torch.manual_seed(rng_key(seed, 2, epoch, k, 0))
+            torch.manual_seed(stream_seed(seed, 2, epoch, k, 0))
             loss = F.cross_entropy(model(batch.blocks, x[batch.frontiers[0]]), y[batch.seeds])
             opt.zero_grad()
             loss.backward()

@@ -1,4 +1,4 @@
-"""PhaseTimer records the nesting of its phases (hpcgnn/engine/common.py), and the loop hands it
+"""PhaseTimer records the nesting of its phases (hpcgnn/run/timer.py), and the loop hands it
 with every engine timing's declared parent to the run file (hpcgnn/engine/loop.py)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-import hpcgnn.engine.common as common
-from hpcgnn.engine.common import PhaseTimer
+import hpcgnn.run.timer as common
+from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.engine.loop import EpochResult, epoch_timings
 
 

@@ -88,7 +88,7 @@ def _cfg(device):
 
 
 def test_resolve_device_cpu_records_the_choice_on_the_runtime(rt):
-    from hpcgnn.engine.common import resolve_device
+    from hpcgnn.engine.device import resolve_device
 
     rt.device = rt.device_choice = None
     assert resolve_device(_cfg("cpu"), rt) == torch.device("cpu")
@@ -100,7 +100,7 @@ def test_resolve_device_cpu_records_the_choice_on_the_runtime(rt):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_resolve_device_cuda_without_cuda_is_an_input_error(rt):
-    from hpcgnn.engine.common import resolve_device
+    from hpcgnn.engine.device import resolve_device
 
     with pytest.raises(InputError, match="train.device = 'cuda' but torch sees no CUDA device"):
         resolve_device(_cfg("cuda"), rt)
@@ -108,7 +108,7 @@ def test_resolve_device_cuda_without_cuda_is_an_input_error(rt):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_resolve_device_cuda_sets_the_current_device(rt):
-    from hpcgnn.engine.common import resolve_device
+    from hpcgnn.engine.device import resolve_device
 
     dev = resolve_device(_cfg("cuda"), rt)
     assert dev.type == "cuda" and torch.cuda.current_device() == dev.index

@@ -1,4 +1,4 @@
-"""degree_biased_choice (AEP nc cap) and rng_key against a Python reference."""
+"""degree_biased_choice (AEP nc cap) and sample_key against a Python reference."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sampling_reference import combine, mix_key  # noqa: E402
 
-from hpcgnn.sampling.choice import degree_biased_choice, rng_key  # noqa: E402
+from hpcgnn.sampling.choice import degree_biased_choice, sample_key  # noqa: E402
 
 
 def reference_choice(cand, deg, max_count, key, max_degree):
@@ -28,16 +28,16 @@ def reference_choice(cand, deg, max_count, key, max_degree):
 
 
 def test_rng_key_matches_reference_and_differs():
-    assert rng_key(1, 2, 3) == mix_key(1, 2, 3)
-    assert rng_key(0) == mix_key(0)
-    assert len({rng_key(1, 2, 3), rng_key(1, 2, 4), rng_key(1, 3, 3), rng_key(2, 2, 3)}) == 4
+    assert sample_key(1, 2, 3) == mix_key(1, 2, 3)
+    assert sample_key(0) == mix_key(0)
+    assert len({sample_key(1, 2, 3), sample_key(1, 2, 4), sample_key(1, 3, 3), sample_key(2, 2, 3)}) == 4
 
 
 def test_choice_matches_reference_and_contract():
     rng = np.random.default_rng(0)
     cand = rng.choice(10**9, 3000, replace=False)
     deg = rng.zipf(1.8, size=3000).clip(1, 5000)
-    key = rng_key(7, 1, 2)
+    key = sample_key(7, 1, 2)
     pos = degree_biased_choice(torch.from_numpy(cand), torch.from_numpy(deg), 500, key, max_degree=5000)
     assert pos.dtype == torch.int64
     assert pos.tolist() == reference_choice(cand, deg, 500, key, 5000)
@@ -45,7 +45,7 @@ def test_choice_matches_reference_and_contract():
     assert torch.all(pos[1:] > pos[:-1]) and int(pos.max()) < 3000       # subset, candidate order
     again = degree_biased_choice(cand, deg, 500, key, max_degree=5000)
     assert torch.equal(pos, again)                                          # deterministic per key
-    other = degree_biased_choice(cand, deg, 500, rng_key(7, 1, 3), max_degree=5000)
+    other = degree_biased_choice(cand, deg, 500, sample_key(7, 1, 3), max_degree=5000)
     assert not torch.equal(pos, other)
     # degree bias: mean degree of the chosen > mean degree of all candidates
     chosen = deg[pos.numpy()]
@@ -60,7 +60,7 @@ def test_choice_acceptance_rate_follows_degree():
     n = 80_000
     cand = np.arange(n, dtype=np.int64)
     deg = (cand % 8) + 1
-    pos = degree_biased_choice(cand, deg, n - 1, rng_key(3), max_degree=8).numpy()
+    pos = degree_biased_choice(cand, deg, n - 1, sample_key(3), max_degree=8).numpy()
     kept = np.bincount(deg[pos], minlength=9)[1:] / (n / 8)
     assert np.allclose(kept, np.arange(1, 9) / 8, atol=0.02), kept
 
