@@ -131,7 +131,6 @@ class InMemoryFullGraph:
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
         self.features = graph.features      # with a feature store x0 ends up holding halo rows only
-        self._solid_ids = torch.arange(graph.num_solid, dtype=torch.int64)
         self.meter = DeviceMemoryMeter(self.device)
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
@@ -176,7 +175,7 @@ class InMemoryFullGraph:
         """Layer 0's input rows of the solid vertices (gathered through the feature store)."""
         if self.features is None:
             return self.x0[:self.graph.num_solid]
-        return self.features.gather(self._solid_ids)
+        return self.features.gather_all()      # the store holds exactly the solid rows, in order
 
     def _input_rows(self) -> torch.Tensor:
         """Layer 0's input [num_local, F] (solid rows only when a halo cache fetches the rest)."""

@@ -590,7 +590,15 @@ class TensorEngine(Engine):
         chunks = int(rt.comm.allreduce(chunks, op=MPI.MAX))
         error = None
         try:
-            indptr, indices = read_store_topology(store, meta, rt.rank if cfg.data.verify else None)
+            # the whole graph's topology on every rank (NeutronTP), through the graph store
+            # interface; int64 arrays, so the store holds them without a copy, and only until the
+            # propagation operators are built below
+            from hpcgnn.store.graph import HostGraphStore
+
+            topo = read_store_topology(store, meta, rt.rank if cfg.data.verify else None)
+            graph = HostGraphStore(*topo, num_solid=meta.num_nodes, num_local=meta.num_nodes)
+            del topo
+            indptr, indices = graph.csr()
             bounds = chunk_bounds(indptr, chunks)
             layout = TPLayout.build(indptr, indices, bounds, rt.size, rt.rank)
             data = read_vertex_rows(store, meta, layout.own_ids)
@@ -608,7 +616,7 @@ class TensorEngine(Engine):
         self.mode = t.mode
         self.kind = PROPAGATIONS[cfg.model.arch]
         self.prop = Propagation(indptr, indices, self.kind, bounds)
-        del indices
+        del indices, graph
         self.stats = CommStats()
         self.tp = TPComm(rt.comm, layout, self.stats)
         self.stage = DeviceStage(self.prop, device) if staged else None
@@ -617,7 +625,6 @@ class TensorEngine(Engine):
         self.c = t.gamma * (1.0 - t.alpha)
         self.alpha = t.alpha
         self.features = features      # the rank's rows of X, read through :attr:`x` per forward
-        self._own_rows = torch.arange(layout.num_own, dtype=torch.int64)
         self.labels = torch.from_numpy(data["labels"]).to(device)
         self.masks = {s: torch.from_numpy(m).to(device) for s, m in data["masks"].items()}
         m = cfg.model
@@ -691,7 +698,7 @@ class TensorEngine(Engine):
     def x(self) -> torch.Tensor:
         """Input feature rows [n_own, F] of the rank's vertices, gathered through the feature
         store (counted in its counters)."""
-        return self.features.gather(self._own_rows)
+        return self.features.gather_all()      # the store holds exactly this rank's rows, in order
 
     def logits(self) -> torch.Tensor:
         """Vertex-layout output rows [n_i, C] of the rank's vertices (autograd when enabled)."""

@@ -122,6 +122,20 @@ class FeatureStore(ABC):
         p = self.plan(ids)
         return self.assemble(p, self.read_misses(p))
 
+    def gather_all(self) -> torch.Tensor:
+        """All rows in id order, counted as ``gather(arange(num_rows))``. A store whose rows
+        already live on :attr:`device` in that order (host-only on the CPU, device-only) returns
+        them without a copy: callers must not modify the result in place. Full-pass engines
+        read their solid rows this way (no second copy of the features per pass)."""
+        if self.rows_on_device_in_order():
+            self._count_features(self.device_rows, self.num_rows - self.device_rows)
+            return self.full_rows()
+        return self.gather(torch.arange(self.num_rows, dtype=torch.int64))
+
+    def rows_on_device_in_order(self) -> bool:
+        """Whether :meth:`full_rows` is every row, in id order, on :attr:`device`."""
+        return False
+
     @abstractmethod
     def full_rows(self) -> torch.Tensor:
         """All rows [num_rows, dim] (the host tier, or the device tier when it holds them all),

@@ -42,6 +42,9 @@ class DeviceFeatureStore(FeatureStore):
     def full_rows(self) -> torch.Tensor:
         return self.rows
 
+    def rows_on_device_in_order(self) -> bool:
+        return True
+
     @property
     def device_rows(self) -> int:
         return self.num_rows

@@ -80,6 +80,9 @@ class HostFeatureStore(FeatureStore):
     def full_rows(self) -> torch.Tensor:
         return self.rows
 
+    def rows_on_device_in_order(self) -> bool:
+        return self.device.type == "cpu"
+
 
 def _gather_into(rows: torch.Tensor, ids: torch.Tensor, num_valid: int, out: torch.Tensor) -> None:
     """``out[:] = rows[ids]`` with zero rows for ids >= num_valid (host tensors)."""
