@@ -45,6 +45,19 @@ def write_error(path: str | os.PathLike, exc: OSError, what: str = "cannot write
     return InputError(f"{path}: {what} ({os_reason(exc)})")
 
 
+def _probe(directory: Path, nbytes: int, sync: bool) -> None:
+    """Create, write ``nbytes`` to (and with ``sync`` fsync) and remove a probe file in
+    ``directory``; the OSError of whatever step fails."""
+    fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe.", suffix=".tmp", dir=directory)
+    try:
+        os.write(fd, b"\0" * nbytes)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
 def write_failure(path: str | os.PathLike, exc: BaseException, what: str = "cannot write") -> InputError:
     """:func:`write_error` for any exception raised while writing ``path``: when ``exc`` carries
     no errno (h5py's and torch's writers often wrap the OS error), the directory is probed with
@@ -52,15 +65,8 @@ def write_failure(path: str | os.PathLike, exc: BaseException, what: str = "cann
     exception's own first line is the last resort."""
     if isinstance(exc, OSError) and exc.errno:
         return write_error(path, exc, what)
-    directory = Path(path).parent
     try:
-        fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe.", suffix=".tmp", dir=directory)
-        try:
-            os.write(fd, b"\0" * 65536)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        _probe(Path(path).parent, 65536, sync=True)
     except OSError as probe_exc:
         return write_error(path, probe_exc, what)
     first = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -76,12 +82,7 @@ def check_writable_dir(directory: str | os.PathLike, what: str = "output directo
     if not directory.is_dir():
         raise InputError(f"{directory}: {what} does not exist or is not a directory")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".hpcgnn-probe.", suffix=".tmp", dir=directory)
-        try:
-            os.write(fd, b"x")
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        _probe(directory, 1, sync=False)
     except OSError as exc:
         raise write_error(directory, exc, f"{what} is not writable") from None
     return directory

@@ -376,12 +376,7 @@ class Runtime:
         try:
             yield self
         except InputError as exc:
-            self._run_failure_hooks(str(exc))
-            messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {exc}")
-            if messages:  # rank 0, or every rank once finish() has freed the error communicator
-                for message in dict.fromkeys(messages):  # distinct messages, in rank order
-                    print(message, file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_INPUT)
+            self._leave_with_input_error(str(exc))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if code != 0:
@@ -396,13 +391,8 @@ class Runtime:
             raise SystemExit(130)
         except BaseException as exc:  # noqa: BLE001 - the job must not hang
             output_failure = write_failure_message(exc)
-            if output_failure is not None:   # a full disk, a lost permission: one line, exit 2
-                self._run_failure_hooks(output_failure)
-                messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {output_failure}")
-                if messages:
-                    for message in dict.fromkeys(messages):
-                        print(message, file=sys.stderr, flush=True)
-                raise SystemExit(EXIT_INPUT)
+            if output_failure is not None:   # a full disk, a lost permission: as bad input
+                self._leave_with_input_error(output_failure)
             if self.size > 1 and is_peer_failure(exc):
                 self._peer_failed(exc)
             tb = traceback.format_exc()
@@ -412,6 +402,16 @@ class Runtime:
             if self.size > 1:
                 self.abort(1)
             raise SystemExit(1)
+
+    def _leave_with_input_error(self, message: str) -> NoReturn:
+        """One line and exit 2: the failure hooks run, the ranks leaving with an error meet
+        (:meth:`_exit_together`), rank 0 prints each distinct message once."""
+        self._run_failure_hooks(message)
+        messages = self._exit_together(EXIT_INPUT, f"hpcgnn: error: {message}")
+        if messages:  # rank 0, or every rank once finish() has freed the error communicator
+            for line in dict.fromkeys(messages):  # distinct messages, in rank order
+                print(line, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INPUT)
 
     def _peer_failed(self, exc: BaseException) -> NoReturn:
         """A collective failed because another rank ended (killed, aborted): a consequence, not

@@ -207,14 +207,16 @@ def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.O
     """
     if not out.resume:
         return 1, {}
-    error, state = None, None
-    try:
-        state = load_latest_checkpoint(out.run_dir, out.meta.content_hash)
-        if state is not None and state.get("engine", out.engine) != out.engine:
-            error = (f"{out.run_dir}: checkpoint was written by engine {state.get('engine')!r}, "
-                     f"config says {out.engine!r}")
-    except InputError as exc:
-        error = str(exc)
+    # rank 0 checked the newest checkpoint (identity, engine, settings, epoch) when the run
+    # directory was opened and kept it (RunOutput.resume_state); the other ranks read it here
+    state = getattr(out, "resume_state", None)
+    out.resume_state = None
+    error = None
+    if state is None:
+        try:
+            state = load_latest_checkpoint(out.run_dir, out.meta.content_hash)
+        except InputError as exc:
+            error = str(exc)
     out.rt.agree(error)
     epochs = out.rt.comm.allgather(None if state is None else int(state["epoch"]))
     if len(set(epochs)) != 1:

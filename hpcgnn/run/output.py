@@ -231,6 +231,7 @@ class RunOutput:
         self._attrs: dict = {}
         self._timing_parents: dict[str, str] = {}
         self._lock = None
+        self.resume_state = None   # rank 0, --resume: the checkpoint _check_checkpoint accepted
         error = None
         if rt.is_root:
             try:
@@ -393,6 +394,7 @@ class RunOutput:
         if epoch == epochs:
             warn(f"--resume: {self.run_dir} is already at epoch {epoch} = train.epochs: nothing "
                  "to train")
+        self.resume_state = state
 
     def _base_attrs(self) -> dict:
         return {
