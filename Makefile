@@ -11,6 +11,12 @@
 # .venv. NATIVE_ARCH (or the HPCGNN_NATIVE_ARCH environment variable) picks the -march
 # of native/ (default: the portable x86-64-v2 baseline with AVX2 kernels chosen at run
 # time; "native" tunes for the build machine only, see setup.py); changing it rebuilds.
+# MPI picks mpi4py's MPI: "wheel" (default: mpi4py and the MPICH wheel from PyPI, launched with
+# .venv/bin/mpiexec) or "system" (mpi4py compiled from source with the site MPI's compiler
+# wrapper MPICC, default mpicc, on PATH; no MPICH wheel; launched with the site's mpiexec/srun):
+#   module load openmpi   # or the site's MPI
+#   make install MPI=system [MPICC=mpicc]
+# Switching MPI (or MPICC with MPI=system) reinstalls mpi4py, also on an existing .venv.
 # Every target re-uses what is already built: a second run does no set-up work.
 
 SHELL      := /bin/bash
@@ -19,7 +25,12 @@ VENV       ?= .venv
 TORCH      ?= torch==2.13.0
 NATIVE_ARCH ?= $(HPCGNN_NATIVE_ARCH)
 PY         := $(VENV)/bin/python
-MPIEXEC    := $(VENV)/bin/mpiexec
+MPI        ?= wheel
+MPICC      ?= mpicc
+ifeq ($(filter $(MPI),wheel system),)
+$(error MPI=$(MPI): expected wheel (mpi4py + the MPICH wheel from PyPI) or system (mpi4py built with MPICC))
+endif
+MPIEXEC    := $(if $(filter system,$(MPI)),mpiexec,$(VENV)/bin/mpiexec)
 HPCGNN     := $(PY) -m hpcgnn
 DATA       ?= data
 RUNS       ?= runs
@@ -42,8 +53,10 @@ PT_NAME      := $(firstword $(subst ==, ,$(firstword $(TORCH))))
 PT_STAMP     := $(call value_stamp,$(PT_NAME),$(TORCH))
 # cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
 # (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
-DEPS         := numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel
+DEPS         := numpy h5py pymetis cmeel-metis matplotlib pytest pybind11 setuptools wheel
 DEPS_STAMP   := $(call value_stamp,deps,$(DEPS))
+# mpi4py and its MPI (see MPI above): a step of its own, again whenever the choice changes
+MPI_STAMP    := $(call value_stamp,mpi,$(MPI)$(if $(filter system,$(MPI)), $(MPICC)))
 ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
@@ -70,6 +83,19 @@ $(DEPS_STAMP): setup.py $(PIP_STAMP)
 	@rm -f $(VENV)/.deps-[0-9]* $(VENV)/.deps-stamp
 	@touch $@
 
+# mpi4py: the PyPI wheel with the MPICH wheel (reinstalled over a source build), or built from
+# source against the site MPI (no cached wheel: one built for another MPI must not be reused).
+$(MPI_STAMP): $(PIP_STAMP)
+ifeq ($(MPI),system)
+	@command -v $(MPICC) >/dev/null || { echo "hpcgnn: MPI=system: the site MPI's compiler wrapper '$(MPICC)' is not on PATH (load the MPI module, or set MPICC=/path/to/mpicc)"; exit 2; }
+	$(PY) -m pip uninstall -q -y mpich
+	env MPICC='$(MPICC)' $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps --no-binary=mpi4py mpi4py
+else
+	$(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps --only-binary=mpi4py,mpich mpi4py mpich
+endif
+	@rm -f $(VENV)/.mpi-[0-9]*
+	@printf '%s\n' '$(MPI) $(MPICC)' > $@
+
 $(ARCH_STAMP): $(PIP_STAMP)
 	@rm -f $(VENV)/.native-arch-[0-9]*
 	@printf '%s\n' '$(NATIVE_ARCH)' > $@
@@ -79,7 +105,7 @@ $(ARCH_STAMP): $(PIP_STAMP)
 # without compiling again. A failed compile stops here.
 EDITABLE_STAMP := $(VENV)/.editable-stamp
 
-$(NATIVE_STAMP): $(PT_STAMP) $(DEPS_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
+$(NATIVE_STAMP): $(PT_STAMP) $(DEPS_STAMP) $(MPI_STAMP) $(ARCH_STAMP) $(NATIVE_SRC) setup.py
 	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(PY) setup.py -q build_ext --inplace --parallel 2
 	@$(PY) -c "import hpcgnn.native" || { echo "hpcgnn: native extension did not import"; exit 1; }
 	@test -f $(EDITABLE_STAMP) || { HPCGNN_PREBUILT=1 HPCGNN_PT_REQUIREMENT="$(firstword $(TORCH))" \
@@ -127,11 +153,17 @@ test: $(NATIVE_STAMP)
 bench-partition: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.partition --out $(RUNS)/bench/partition.h5
 
+# BACKEND (runtime.backend of the runs: mpi4py, gloo, ...; default mpi4py) carries the data plane:
+#   make bench-minibatch; make bench-minibatch BACKEND=gloo   # AEP wait share, back to back
+# Another backend than mpi4py writes <bench>-<BACKEND>.h5.
+BACKEND    ?= mpi4py
+BENCH_TAG  := $(if $(filter-out mpi4py,$(BACKEND)),-$(BACKEND))
+
 bench-minibatch: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.minibatch --out $(RUNS)/bench/minibatch.h5
+	$(PY) -m hpcgnn.bench.minibatch --backend $(BACKEND) --out $(RUNS)/bench/minibatch$(BENCH_TAG).h5
 
 bench-fullgraph: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.fullgraph --out $(RUNS)/bench/fullgraph.h5
+	$(PY) -m hpcgnn.bench.fullgraph --backend $(BACKEND) --out $(RUNS)/bench/fullgraph$(BENCH_TAG).h5
 
 bench-tensor: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
@@ -187,6 +219,39 @@ $(DGL_STAMP):
 	$(DGL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DGL_TORCH_PIN) $(DGL_DEPS)
 	$(DGL_VENV)/bin/python -c "import $(DGL_PT_NAME) as pt, dgl, h5py; assert pt.__version__.split('+')[0] == '$(DGL_PT_VERSION)', pt.__version__; print('peer-dgl: PyTorch', pt.__version__, 'dgl', dgl.__version__)"
 	@touch $@
+
+# make check-gpu (docs/gpu.md): every engine and mode on CUDA at 1 and 2 ranks against the same
+# run on the CPU (hpcgnn/bench/gpu_check.py); table printed, figures in $(RUNS)/gpu-check/gpu-check.h5,
+# exit 1 when a row failed. Without a CUDA GPU: one line, exit 0, nothing set up.
+# PYTHON=python3 checks that interpreter's own (CUDA) PyTorch instead of .venv's: a
+# --system-site-packages venv $(GPU_VENV) of it gets only what it lacks, from the wheels in
+# $(WHEELS) (no package index is contacted; `python3 scripts/gpu_wheels.py download` prepares
+# them where PyPI is reachable), and native/ is built in place for it.
+# GPU_CHECK_ARGS: options of the driver, e.g. GPU_CHECK_ARGS="--ranks 1 --modes fullgraph-memory".
+PYTHON         :=# on the command line only (an environment PYTHON is not this one)
+WHEELS         ?= .whl
+GPU_VENV       ?= .venv-gpu
+GPU_CHECK_ARGS ?=
+GPU_PROBE      := $(if $(PYTHON),$(PYTHON),$(PY))
+.PHONY: check-gpu check-gpu-run
+
+check-gpu:
+	@if command -v $(GPU_PROBE) >/dev/null 2>&1; then $(GPU_PROBE) -m hpcgnn.bench.gpu_check --probe || exit 0; \
+	elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	    echo "check-gpu: no CUDA GPU (nvidia-smi lists none; $(GPU_PROBE) is not set up); nothing to check"; exit 0; fi; \
+	$(MAKE) --no-print-directory check-gpu-run
+
+ifeq ($(strip $(PYTHON)),)
+check-gpu-run: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.gpu_check --out $(RUNS)/gpu-check $(GPU_CHECK_ARGS)
+else
+check-gpu-run:
+	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv --without-pip --system-site-packages $(GPU_VENV)
+	$(GPU_VENV)/bin/python scripts/gpu_wheels.py link --base-python $(PYTHON)
+	$(GPU_VENV)/bin/python scripts/gpu_wheels.py install --wheels $(WHEELS)
+	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(GPU_VENV)/bin/python setup.py -q build_ext --inplace --parallel 2
+	$(GPU_VENV)/bin/python -m hpcgnn.bench.gpu_check --out $(RUNS)/gpu-check $(GPU_CHECK_ARGS)
+endif
 
 clean:
 	rm -rf build hpcgnn/_native*.so $(NATIVE_STAMP) .pytest_cache

@@ -36,6 +36,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from hpcgnn import __version__
 
     parser.add_argument("--version", action="version", version=f"hpcgnn {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="train/infer: rank 0 says at start-up which backend carries the data "
+                             "plane and which MPI library runs the job")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, help_text in SUBCOMMANDS.items():

@@ -24,8 +24,9 @@ launcher ending it after another rank's abort) runs none.
 ``CUDA_VISIBLE_DEVICES`` and SLURM's GPU binding), a pure function of the node-local rank and
 size, the visible device count and the environment.
 
-``init_torch_distributed`` optionally brings up ``torch.distributed`` (gloo on
-CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports).
+``init_torch_distributed`` brings up ``torch.distributed`` for a data plane that uses it (gloo
+on CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports); which backend a job uses
+is :func:`hpcgnn.comm.communicator.choose_backend`'s decision (the one home of that logic).
 """
 from __future__ import annotations
 
@@ -195,6 +196,17 @@ def choose_cuda_device(local_rank: int, local_size: int, visible: int,
                                       f"{visible} visible GPU(s)")
 
 
+def mpi_library() -> str:
+    """The MPI library this process runs on, for the record: the first line of
+    ``MPI_Get_library_version`` (whitespace collapsed) and mpi4py's vendor, e.g.
+    ``MPICH Version: 5.0.2 (mpi4py vendor MPICH 5.0.2)``."""
+    from mpi4py import MPI
+
+    first = " ".join((MPI.Get_library_version().strip().splitlines() or [""])[0].split())
+    name, version = MPI.get_vendor()
+    return f"{first} (mpi4py vendor {name} {'.'.join(str(v) for v in version)})"
+
+
 def _error_wait_s() -> float:
     value = os.environ.get("HPCGNN_ERROR_WAIT", "").strip()
     try:
@@ -219,6 +231,9 @@ class Runtime:
     device: str | None = None
     device_choice: DeviceChoice | None = field(default=None, repr=False)
     failure_hooks: list = field(default_factory=list, repr=False)
+    # The data plane (hpcgnn.comm.communicator.make_communicator): one per job, made by the
+    # engine from runtime.backend; None until then.
+    data_plane: object = field(default=None, repr=False)
 
     @property
     def is_root(self) -> bool:
@@ -455,8 +470,9 @@ class Runtime:
     def init_torch_distributed(self, backend: str = "auto", device: str = "cpu") -> str:
         """Initialise torch.distributed over this job; returns the backend used.
 
-        ``auto``: nccl for CUDA devices, ccl when oneccl_bindings_for_pytorch
-        imports, else gloo. The rendezvous address comes from rank 0 over MPI:
+        ``backend``: 'gloo', 'nccl', 'ccl', or ``auto``: nccl for CUDA devices, ccl when
+        oneccl_bindings_for_pytorch imports, else gloo; an impossible pair with ``device`` is
+        :func:`hpcgnn.comm.communicator.choose_backend`'s InputError. The rendezvous address comes from rank 0 over MPI:
         127.0.0.1 when every rank is on one node, else rank 0's host name
         (MASTER_ADDR, when set in the environment, wins). For nccl the CUDA
         device is the one ``resolve_device`` chose (:attr:`device`), else
@@ -466,7 +482,14 @@ class Runtime:
 
         if dist.is_initialized():
             return dist.get_backend()
-        backend = resolve_backend(backend, device)
+        from hpcgnn.comm.communicator import choose_backend
+
+        wanted, backend = backend, choose_backend(backend, device)
+        if backend == "mpi4py":   # auto on a CPU without oneCCL: torch.distributed's CPU backend
+            if wanted != "auto":
+                raise InputError("init_torch_distributed: 'mpi4py' is not a torch.distributed backend "
+                                 "(expected auto, gloo, nccl or ccl)")
+            backend = "gloo"
         if self.is_root:
             with socket.socket() as s:
                 s.bind(("", 0))
@@ -499,29 +522,3 @@ class Runtime:
         if self.error_comm is not None:
             self.error_comm.Free()
             self.error_comm = None
-
-
-def ccl_available() -> bool:
-    """True when Intel's oneCCL bindings for PyTorch import (optional backend)."""
-    try:
-        import oneccl_bindings_for_pytorch  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def resolve_backend(backend: str, device: str = "cpu") -> str:
-    """The torch.distributed backend for ``backend`` ('auto', 'gloo', 'nccl', 'ccl', 'mpi')."""
-    import torch.distributed as dist
-
-    if backend == "auto":
-        if device.startswith("cuda"):
-            return "nccl"
-        return "ccl" if ccl_available() else "gloo"
-    if backend == "ccl" and not ccl_available():
-        raise InputError("runtime.backend = 'ccl' but oneccl_bindings_for_pytorch is not installed")
-    if backend == "mpi" and not dist.is_mpi_available():
-        raise InputError("runtime.backend = 'mpi' but this torch build has no MPI backend")
-    if backend == "nccl" and not dist.is_nccl_available():
-        raise InputError("runtime.backend = 'nccl' but this torch build has no NCCL (CPU-only torch?)")
-    return backend

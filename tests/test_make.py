@@ -26,8 +26,8 @@ def _index(lines, needle):
 def test_demo_plan_on_a_fresh_checkout(tmp_path):
     lines = _plan(tmp_path, "demo")
     steps = ["-m venv .venv", "pip install -q --disable-pip-version-check torch==2.13.0",
-             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis mpi4py mpich "
-             "matplotlib pytest",
+             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis matplotlib pytest",
+             "pip install -q --disable-pip-version-check " + " ".join(MPI_WHEEL),
              "setup.py -q build_ext --inplace", "mkdir -p data",
              "prepare --dataset cora --root inputs/data --out data/cora.h5",
              "partition data/cora.h5 --parts 2", "inspect data/cora-metis-2",
@@ -46,11 +46,15 @@ def test_test_and_data_plans_on_a_fresh_checkout(tmp_path):
     assert any("--out data/synthetic-small.h5" in line for line in lines)
     assert any("--normalize-features row --out data/cora-rownorm.h5" in line for line in lines)
     cuda = _plan(tmp_path, "install", f"TORCH={CUDA_TORCH}")
-    assert _pip_installs(cuda) == [["--upgrade", "pip"], CUDA_TORCH.split(), DEPS]
+    assert _pip_installs(cuda) == [["--upgrade", "pip"], CUDA_TORCH.split(), DEPS, MPI_WHEEL]
 
 
 CUDA_TORCH = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-DEPS = "numpy h5py pymetis cmeel-metis mpi4py mpich matplotlib pytest pybind11 setuptools wheel".split()
+DEPS = "numpy h5py pymetis cmeel-metis matplotlib pytest pybind11 setuptools wheel".split()
+# the default MPI: mpi4py's PyPI wheel and the MPICH wheel, in a step of their own
+MPI_WHEEL = "--force-reinstall --no-deps --only-binary=mpi4py,mpich mpi4py mpich".split()
+# MPI=system: mpi4py compiled from source (no wheel, no cached build), no MPICH wheel
+MPI_SOURCE = "--no-cache-dir --force-reinstall --no-deps --no-binary=mpi4py mpi4py".split()
 PIP = "-m pip install -q --disable-pip-version-check"
 
 
@@ -85,9 +89,9 @@ def test_install_runs_torch_alone_with_its_index_and_again_when_torch_changes(tm
     (tmp_path / "setup.py").write_text("")
     python3, log = _fake_python(tmp_path)
 
-    def install(torch=None, dry=False):
+    def install(torch=None, dry=False, mpi=()):
         log.write_text("")
-        args = ["make", *(["-n"] if dry else []), "install", f"PYTHON3={python3}"]
+        args = ["make", *(["-n"] if dry else []), "install", f"PYTHON3={python3}", *mpi]
         args += [f"TORCH={torch}"] if torch else []
         proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=60,
                               env={k: v for k, v in os.environ.items() if k != "HPCGNN_NATIVE_ARCH"})
@@ -96,7 +100,7 @@ def test_install_runs_torch_alone_with_its_index_and_again_when_torch_changes(tm
             _pip_installs("python " + line for line in log.read_text().splitlines())
 
     # A fresh venv: pip, then torch alone from its index, then the rest from PyPI.
-    assert install(CUDA_TORCH) == [["--upgrade", "pip"], CUDA_TORCH.split(), DEPS]
+    assert install(CUDA_TORCH) == [["--upgrade", "pip"], CUDA_TORCH.split(), DEPS, MPI_WHEEL]
     calls = log.read_text().splitlines()
     assert any("setup.py -q build_ext --inplace" in c for c in calls)
     assert (tmp_path / ".venv" / ".native-stamp").exists()
@@ -112,3 +116,66 @@ def test_install_runs_torch_alone_with_its_index_and_again_when_torch_changes(tm
     # setup.py changed: the other packages again, torch not.
     (tmp_path / "setup.py").write_text("# changed\n")
     assert install(CUDA_TORCH) == [DEPS]
+    # MPI=system on the existing venv: mpi4py alone, from source with the site's mpicc, the MPICH
+    # wheel removed; again for another MPICC; back to the wheel: the wheels reinstalled over it.
+    mpiccs = [tmp_path / "site-mpi" / "mpicc", tmp_path / "site-mpi" / "mpicc-2"]
+    mpiccs[0].parent.mkdir()
+    for mpicc in mpiccs:
+        mpicc.write_text("#!/bin/sh\n")
+        mpicc.chmod(0o755)
+    system = ["MPI=system", f"MPICC={mpiccs[0]}"]
+    assert install(CUDA_TORCH, mpi=system) == [MPI_SOURCE]
+    calls = log.read_text().splitlines()
+    assert calls[0] == "-m pip uninstall -q -y mpich" and len(calls) >= 2
+    assert install(CUDA_TORCH, mpi=system) == []
+    assert install(CUDA_TORCH, mpi=["MPI=system", f"MPICC={mpiccs[1]}"]) == [MPI_SOURCE]
+    assert install(CUDA_TORCH) == [MPI_WHEEL]
+    assert install(CUDA_TORCH, mpi=["MPI=wheel", "MPICC=other"]) == []   # MPICC matters with MPI=system only
+    stamps = sorted(p.name for p in (tmp_path / ".venv").glob(".mpi-*"))
+    assert len(stamps) == 1 and (tmp_path / ".venv" / stamps[0]).read_text().split()[0] == "wheel"
+    # MPI=system without the site MPI's compiler wrapper: one line, exit 2, mpi4py untouched
+    log.write_text("")
+    proc = subprocess.run(["make", "install", f"PYTHON3={python3}", f"TORCH={CUDA_TORCH}", "MPI=system",
+                           f"MPICC={tmp_path}/no/mpicc"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and log.read_text() == ""
+    assert f"MPI=system: the site MPI's compiler wrapper '{tmp_path}/no/mpicc' is not on PATH" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_install_with_the_site_mpi_builds_mpi4py_from_source_without_the_mpich_wheel(tmp_path):
+    lines = _plan(tmp_path, "install", "MPI=system", "MPICC=/opt/site-mpi/bin/mpicc")
+    installs = _pip_installs(lines)
+    assert installs == [["--upgrade", "pip"], ["torch==2.13.0"], DEPS, MPI_SOURCE]
+    assert not any("mpich" in a for call in installs for a in call)          # no MPICH wheel
+    source = next(line for line in lines if "--no-binary=mpi4py" in line)
+    assert source.startswith("env MPICC='/opt/site-mpi/bin/mpicc' .venv/bin/python -m pip install")
+    assert _index(lines, "pip uninstall -q -y mpich") < _index(lines, "--no-binary=mpi4py")
+    assert _index(lines, "--no-binary=mpi4py") < _index(lines, "build_ext --inplace")
+    # the site MPI's launcher, not .venv's MPICH one
+    demo = _plan(tmp_path, "demo", "MPI=system")
+    assert any(line.startswith("mpiexec -n 2 .venv/bin/python -m hpcgnn train") for line in demo)
+    assert not any(".venv/bin/mpiexec" in line for line in demo)
+    # another value: make stops before doing anything
+    proc = subprocess.run(["make", "-n", "install", "MPI=bogus"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "MPI=bogus: expected wheel" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_check_gpu_on_another_interpreter_uses_only_the_prepared_wheels(tmp_path):
+    """make check-gpu PYTHON=python3 (after its probe): a venv seeing python3's packages, the
+    wheels from WHEELS only, native/ built for that interpreter, then the driver; no index."""
+    lines = _plan(tmp_path, "check-gpu-run", "PYTHON=python3", "WHEELS=/w")
+    steps = ["python3 -m venv --without-pip --system-site-packages .venv-gpu",
+             ".venv-gpu/bin/python scripts/gpu_wheels.py link --base-python python3",
+             ".venv-gpu/bin/python scripts/gpu_wheels.py install --wheels /w",
+             ".venv-gpu/bin/python setup.py -q build_ext --inplace",
+             ".venv-gpu/bin/python -m hpcgnn.bench.gpu_check --out runs/gpu-check"]
+    positions = [_index(lines, s) for s in steps]
+    assert positions == sorted(positions)
+    assert not any("pip install" in line or ".venv/" in line for line in lines)
+    # the default: .venv's usual set-up, then the driver
+    lines = _plan(tmp_path, "check-gpu-run", "GPU_CHECK_ARGS=--ranks 1")
+    assert _index(lines, "build_ext --inplace") < _index(lines, ".venv/bin/python -m hpcgnn.bench.gpu_check "
+                                                                "--out runs/gpu-check --ranks 1")

@@ -25,7 +25,9 @@
    hidden-layer rows (``+bf16``, ``fullgraph.halo_precision``), ``--cache-epochs`` epochs of
    GraphSAGE each in one MPI job (:mod:`hpcgnn.bench.fullgraph_cached`): epoch time, forward halo
    bytes per epoch (target: >= 5x fewer than exact at S = 2), adjoint bytes, time blocked in halo
-   communication per epoch, final test accuracy, largest age of a halo row used.
+   communication per epoch, final test accuracy, largest age of a halo row used. ``--backend``
+   (``make bench-fullgraph BACKEND=gloo``) sets ``runtime.backend`` of these runs, so the
+   pipelined halo's overlap (its halo wait) can be compared with mpi4py and gloo back to back.
 
 Prints a table and writes the figures to FILE.h5 (atomically).
 """
@@ -152,9 +154,10 @@ def dedup_bytes(graphs, model_args: dict, device, chunks: int, batch_sizes, orde
 
 
 def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: int, hidden: int,
-                     layers: int, seed: int, timeout: float) -> dict:
+                     layers: int, seed: int, timeout: float, backend: str = "mpi4py") -> dict:
     """Section 5: one MPI job of ``ranks`` ranks trains every case (SAGE, dropout 0.5, lr 0.01,
-    evaluated after the last epoch); the figures of each run (:func:`fullgraph_cached.summarise`)."""
+    evaluated after the last epoch) with ``runtime.backend = backend`` carrying the halo; the
+    figures of each run (:func:`fullgraph_cached.summarise`) and the backend that carried it."""
     import subprocess
 
     from hpcgnn.bench import fullgraph_cached as fc
@@ -165,7 +168,7 @@ def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: in
            "--store", str(store), "--work", str(runs), "--cases", cases, "--seeds", str(seed),
            "--epochs", str(epochs)]
     for kv in ("model.arch=sage", f"model.hidden={hidden}", f"model.layers={layers}", "model.dropout=0.5",
-               "train.lr=0.01", "train.device=cpu"):
+               "train.lr=0.01", "train.device=cpu", f"runtime.backend={backend}"):
         cmd += ["--set", kv]
     log = work / "cached-halo.log"
     with open(log, "w") as f:
@@ -175,7 +178,15 @@ def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: in
         raise SystemExit(f"hpcgnn.bench.fullgraph: the cached-halo runs failed (exit {proc.returncode}), "
                          f"see {log}")
     rows = {case: fc.summarise(fc.run_dir(runs, case, seed)) for case in cases.split(",")}
-    out = {"ranks": ranks, "epochs": epochs, "cases": rows, "target_fwd_reduction": TARGET_CACHE_FWD_REDUCTION}
+    from hpcgnn.run.output import read_run
+
+    used = set()
+    for case in cases.split(","):
+        labels = read_run(fc.run_dir(runs, case, seed))["labels"]
+        if "comm_backend" in labels:
+            used.update(str(v) for v in labels["comm_backend"].reshape(-1))
+    out = {"ranks": ranks, "epochs": epochs, "cases": rows, "target_fwd_reduction": TARGET_CACHE_FWD_REDUCTION,
+           "backend": ",".join(sorted(used)) or backend}
     if "exact" in rows:
         for case, r in rows.items():
             r["fwd_reduction_vs_exact"] = (rows["exact"]["fwd_bytes_per_epoch"] / r["fwd_bytes_per_epoch"]
@@ -210,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-cases", default="exact,S1,S2,S4,S2+pipe,exact+bf16,S2+bf16,S2+pipe+bf16",
                    help="section 5 cases ('' skips it): exact, S<s> (cached), either with +pipe and/or "
                         "+bf16 (bfloat16 hidden-layer rows)")
+    p.add_argument("--backend", default="mpi4py", choices=("mpi4py", "auto", "gloo", "nccl", "ccl"),
+                   help="runtime.backend of the halo-exchange runs (section 5): what carries the halo")
     p.add_argument("--cache-ranks", type=int, default=4)
     p.add_argument("--cache-epochs", type=int, default=13)
     args = p.parse_args(argv)
@@ -315,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache_cases:
         results["cached_halo"] = cached_halo_rows(stores[args.cache_ranks], args.cache_ranks, work,
                                                   args.cache_cases, args.cache_epochs, args.hidden,
-                                                  args.layers, args.seed, args.timeout)
+                                                  args.layers, args.seed, args.timeout, args.backend)
 
     m = read_meta(stores[args.parts])
-    meta = {"scale": args.scale, "seed": args.seed, "device": str(device), "threads": threads,
+    meta = {"scale": args.scale, "seed": args.seed, "device": str(device), "threads": threads, "backend": args.backend,
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "num_nodes": m.num_nodes, "num_edges": m.num_edges, "num_features": m.num_features,
             "edge_cut": m.edge_cut, "model": json.dumps(model_args), "total_wall_s": time.perf_counter() - t_start}
@@ -367,7 +380,8 @@ def print_table(results: dict, meta: dict) -> None:
               f"{100 * b['torch_frac_copy']:.0f}%; {verdict})")
     if "cached_halo" in results:
         ch = results["cached_halo"]
-        print(f"  halo exchange, {ch['ranks']} ranks, {ch['epochs']} epochs (bytes: all ranks, per epoch, epochs 2..):")
+        print(f"  halo exchange, {ch['ranks']} ranks, {ch['epochs']} epochs, data plane {ch.get('backend', '-')} "
+              "(bytes: all ranks, per epoch, epochs 2..):")
         print("    case         | epoch s | fwd MiB (hidden / layer 0) | vs exact | adjoint MiB | halo wait s | "
               "test acc | max age | hits dev/host")
         for case, r in ch["cases"].items():

@@ -16,6 +16,10 @@
    budgets of 5, 20 and 50 % of a rank's features: epoch time, bytes host -> device, device hit
    rates measured and predicted, store wait share.
 
+``--backend`` (``make bench-minibatch BACKEND=gloo``) sets ``runtime.backend`` of every run: the
+AEP's wait share with mpi4py and with gloo carrying the data plane, compared back to back; each
+run's ``comm_backend`` (the run file's ``labels/comm_backend``) is in the figures.
+
 Targets (DistGNN-MB): AEP wait <= 5 % of the epoch at d = 1; AEP moves >= 5x fewer bytes than
 the exact mode; posting the AEP pushes <= 3 % of the epoch (issue 8). Prints a table and writes
 the figures to FILE.h5 (atomically).
@@ -63,6 +67,8 @@ def summarise_run(run_dir: Path) -> dict:
         "test_acc": float(m["test_acc"][-1]), "val_acc": float(m["val_acc"][-1]),
         "train_acc": float(m["train_acc"][-1]), "loss": float(m["loss"][-1]),
     }
+    if "comm_backend" in r["labels"]:
+        out["comm_backend"] = ",".join(sorted(set(r["labels"]["comm_backend"].reshape(-1).tolist())))
     if "comm_wait" in t:
         out["comm_wait_share"] = float(np.max(t["comm_wait"][sel] / epoch))
         out["push_share"] = float(np.max(t["push"][sel] / epoch))
@@ -106,10 +112,13 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=str(ROOT / "inputs" / "products-sage.toml"))
     p.add_argument("--runs", default="hec-1,hec-2,exact-2,off-2", help="comma-separated runs (MODE-RANKS)")
     p.add_argument("--set", action="append", default=[], help="extra train --set overrides")
+    p.add_argument("--backend", default="mpi4py", choices=("mpi4py", "auto", "gloo", "nccl", "ccl"),
+                   help="runtime.backend of every run: what carries the data plane (default mpi4py)")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--peer-rounds", type=int, default=2,
                    help="alternating 1-rank hpcgnn / DGL rounds when .venv-dgl exists (make peer-dgl)")
     args = p.parse_args(argv)
+    args.set = [f"runtime.backend={args.backend}"] + list(args.set)   # a --set runtime.backend=... wins
     out = Path(args.out)
     work = Path(args.work) if args.work else out.parent / "minibatch-work"
     work.mkdir(parents=True, exist_ok=True)
@@ -151,7 +160,8 @@ def main(argv=None) -> int:
     if dgl is not None:
         summary.update(dgl=dgl, hpcgnn_over_dgl=dgl["hpcgnn_over_dgl"], dgl_epoch_s=dgl["dgl_epoch_s"],
                        hpcgnn_1rank_epoch_s=dgl["hpcgnn_epoch_s"])
-    meta = {"scale": args.scale, "epochs": args.epochs, "seed": args.seed, "config": Path(args.config).read_text(),
+    meta = {"scale": args.scale, "epochs": args.epochs, "seed": args.seed, "backend": args.backend,
+            "config": Path(args.config).read_text(),
             "overrides": list(args.set), "host": platform.node(), "cpus": os.cpu_count() or 0,
             "python": platform.python_version(), "total_wall_s": time.perf_counter() - t0,
             "graph": json.dumps({k: str(v) for k, v in stores.items()})}
@@ -172,7 +182,8 @@ def main(argv=None) -> int:
               f"{meta['num_features']} features, edge cut (2 parts) {meta['edge_cut']:,}")
     if "comm_wait_share_d1" in summary:
         s = summary["comm_wait_share_d1"]
-        print(f"AEP wait share at d=1 (worst rank): {100 * s:.2f}% (target <= {100 * TARGET_WAIT_SHARE:.0f}%); "
+        print(f"AEP wait share at d=1 (worst rank, data plane {hec2.get('comm_backend', args.backend)}): "
+              f"{100 * s:.2f}% (target <= {100 * TARGET_WAIT_SHARE:.0f}%); "
               f"posting pushes (select, gather, post): {100 * summary['push_share_d1']:.2f}% "
               f"(target <= {100 * TARGET_PUSH_SHARE:.0f}%)")
     if "exact_over_aep_bytes" in summary:

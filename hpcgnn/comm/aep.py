@@ -4,12 +4,14 @@ At layer ``l`` of iteration ``k`` a rank pushes, to every rank ``q``, the layer-
 ``h_l`` of the solid vertices of its current frontier ``S_l`` that are halo vertices on ``q``
 (``db_halo``, :meth:`Partition.send_list`), at most ``nc`` per destination chosen with
 DistGNN-MB's degree-biased sampling. The push sends the global IDs (int64) and the rows
-(float32) point-to-point, non-blocking, into receive buffers of min(``nc``, the halo vertices that source owns) rows
-(:class:`~hpcgnn.comm.alltoall.PendingCappedExchange`): no count exchange, so posting a push
-never waits for another rank (the blocking count alltoall it replaced made every layer of every
+(float32) non-blocking through a capped exchange of the data plane
+(:meth:`~hpcgnn.comm.communicator.Communicator.open_capped`; with mpi4py point-to-point into
+receive buffers of min(``nc``, the halo vertices that source owns) rows, with torch.distributed
+async collectives padded to those caps): no blocking count exchange, so posting a push never
+waits for another rank (the blocking count alltoall it replaced made every layer of every
 iteration a synchronisation point). The receiver consumes the message posted at layer ``l`` of
 iteration ``k`` at layer ``l`` of iteration ``k + d``; the messages of one layer match in the
-order they were posted (one tag pair per layer, on a communicator of the AEP's own).
+order they were posted (one tag pair per layer, on a channel of the AEP's own).
 
 :class:`DestinationMap` is ``db_halo`` inverted once at start-up into a CSR from local vertex to
 destination ranks (none for halo vertices), so selecting the candidates of a frontier costs
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hpcgnn.comm.alltoall import PendingCappedExchange
+from hpcgnn.comm.communicator import Communicator
 
 
 class DestinationMap:
@@ -106,14 +108,14 @@ class _Pending:
     epoch: int
     iteration: int
     layer: int
-    exchange: object         # PendingCappedExchange of (ids, rows)
+    exchange: object         # the capped exchange's Pending of (ids, rows)
     buffers: "_Buffers"      # its send and receive buffers, in use until it completes
 
 
 @dataclass
 class _Buffers:
-    """One push's buffers: send IDs [send_cap] and rows [send_cap, D]; receive buffers per
-    array, per other rank (``recv_caps[q]`` rows)."""
+    """One push's buffers: send IDs [send_cap] and rows [send_cap, D]; receive buffers (CPU
+    tensors, mpi4py only) per array, per other rank (``recv_caps[q]`` rows)."""
 
     ids: np.ndarray
     rows: np.ndarray
@@ -137,18 +139,21 @@ class AEPCounters:
 class AsyncEmbeddingPush:
     """The AEP channel of one rank: a FIFO of posted exchanges per layer.
 
-    ``degrees`` are the solid vertices' degrees (biasing the ``nc`` cap); ``max_degree`` the
-    global maximum degree (the paper's ``hil = floor(log2(max degree))``).
+    ``comm``: the data plane (a :class:`~hpcgnn.comm.communicator.Communicator`); ``degrees``
+    are the solid vertices' degrees (biasing the ``nc`` cap); ``max_degree`` the global maximum
+    degree (the paper's ``hil = floor(log2(max degree))``).
     """
 
-    def __init__(self, comm, part, num_layers: int, nc: int, delay: int, max_degree: int,
+    def __init__(self, comm: Communicator, part, num_layers: int, nc: int, delay: int, max_degree: int,
                  record: bool = False):
         from hpcgnn.sampling.choice import degree_biased_choice
 
+        if not isinstance(comm, Communicator):
+            raise TypeError(f"AEP: comm must be a Communicator, got {type(comm).__name__}")
         self._choice = degree_biased_choice
-        self.comm = comm.Dup()       # collective; the AEP's point-to-point tags are its own
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
+        self.rank = comm.rank
+        self.size = comm.size
+        self.backend = comm.name     # mpi4py receives in place into reused buffers
         self.solid_begin = part.solid_begin
         self.num_solid = part.num_solid
         self.degrees = np.ascontiguousarray(part.degree, dtype=np.int64)
@@ -162,6 +167,7 @@ class AsyncEmbeddingPush:
         self.recv_caps = np.minimum(owned[:self.size], self.nc)
         self.recv_caps[self.rank] = 0
         self.peers = [q for q in range(self.size) if q != self.rank]
+        self.channel = comm.open_capped(self.recv_caps)   # collective; the AEP's tags are its own
         # The most rows this rank pushes per layer: per destination nc, or its halo vertices there.
         sends = np.diff(np.asarray(part.send_indptr, dtype=np.int64))[:self.size].copy()
         sends[self.rank] = 0
@@ -219,9 +225,10 @@ class AsyncEmbeddingPush:
                     b.ids, b.rows = np.empty(rows, np.int64), np.empty((rows, width), np.float32)
                 return b
         n = max(self.send_cap, rows)
-        return _Buffers(np.empty(n, np.int64), np.empty((n, width), np.float32),
-                        [[np.empty(int(self.recv_caps[q]), np.int64) for q in self.peers],
-                         [np.empty((int(self.recv_caps[q]), width), np.float32) for q in self.peers]])
+        recv = [[torch.empty(int(self.recv_caps[q]), dtype=torch.int64) for q in self.peers],
+                [torch.empty((int(self.recv_caps[q]), width), dtype=torch.float32) for q in self.peers]] \
+            if self.backend == "mpi4py" else []
+        return _Buffers(np.empty(n, np.int64), np.empty((n, width), np.float32), recv)
 
     def push(self, layer: int, iteration: int, frontier_local: np.ndarray, h: torch.Tensor,
              rng_key: int) -> None:
@@ -239,8 +246,9 @@ class AsyncEmbeddingPush:
             torch.index_select(hd, 0, torch.from_numpy(pos), out=torch.from_numpy(rows))
         elif n:
             rows[...] = hd.index_select(0, torch.from_numpy(pos).to(hd.device)).to("cpu", torch.float32).numpy()
-        exchange = PendingCappedExchange(self.comm, [ids, rows], counts, self.recv_caps, tag=2 * layer,
-                                         recv_buffers=buf.recv)
+        recv = buf.recv if self.backend == "mpi4py" else None
+        exchange = self.channel.start([torch.from_numpy(ids), torch.from_numpy(rows)], counts, tag=2 * layer,
+                                      recv_buffers=recv)
         self._queues[layer].append(_Pending(self.epoch, iteration, layer, exchange, buf))
         c = self.counters
         c.bytes_sent += n * (8 + 4 * int(rows.shape[1]))
@@ -263,6 +271,7 @@ class AsyncEmbeddingPush:
                                f"{iteration - self.delay}, found {pending.iteration}")
         t0 = time.perf_counter()
         (ids, rows), sources = pending.exchange.wait()
+        ids, rows, sources = ids.numpy(), rows.numpy(), sources.numpy()
         self.counters.wait_seconds += time.perf_counter() - t0
         self._free[layer].append(pending.buffers)      # the exchange is complete: reusable
         self.counters.rows_received[layer] += int(ids.shape[0])
@@ -272,7 +281,7 @@ class AsyncEmbeddingPush:
         return ids, rows
 
     def progress(self) -> None:
-        """Drive MPI progress of every posted exchange (cheap, non-blocking)."""
+        """Drive the progress of every posted exchange (cheap, non-blocking)."""
         for q in self._queues:
             for p in q:
                 p.exchange.test()
@@ -285,11 +294,11 @@ class AsyncEmbeddingPush:
         return sum(len(q) for q in self._queues)
 
     def close(self) -> None:
-        """Collective: release the duplicated communicator (after the last epoch; every posted
-        exchange has been received by then)."""
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
+        """Collective: release the channel (after the last epoch; every posted exchange has been
+        received by then)."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
     def assert_drained(self) -> None:
         """Raise if a posted exchange was never received (the epoch schedule is broken)."""

@@ -1,6 +1,7 @@
 """Exact minibatch mode (``minibatch.halo = "exact"``): DistDGL-style synchronous fetch of
-sampled neighbours and feature rows from their owners (an exchange, built on
-:mod:`hpcgnn.comm.alltoall`; the sampling itself is :mod:`hpcgnn.sampling.neighbor`'s).
+sampled neighbours and feature rows from their owners (exchanges of the data plane, a
+:class:`~hpcgnn.comm.communicator.Communicator`; the sampling itself is
+:mod:`hpcgnn.sampling.neighbor`'s).
 
 Definition (the accuracy and communication reference for the HEC mode). A rank's minibatch is
 sampled on the **whole** graph, not only inside its partition: at every hop the frontier
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hpcgnn.comm.alltoall import alltoallv, exchange_counts
+from hpcgnn.comm.communicator import Communicator
 
 
 @dataclass
@@ -74,14 +75,18 @@ def gather_segments(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) ->
 class ExactFetch:
     """Distributed sampling and feature pull for one rank (collective methods)."""
 
-    def __init__(self, comm, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None, features=None):
-        """``csr``: the partition's (indptr, local indices) when the caller holds them already
-        (the rank's graph store), else computed from ``part``; ``features``: the rank's
-        :class:`~hpcgnn.store.base.FeatureStore` of its solid rows (None: ``part.features``)."""
+    def __init__(self, comm: Communicator, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None,
+                 features=None):
+        """``comm``: the data plane; ``csr``: the partition's (indptr, local indices) when the
+        caller holds them already (the rank's graph store), else computed from ``part``;
+        ``features``: the rank's :class:`~hpcgnn.store.base.FeatureStore` of its solid rows
+        (None: ``part.features``)."""
         from hpcgnn.sampling.neighbor import NeighborSampler
 
+        if not isinstance(comm, Communicator):
+            raise TypeError(f"exact fetch: comm must be a Communicator, got {type(comm).__name__}")
         self.comm = comm
-        self.size = comm.Get_size()
+        self.size = comm.size
         self.part = part
         self.offsets = np.asarray(part_offsets, dtype=np.int64)
         self.features = features
@@ -102,10 +107,10 @@ class ExactFetch:
     # ---- exchanges ------------------------------------------------------------
     def _alltoallv(self, send: np.ndarray, counts: np.ndarray, recv_counts=None, kind: str = "sample"):
         if recv_counts is None:
-            recv_counts = exchange_counts(self.comm, counts)
+            recv_counts = self.comm.exchange_counts(counts)
             self.counters.bytes_sent += 8 * (self.size - 1)
             self.counters.bytes_received += 8 * (self.size - 1)
-        rank = self.comm.Get_rank()
+        rank = self.comm.rank
         row = send.itemsize * (int(np.prod(send.shape[1:])) if send.ndim > 1 else 1)
         sent = (int(counts.sum()) - int(counts[rank])) * row
         self.counters.bytes_sent += sent
@@ -115,7 +120,8 @@ class ExactFetch:
         else:
             self.counters.feature_bytes_sent += sent
         self.counters.exchanges += 1
-        return alltoallv(self.comm, send, counts, recv_counts), recv_counts
+        got = self.comm.alltoallv(torch.from_numpy(np.ascontiguousarray(send)), counts, recv_counts)
+        return got.numpy(), recv_counts
 
     def _request(self, gids: np.ndarray, kind: str):
         """Send ``gids`` to their owners: (order, send counts, requests received, their counts)."""
@@ -190,7 +196,7 @@ class ExactFetch:
         got, _ = self._alltoallv(np.ascontiguousarray(rows), req_counts, counts, kind="feature")
         out = np.empty((gids.shape[0], rows.shape[1]), dtype=rows.dtype)
         out[order] = got
-        mine = self.owner(gids) == self.comm.Get_rank()
+        mine = self.owner(gids) == self.comm.rank
         self.counters.inputs += int(gids.shape[0])
         self.counters.remote_inputs += int((~mine).sum())
         self.counters.seconds += time.perf_counter() - t0

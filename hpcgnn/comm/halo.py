@@ -9,7 +9,9 @@ into the owner's rows. :class:`HaloExchange` wraps the pair as one
 ``torch.autograd.Function`` (Megatron style: a collective with its adjoint),
 so a model written for one process trains exactly over K ranks.
 
-Every rank must call the same exchanges in the same order (collectives).
+Every exchange goes through the job's data plane, a
+:class:`~hpcgnn.comm.communicator.Communicator` (``comm`` below; None = one process, no halo);
+every rank must call the same exchanges in the same order (collectives).
 Partitions own contiguous global-ID ranges and ``halo_ids`` is sorted, so the
 rows received from sources 0..K-1, concatenated, are already in halo order.
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hpcgnn.comm.alltoall import alltoallv, exchange_counts
+from hpcgnn.comm.communicator import Communicator
 from hpcgnn.errors import InputError
 
 
@@ -59,8 +61,9 @@ class HaloPlan:
         return int(self.send_index.shape[0])
 
     @classmethod
-    def from_partition(cls, part, comm=None) -> "HaloPlan":
-        """Plan of ``part``'s exchange; with ``comm`` (collective) check the peers agree.
+    def from_partition(cls, part, comm: Communicator | None = None) -> "HaloPlan":
+        """Plan of ``part``'s exchange; with ``comm`` (a Communicator; collective) check the peers
+        agree.
 
         Raises InputError if the communicator size differs from the store's
         partition count or if the send lists of the owners do not match the
@@ -79,13 +82,12 @@ class HaloPlan:
         plan = cls(num_solid=part.num_solid, num_halo=part.num_halo, send_index=send_index,
                    send_counts=send_counts, recv_counts=recv_counts)
         if comm is not None:
-            if comm.Get_size() != k:
+            if comm.size != k:
                 raise InputError(f"the partition store has {k} partitions but the job has "
-                                 f"{comm.Get_size()} ranks (one rank per partition)")
-            expect = exchange_counts(comm, send_counts)
-            bad = bool(np.any(expect != recv_counts))
-            bad = comm.allreduce(bad)
-            if bad:
+                                 f"{comm.size} ranks (one rank per partition)")
+            expect = comm.exchange_counts(send_counts)
+            bad = torch.tensor([int(np.any(expect != recv_counts))], dtype=torch.int64)
+            if int(comm.allreduce_(bad, op="max")[0]):
                 raise InputError("partition store is inconsistent: a partition's halo rows do not "
                                  "match its owners' send lists")
         return plan
@@ -113,37 +115,49 @@ def from_wire(rows: np.ndarray, precision: str) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int16)).view(torch.bfloat16).float().numpy()
 
 
-def exchange_rows(comm, plan: HaloPlan, solid_rows: np.ndarray, precision: str = "fp32") -> np.ndarray:
+def alltoallv_rows(comm: Communicator, send: np.ndarray, send_counts, recv_counts) -> np.ndarray:
+    """Host rows through ``comm``'s blocking :meth:`~Communicator.alltoallv` (zero-copy torch
+    views of the numpy buffers on the way in and out)."""
+    return comm.alltoallv(torch.from_numpy(np.ascontiguousarray(send)), send_counts, recv_counts).numpy()
+
+
+def exchange_rows(comm: Communicator | None, plan: HaloPlan, solid_rows: np.ndarray,
+                  precision: str = "fp32") -> np.ndarray:
     """Forward exchange: halo rows [n_halo, ...] gathered from their owners' ``solid_rows``
     (float32 rows travel in the wire format ``precision``, :func:`to_wire`)."""
     send = solid_rows[plan.send_index] if plan.rows_sent else solid_rows[:0]
-    if comm is None or comm.Get_size() == 1:
+    if comm is None or comm.size == 1:
         return np.ascontiguousarray(send[:0])
     if precision == "fp32":
-        return alltoallv(comm, send, plan.send_counts, plan.recv_counts)
-    return from_wire(alltoallv(comm, to_wire(send, precision), plan.send_counts, plan.recv_counts), precision)
+        return alltoallv_rows(comm, send, plan.send_counts, plan.recv_counts)
+    return from_wire(alltoallv_rows(comm, to_wire(send, precision), plan.send_counts, plan.recv_counts),
+                     precision)
 
 
-def adjoint_rows(comm, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
+def adjoint_rows(comm: Communicator | None, plan: HaloPlan, halo_grads: np.ndarray) -> np.ndarray:
     """Adjoint exchange: halo gradients back to owners; rows aligned with ``plan.send_index``.
 
     The caller adds the result into its solid rows at ``send_index``
     (see :meth:`HaloProvider.accumulate`).
     """
-    if comm is None or comm.Get_size() == 1:
+    if comm is None or comm.size == 1:
         return np.ascontiguousarray(halo_grads[:0])
-    return alltoallv(comm, np.ascontiguousarray(halo_grads), plan.recv_counts, plan.send_counts)
+    return alltoallv_rows(comm, halo_grads, plan.recv_counts, plan.send_counts)
 
 
 class HaloProvider(ABC):
     """Where the halo rows of a layer's input come from and where their gradients go (one rank;
     every method is collective: all ranks call it for the same layers in the same order).
 
-    ``stats`` accumulates ``halo_s`` (seconds in exchanges) and ``halo_bytes`` (bytes this rank
-    sent, forward and adjoint); :meth:`reset_stats` clears it.
+    ``comm``: the data plane (a :class:`~hpcgnn.comm.communicator.Communicator`, None on one
+    process). ``stats`` accumulates ``halo_s`` (seconds in exchanges) and ``halo_bytes`` (bytes
+    this rank sent, forward and adjoint); :meth:`reset_stats` clears it.
     """
 
-    def __init__(self, comm, plan: HaloPlan, stats: dict | None = None):
+    def __init__(self, comm: Communicator | None, plan: HaloPlan, stats: dict | None = None):
+        if comm is not None and not isinstance(comm, Communicator):
+            raise TypeError(f"halo provider: comm must be a Communicator (hpcgnn.comm.communicator), "
+                            f"got {type(comm).__name__}")
         self.comm, self.plan = comm, plan
         self.stats = {} if stats is None else stats
 
@@ -158,7 +172,7 @@ class HaloProvider(ABC):
     @property
     def distributed(self) -> bool:
         """Whether there is anything to exchange (more than one rank)."""
-        return self.comm is not None and self.comm.Get_size() > 1
+        return self.comm is not None and self.comm.size > 1
 
     def reset_stats(self) -> None:
         self.stats.clear()
@@ -244,7 +258,8 @@ class ExactHalo(HaloProvider):
     in training (:func:`to_wire`; ``"bf16"`` halves their bytes); layer 0 and evaluation
     (:meth:`exact_mode`) always send float32."""
 
-    def __init__(self, comm, plan: HaloPlan, stats: dict | None = None, precision: str = "fp32"):
+    def __init__(self, comm: Communicator | None, plan: HaloPlan, stats: dict | None = None,
+                 precision: str = "fp32"):
         super().__init__(comm, plan, stats)
         self.precision = precision
         self._eval = False
@@ -313,7 +328,8 @@ def _account(stats: dict | None, t0: float, nbytes: int) -> None:
         stats["halo_bytes"] = stats.get("halo_bytes", 0) + int(nbytes)
 
 
-def halo_exchange(h_solid: torch.Tensor, comm, plan: HaloPlan, stats: dict | None = None) -> torch.Tensor:
+def halo_exchange(h_solid: torch.Tensor, comm: Communicator | None, plan: HaloPlan,
+                  stats: dict | None = None) -> torch.Tensor:
     """Differentiable exact halo exchange: [n_solid, ...] -> [n_solid + n_halo, ...] (collective;
     :meth:`ExactHalo.exchange`). ``stats`` (optional) accumulates ``halo_s`` and ``halo_bytes``."""
     return ExactHalo(comm, plan, stats).exchange(0, h_solid)
@@ -328,10 +344,11 @@ class HaloRounds:
     know ``n`` from the plan). On the receiver, :attr:`round_of` [num_halo] gives the round of
     every halo position and :attr:`row_in_round` its row in that round's buffer; the rows of
     round ``k`` arrive in increasing halo position. Every rank must call :meth:`round_rows` for
-    the same rounds in the same order (collective). ``comm`` None or of size 1: no halo.
+    the same rounds in the same order (collective). ``comm`` (a Communicator) None or of size 1:
+    no halo.
     """
 
-    def __init__(self, comm, plan: HaloPlan, rounds: int):
+    def __init__(self, comm: Communicator | None, plan: HaloPlan, rounds: int):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         self.comm, self.plan, self.rounds = comm, plan, int(rounds)
@@ -364,14 +381,14 @@ class HaloRounds:
         """Collective: this rank's halo rows of round ``k`` [round_sizes[k], ...] from their
         owners' ``solid_rows`` [num_solid, ...]."""
         plan = self.plan
-        if self.comm is None or self.comm.Get_size() == 1 or plan.num_parts == 1:
+        if self.comm is None or self.comm.size == 1 or plan.num_parts == 1:
             return np.ascontiguousarray(solid_rows[:0])
         lo, cnt = self._pieces(plan.send_counts, k)
         starts = self._send_off[:-1] + lo
         idx = np.repeat(starts - np.concatenate([[0], np.cumsum(cnt)])[:-1], cnt) + np.arange(cnt.sum())
         send = solid_rows[plan.send_index[idx]]
         _, rcnt = self._pieces(plan.recv_counts, k)
-        return alltoallv(self.comm, send, cnt.astype(np.int64), rcnt.astype(np.int64))
+        return alltoallv_rows(self.comm, send, cnt.astype(np.int64), rcnt.astype(np.int64))
 
     def all_rows(self, solid_rows: np.ndarray) -> np.ndarray:
         """Collective: every halo row at once (one exchange), [num_halo, ...]."""

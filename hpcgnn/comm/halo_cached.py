@@ -15,8 +15,9 @@ the epoch it last sent the row. At epoch ``t`` with staleness bound ``S`` and pi
 when the receiver does not cache it or when ``last_sent < t + lag - S`` (the cached copy would be
 older than ``S`` when used), and updates ``last_sent``. Layer 0 (the input features never change)
 sends a cached row once, ever. A message is the rows plus their int32 positions in the
-sender's segment for that receiver (point-to-point, :class:`~hpcgnn.comm.alltoall.PendingCappedExchange`:
-no count exchange); the receiver trusts the positions. So **every row used at epoch t was
+sender's segment for that receiver (a capped exchange of the data plane,
+:meth:`~hpcgnn.comm.communicator.Communicator.open_capped`: no blocking count exchange, at most the
+plan's halo rows per peer); the receiver trusts the positions. So **every row used at epoch t was
 written at an epoch >= t - S** (a hard bound; :meth:`~hpcgnn.cache.halo.ReceiverCache.assemble`
 raises if it ever would not hold), S = 0 without pipeline is the exact exchange, and the pipeline (which needs
 S >= 1) uses rows exactly one epoch old for the rows the receiver does not cache.
@@ -49,11 +50,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from hpcgnn.cache.halo import NEVER, TIER_NONE, ReceiverCache, admission
-from hpcgnn.comm.alltoall import PendingCappedExchange, alltoallv
-from hpcgnn.comm.halo import (WIRE_ITEMSIZE, HaloPlan, HaloProvider, adjoint_rows, exchange_rows, from_wire,
-                              to_wire)
+from hpcgnn.comm.communicator import Communicator, Pending
+from hpcgnn.comm.halo import (WIRE_ITEMSIZE, HaloPlan, HaloProvider, adjoint_rows, alltoallv_rows,
+                              exchange_rows, from_wire, to_wire)
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,11 @@ class SenderState:
 class _Message:
     """One started halo message of a layer: the exchange and the epoch its rows belong to."""
 
-    def __init__(self, exchange: PendingCappedExchange, epoch: int):
+    def __init__(self, exchange: Pending, epoch: int):
         self.exchange, self.epoch = exchange, epoch
 
 
-def duplication_counts(comm, plan: HaloPlan) -> np.ndarray:
+def duplication_counts(comm: Communicator, plan: HaloPlan) -> np.ndarray:
     """Collective: for every halo row of this rank, the number of partitions that hold the vertex
     as halo (its owner counts the destinations of the vertex in its send list)."""
     dup_solid = np.bincount(plan.send_index, minlength=plan.num_solid).astype(np.int64)
@@ -117,14 +119,15 @@ class CachedHalo(HaloProvider):
     ``widths`` [L]: the width of every layer's input; ``device``: where the device tier lives.
     Call :meth:`begin_epoch` before every training epoch, :meth:`close` after the last one."""
 
-    def __init__(self, comm, plan: HaloPlan, settings: CacheSettings, widths: list[int],
+    def __init__(self, comm: Communicator | None, plan: HaloPlan, settings: CacheSettings, widths: list[int],
                  device="cpu", stats: dict | None = None):
         super().__init__(comm, plan, stats)
         self.settings = settings
         self.widths = [int(w) for w in widths]
         self.num_layers = len(self.widths)
-        k = comm.Get_size() if comm is not None else 1
-        self._comm = comm.Dup() if self.distributed else None   # the point-to-point messages
+        k = comm.size if comm is not None else 1
+        # the forward messages: at most the plan's rows from each owner
+        self._channel = comm.open_capped(plan.recv_counts) if self.distributed else None
         if self.distributed:
             dup = duplication_counts(comm, plan)
         else:
@@ -138,7 +141,7 @@ class CachedHalo(HaloProvider):
         self.cache = ReceiverCache(tier, slot, self.widths, device)
         cached = (tier != TIER_NONE).astype(np.uint8)
         if self.distributed:
-            cacheable = alltoallv(comm, cached, plan.recv_counts, plan.send_counts).astype(bool)
+            cacheable = alltoallv_rows(comm, cached, plan.recv_counts, plan.send_counts).astype(bool)
         else:
             cacheable = np.zeros(plan.rows_sent, dtype=bool)
         self.sender = SenderState(cacheable, self.num_layers)
@@ -175,13 +178,13 @@ class CachedHalo(HaloProvider):
             msg.exchange.test()
 
     def close(self) -> None:
-        """Collective: complete outstanding pipelined messages and free the communicator."""
+        """Collective: complete outstanding pipelined messages and close the channel."""
         for msg in self._pending.values():
             msg.exchange.wait()
         self._pending.clear()
-        if self._comm is not None:
-            self._comm.Free()
-            self._comm = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     # ---- the provider ----------------------------------------------------------------------
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
@@ -200,7 +203,7 @@ class CachedHalo(HaloProvider):
             # blocking: this epoch's rows (the first pipelined epoch too)
             msg = self._start(layer, solid_rows, lag=0, constant=constant)
             w0 = time.perf_counter()
-            (idx, rows), src = msg.exchange.wait()
+            (idx, rows), src = _host(msg.exchange.wait())
             wait_s = time.perf_counter() - w0
             used_sent = msg.epoch
             if s.pipeline and not constant:
@@ -208,7 +211,7 @@ class CachedHalo(HaloProvider):
         else:
             prev = self._pending.pop(layer)
             w0 = time.perf_counter()
-            (idx, rows), src = prev.exchange.wait()
+            (idx, rows), src = _host(prev.exchange.wait())
             wait_s = time.perf_counter() - w0
             used_sent = prev.epoch
             self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
@@ -247,7 +250,8 @@ class CachedHalo(HaloProvider):
             rows = to_wire(rows, s.precision)      # int16 rows for bf16: half the bytes
         idx = self._seg_pos[sel]
         counts = np.bincount(self._dest[sel], minlength=self.plan.num_parts).astype(np.int64)
-        ex = PendingCappedExchange(self._comm, [idx, rows], counts, self.plan.recv_counts, tag=2 * layer)
+        ex = self._channel.start([torch.from_numpy(idx), torch.from_numpy(np.ascontiguousarray(rows))], counts,
+                                 tag=2 * layer)
         payload, index = int(rows.nbytes), int(idx.nbytes)
         self.account(time.perf_counter(), payload + index)
         if not self._exact:
@@ -315,6 +319,12 @@ class CachedHalo(HaloProvider):
         ``halo_adjoint`` (gradient exchanges)."""
         return {**super().timing_report(), "halo_wait": float(self.stats.get("halo_wait_s", 0.0)),
                 "halo_adjoint": float(self.stats.get("halo_adjoint_s", 0.0))}
+
+
+def _host(result) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """A capped exchange's ``(arrays, sources)`` as host numpy arrays."""
+    (idx, rows), src = result
+    return (idx.cpu().numpy(), rows.cpu().numpy()), src.numpy()
 
 
 def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ Two layouts of a ``[V, C]`` matrix over ``P`` ranks:
   ``V_i`` (about ``V/P`` vertices), in its *local order* (``TPLayout.own_ids``);
 * **feature layout**: rank ``i`` holds columns ``[c_i, c_(i+1))`` of every vertex, as a
   ``[V, w_i]`` buffer indexed by global vertex ID (``c_i = i * C // P``: widths differ by at
-  most one column; no padding, the counts of ``Alltoallv`` say who gets what).
+  most one column; no padding, the counts of the all-to-all say who gets what).
 
 **split** moves rows from the vertex to the feature layout, **gather** back. Both are built on
 one descriptor, :class:`Transfer`: a list ``T`` of global IDs grouped by owner rank
@@ -29,7 +29,9 @@ a later chunk that reuses it), the vertex-layout sets ``V_i`` are the union of r
 blocks (sizes within ``chunks`` rows of ``V/P``), and with one chunk ``V_i`` is the contiguous
 block ``[i V / P, (i+1) V / P)``. The gather of chunk ``j`` moves the rows ``V_j`` to their owners.
 
-Every rank must start the same exchanges in the same order (collectives).
+Every exchange goes through the job's data plane (a
+:class:`~hpcgnn.comm.communicator.Communicator`); every rank must start the same exchanges in
+the same order (collectives).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hpcgnn.comm.alltoall import PendingExchange
+from hpcgnn.comm.communicator import Communicator
 
 
 def column_bounds(width: int, size: int) -> np.ndarray:
@@ -214,12 +216,12 @@ def _place(buf: torch.Tensor, index: torch.Tensor, span, rows: torch.Tensor, acc
 
 
 class _Local:
-    """A completed exchange on one rank (no MPI): the received buffer is the sent one."""
+    """A completed exchange on one rank (no peers): the received buffer is the sent one."""
 
-    def __init__(self, buf: np.ndarray):
+    def __init__(self, buf: torch.Tensor):
         self._buf = buf
 
-    def wait(self) -> np.ndarray:
+    def wait(self) -> torch.Tensor:
         return self._buf
 
     def test(self) -> bool:
@@ -253,21 +255,31 @@ class Handle:
 
 
 class TPComm:
-    """The split/gather exchanges of one rank over ``comm`` (mpi4py; None or size 1 = local).
+    """The split/gather exchanges of one rank over ``comm`` (the data plane, a
+    :class:`~hpcgnn.comm.communicator.Communicator`; None or size 1 = local).
 
-    Buffers are CPU tensors (float32/float64); CUDA tensors are staged through the host.
+    Send buffers are made on the communicator's device (the host for mpi4py and gloo: CUDA
+    tensors are staged through it; the GPU for nccl); received rows are placed on the device of
+    the destination buffer.
     """
 
-    def __init__(self, comm, layout: TPLayout, stats: CommStats | None = None):
-        self.comm = comm if comm is not None and comm.Get_size() > 1 else None
+    def __init__(self, comm: Communicator | None, layout: TPLayout, stats: CommStats | None = None):
+        if comm is not None and not isinstance(comm, Communicator):
+            raise TypeError(f"tensor parallel: comm must be a Communicator, got {type(comm).__name__}")
+        self.comm = comm if comm is not None and comm.size > 1 else None
         self.layout = layout
         self.size, self.rank = layout.size, layout.rank
         self.stats = stats if stats is not None else CommStats()
 
-    def _start(self, send: np.ndarray, send_counts: np.ndarray, recv_counts: np.ndarray):
+    @property
+    def wire_device(self) -> torch.device:
+        """Where send buffers are made (the communicator's device; the host without peers)."""
+        return self.comm.device if self.comm is not None else torch.device("cpu")
+
+    def _start(self, send: torch.Tensor, send_counts: np.ndarray, recv_counts: np.ndarray):
         if self.comm is None:
             return _Local(send)
-        return PendingExchange(self.comm, send, send_counts, recv_counts)
+        return self.comm.start_alltoallv(send, send_counts, recv_counts)
 
     # ---- vertex layout -> feature layout -------------------------------------------------------
     def start_to_cols(self, tr: Transfer, x_rows: torch.Tensor, zbuf: torch.Tensor, kind: str = "split",
@@ -284,17 +296,17 @@ class TPComm:
             send = rows.contiguous()
         else:
             send = torch.cat([rows[:, cb[k]:cb[k + 1]].reshape(-1) for k in range(self.size)])
-        send = send.cpu().reshape(-1)
+        send = send.to(self.wire_device).reshape(-1)
         n_mine = int(tr.counts[self.rank])
         send_counts = n_mine * widths
         w = int(widths[self.rank])
         recv_counts = tr.counts * w
         nbytes = (int(send_counts.sum()) - int(send_counts[self.rank])) * send.element_size()
-        pending = self._start(send.numpy(), send_counts, recv_counts)
+        pending = self._start(send, send_counts, recv_counts)
         m = tr.num_rows
 
-        def place(recv: np.ndarray):
-            got = torch.from_numpy(recv).view(m, w).to(zbuf.device)
+        def place(recv: torch.Tensor):
+            got = recv.view(m, w).to(zbuf.device)
             _place(zbuf, tr.ids, tr.contiguous_ids, got, accumulate)
             return zbuf
 
@@ -310,16 +322,17 @@ class TPComm:
         cb = column_bounds(width, self.size)
         widths = np.diff(cb)
         w = int(widths[self.rank])
-        send = _rows(zbuf.detach(), tr.ids.to(zbuf.device), tr.contiguous_ids).contiguous().cpu().reshape(-1)
+        send = _rows(zbuf.detach(), tr.ids.to(zbuf.device), tr.contiguous_ids).contiguous()
+        send = send.to(self.wire_device).reshape(-1)
         send_counts = tr.counts * w
         n_mine = int(tr.counts[self.rank])
         recv_counts = n_mine * widths
         nbytes = (int(send_counts.sum()) - int(send_counts[self.rank])) * send.element_size()
-        pending = self._start(send.numpy(), send_counts, recv_counts)
+        pending = self._start(send, send_counts, recv_counts)
         size = self.size
 
-        def place(recv: np.ndarray):
-            flat = torch.from_numpy(recv)
+        def place(recv: torch.Tensor):
+            flat = recv
             if size == 1:
                 full = flat.view(n_mine, width)
             else:

@@ -1,5 +1,6 @@
 """`hpcgnn infer RUN --out FILE.h5 [--checkpoint FILE] [--what logits|embeddings|predictions]
-[--layer L] [--partitions DIR] [--device D] [--force]` (collective: under mpiexec/srun, or one process).
+[--layer L] [--partitions DIR] [--device D] [--backend B] [--force]` (collective: under mpiexec/srun, or
+one process).
 
 Loads the run's configuration (``RUN/run.h5``) and a checkpoint (the newest in
 ``RUN/checkpoints`` unless ``--checkpoint``), runs exact full-neighbour inference in bounded memory
@@ -9,7 +10,9 @@ in the graph file's vertex order (docs/infer.md):
 * ``logits`` float32 [V, C], ``predictions`` int64 [V] (their argmax) or ``embeddings`` float32
   [V, W] (the output of layer ``--layer``, 1-based, default the last hidden layer);
 * ``vertex_ids`` int64 [V]: the graph file's id of every row (``0 .. V-1``);
-* attributes: ``what``, ``layer``, ``num_layers``, ``engine``, ``checkpoint``,
+* attributes: ``what``, ``layer``, ``num_layers``, ``engine``, ``comm_backend`` (what carried the
+  data plane, ``runtime.backend`` of the run's configuration; ``""`` when none was made),
+  ``mpi_library``, ``checkpoint``,
   ``checkpoint_epoch``, ``checkpoint_sha256`` (of the checkpoint file), the run and store
   read, the rank count, seconds and per-rank peak resident memory.
 
@@ -179,8 +182,10 @@ def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[
     rt.agree(error)
     mb = cfg.minibatch
     features = HostFeatureStore(part.features).full_rows()
-    rows = partition_inference(model, part, rt.comm, features, device, rows=mb.eval_rows,
-                               halo_rounds=mb.eval_halo_rounds, num_layers=layer)
+    from hpcgnn.comm.communicator import make_communicator
+
+    rows = partition_inference(model, part, make_communicator(rt, cfg.runtime.backend, device), features, device,
+                               rows=mb.eval_rows, halo_rounds=mb.eval_halo_rounds, num_layers=layer)
     ids = np.arange(part.solid_begin, part.solid_end, dtype=np.int64)
     return ids, rows.cpu()
 
@@ -327,6 +332,8 @@ def add_arguments(parser) -> None:
                              "per rank of this job and partition the run's graph")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
                         help="compute device (default: the run's train.device; one GPU per rank)")
+    parser.add_argument("--backend", choices=("mpi4py", "auto", "gloo", "nccl", "ccl"),
+                        help="what carries the data plane (default: the run's runtime.backend)")
     parser.add_argument("--block-bytes", default="64MiB", metavar="SIZE",
                         help="rank 0 assembles the file in blocks of this many bytes of rows "
                              "(default 64MiB)")
@@ -394,9 +401,30 @@ def _resolve(args, size: int) -> dict:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise InputError("--device cuda: torch sees no CUDA device")
         data["train"]["device"] = args.device
-    from hpcgnn.run.config import Config
+    from hpcgnn.run.config import Config, check_backend
 
-    return {"run_dir": run_dir, "attrs": attrs, "cfg": Config(data), "engine": engine, "layer": layer,
+    if getattr(args, "backend", None):
+        data["runtime"]["backend"] = args.backend
+    cfg = Config(data)
+    try:   # the data plane on this job's device: nccl on the CPU is one line, before any data
+        check_backend(cfg)
+    except InputError as exc:
+        if getattr(args, "backend", None):
+            raise
+        if not args.device:
+            raise InputError(f"{exc} (the run's setting; pass --backend to choose another)") from None
+        # --device moved the job (a GPU run inferred on CPUs): the run's backend cannot follow
+        from hpcgnn.run.output import warn
+        from hpcgnn.supervisor import launcher_rank
+
+        run_backend = data["runtime"]["backend"]
+        data["runtime"]["backend"] = "auto"
+        cfg = Config(data)
+        chosen = check_backend(cfg)
+        if launcher_rank() in (None, 0):
+            warn(f"the run's runtime.backend = {run_backend!r} cannot run with --device {args.device}: "
+                 f"using {chosen!r} (auto; pass --backend to choose)")
+    return {"run_dir": run_dir, "attrs": attrs, "cfg": cfg, "engine": engine, "layer": layer,
             "out": out, "store": store, "meta": meta, "run_hash": run_hash, "ckpt": ckpt,
             "block_bytes": block_bytes}
 
@@ -447,7 +475,7 @@ def _infer(args) -> int:
     from hpcgnn import __version__
     from hpcgnn.run.memory import peak_rss_bytes
     from hpcgnn.units import fmt_bytes
-    from hpcgnn.runtime import Runtime
+    from hpcgnn.runtime import Runtime, mpi_library
 
     rt = Runtime.start()
     with rt.guard():
@@ -477,6 +505,10 @@ def _infer(args) -> int:
         else:
             rt.agree(f"{s['run_dir']}: engine {engine!r} has no inference path "
                      "(expected minibatch, fullgraph or tensor)")
+        if getattr(args, "verbose", False) and rt.is_root:
+            from hpcgnn.commands.train import say_data_plane
+
+            say_data_plane(rt)
         if args.what == "predictions":
             rows = rows.argmax(dim=1).to(torch.int64)
         values = rows.detach().cpu().contiguous().numpy()
@@ -498,6 +530,8 @@ def _infer(args) -> int:
             "source_hash": str(meta.attrs.get("source_hash", "")),
             "num_nodes": int(meta.num_nodes), "num_ranks": int(rt.size),
             "config": cfg.to_json(), "inference_seconds": float(seconds),
+            "comm_backend": rt.data_plane.name if rt.data_plane is not None else "",
+            "mpi_library": mpi_library(),
             "peak_rss_bytes": np.asarray(peaks if peaks is not None else [], dtype=np.int64),
             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "hpcgnn_version": __version__,
         }

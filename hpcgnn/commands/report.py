@@ -118,7 +118,19 @@ def summarise(run: dict) -> dict:
                                              "test_acc": evaluated[-1].get("test_acc")},
         "mean_epoch_time_s": float(np.mean(times)) if times else None,
         "memory_per_rank": _memory_per_rank(run),
+        "comm_backend": _label_values(run, "comm_backend"),
+        "mpi_library": _label_values(run, "mpi_library"),
     }
+
+
+def _label_values(run: dict, name: str) -> str | None:
+    """The distinct values of ``labels/<name>`` over epochs and ranks, ", "-joined (None when the
+    file has none: written before the label, or nothing recorded it)."""
+    values = run.get("labels", {}).get(name)
+    if values is None:
+        return None
+    seen = list(dict.fromkeys(str(v) for v in np.asarray(values).reshape(-1) if str(v)))
+    return ", ".join(seen) or None
 
 
 def _store_row(c: dict, i: int) -> dict:
@@ -182,6 +194,8 @@ def format_table(s: dict) -> str:
              f"model      {model.get('arch')} layers {model.get('layers')} hidden {model.get('hidden')} "
              f"dropout {model.get('dropout')}; lr {train.get('lr')} wd {train.get('weight_decay')} "
              f"seed {train.get('seed')}"]
+    if s.get("comm_backend") or s.get("mpi_library"):
+        lines.insert(2, f"comm       data plane {s.get('comm_backend') or '-'}; MPI {s.get('mpi_library') or '-'}")
     if s["engine"] == "minibatch":
         lines.append(f"minibatch  batch {mb.get('batch_size')} fanouts {mb.get('fanouts')} halo "
                      f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "

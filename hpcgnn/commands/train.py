@@ -28,15 +28,26 @@ def run(args) -> int:
     return run_watched(lambda: _train(args))
 
 
+def say_data_plane(rt) -> None:
+    """``hpcgnn -v``: one line naming what carries the data plane (``Runtime.data_plane``, made by
+    the engine from ``runtime.backend``) and the MPI library of the job."""
+    from hpcgnn.runtime import mpi_library
+
+    plane = getattr(rt, "data_plane", None)
+    print(f"hpcgnn: data plane {plane.name if plane is not None else 'none (the engine made none)'} "
+          f"on {rt.size} rank(s); MPI library {mpi_library()}", flush=True)
+
+
 def _train(args) -> int:
     from hpcgnn.partition.store import read_meta
-    from hpcgnn.run.config import load_config
+    from hpcgnn.run.config import check_backend, load_config
     from hpcgnn.run.output import RunOutput
     from hpcgnn.runtime import Runtime
 
     rt = Runtime.start()
     with rt.guard():
         cfg = rt.agree_on(lambda: load_config(args.config, args.set))
+        rt.agree_on(lambda: check_backend(cfg))   # nccl on the CPU, ccl absent: one line, exit 2
         rt.apply_settings(cfg.runtime)
         meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
         if meta.num_parts != rt.size:
@@ -46,6 +57,9 @@ def _train(args) -> int:
         from hpcgnn.engine.estimate import check_memory
 
         check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
+        from hpcgnn.engine.estimate import check_device_memory
+
+        check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
         out.set_attrs(rank_threads=rt.comm.allgather(rt.threads))   # per rank, as they ran
         from hpcgnn.engine.hooks import make_hooks
@@ -54,6 +68,8 @@ def _train(args) -> int:
 
         hooks = make_hooks(cfg, rt, out)
         engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
+        if getattr(args, "verbose", False) and rt.is_root:
+            say_data_plane(rt)
         fit(engine, cfg, rt, out, hooks)
         out.close()
         rt.finish()

@@ -10,19 +10,27 @@ from the last rank. It exchanges
 2. float32 rows of width 3 with ``start_alltoallv(...).wait()`` (counts given);
 3. the same rows with ``start_alltoallv`` exchanging the counts itself, completed
    by polling ``test()``;
-4. the same rows with torch.distributed ``all_to_all_single(..., async_op=True)``
-   (``--backend none`` skips it);
+4. through the data plane's seam (:func:`hpcgnn.comm.communicator.make_communicator` for
+   ``--backend``: mpi4py, gloo, nccl, ccl or auto, as ``runtime.backend``; ``none`` skips it):
+   the int64 rows with the blocking ``alltoallv`` (counts exchanged by the seam), the float32
+   rows with ``start_alltoallv`` (counts given) completed by polling ``test()``, an
+   ``allreduce_`` of the send counts, an ``allgatherv`` of the int64 rows and a ``broadcast_``
+   of rank 0's float rows;
 5. the int64 and float32 rows to the other ranks (not to itself) as two capped
    point-to-point exchanges posted back to back on the same tags (``PendingCappedExchange``,
    no count exchange; the second sends the float rows plus one), the first completed by
    polling ``test()``.
 
+A backend that cannot run here (nccl without a GPU or without NCCL in torch, ccl without
+oneccl_bindings_for_pytorch) is one line on rank 0 and exit 2 on every rank, before any exchange.
+On a GPU (nccl, or auto with CUDA) the seam's tensors live on the rank's GPU.
+
 Rank 0 prints the ``hello`` line of every rank (see :mod:`hpcgnn.demos.hello`),
 then one exchange summary line per rank. With ``--out DIR`` every rank writes what
 it sent and received to ``DIR/rank-<r>.npz`` (send_counts, recv_counts, send_int,
-send_float, recv_int, recv_float_given, recv_float_counted, recv_float_torch, capped_int,
-capped_float, capped_sources, capped_float2) for
-checking against a reference.
+send_float, recv_int, recv_float_given, recv_float_counted, capped_int, capped_float,
+capped_sources, capped_float2 and, through the seam, plane_int, plane_float, plane_counts_sum,
+plane_gather, plane_bcast) for checking against a reference.
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from hpcgnn.demos.hello import describe
 from hpcgnn.runtime import Runtime
 
 WIDTH = 3
+BACKEND_CHOICES = ("mpi4py", "gloo", "nccl", "ccl", "auto", "none")
 
 
 def send_plan(rank: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -53,15 +62,58 @@ def send_plan(rank: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray, 
     return counts, rows_int, rows_float
 
 
+def _check_backend(backend: str, device: str) -> str:
+    """The data plane ``--backend`` gives on ``device``; InputError (one line) when it cannot run."""
+    from hpcgnn.comm.communicator import choose_backend
+    from hpcgnn.errors import InputError
+
+    try:
+        return choose_backend(backend, device)
+    except InputError as exc:
+        raise InputError(f"--backend {backend}: {exc}") from None
+
+
+def _through_plane(rt, backend: str, device: str, counts, recv_counts, rows_int, rows_float) -> dict:
+    """Collective: the rows through the seam (``make_communicator``), results as host arrays."""
+    import torch
+
+    from hpcgnn.comm.communicator import make_communicator
+
+    plane = make_communicator(rt, backend, device)
+    on = plane.device
+    x_int, x_float = torch.from_numpy(rows_int).to(on), torch.from_numpy(rows_float).to(on)
+    got_int = plane.alltoallv(x_int, counts)
+    pending = plane.start_alltoallv(x_float, counts, recv_counts)
+    while not pending.test():   # drive progress as an engine overlapping compute would
+        pass
+    got_float = pending.wait()
+    total = plane.allreduce_(torch.from_numpy(counts.copy()).to(on))
+    sizes = np.asarray(rt.comm.allgather(int(rows_int.shape[0])), dtype=np.int64)
+    gathered = plane.allgatherv(x_int, sizes)
+    root_rows = int(rt.comm.bcast(rows_float.shape[0], root=0))
+    bcast = x_float.clone() if rt.rank == 0 else torch.zeros((root_rows, WIDTH), dtype=torch.float32, device=on)
+    plane.broadcast_(bcast, root=0)
+    host = {"plane_int": got_int, "plane_float": got_float, "plane_counts_sum": total,
+            "plane_gather": gathered, "plane_bcast": bcast}
+    return {k: v.cpu().numpy() for k, v in host.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.demos.exchange", description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", default="gloo", help="torch.distributed backend: auto, gloo, nccl, ccl, none")
+    p.add_argument("--backend", default="gloo", choices=BACKEND_CHOICES,
+                   help="the data plane (runtime.backend): mpi4py, gloo, nccl, ccl, auto, or none")
     p.add_argument("--out", default=None, help="directory for the per-rank .npz dumps")
     args = p.parse_args(argv)
 
     rt = Runtime.start()
     with rt.guard():
+        device = "cpu"
+        if args.backend != "none":
+            import torch
+
+            device = "cuda" if args.backend in ("nccl", "auto") and torch.cuda.is_available() else "cpu"
+            rt.agree_on(lambda: _check_backend(args.backend, device))   # one line, exit 2 everywhere
         counts, rows_int, rows_float = send_plan(rt.rank, rt.size, args.seed)
         recv_int = alltoallv(rt.comm, rows_int, counts)
         recv_counts = exchange_counts(rt.comm, counts)
@@ -87,22 +139,14 @@ def main(argv: list[str] | None = None) -> int:
                       capped_sources=capped_sources, capped_float2=capped_float2)
         used = "none"
         if args.backend != "none":
-            import torch
-            import torch.distributed as dist
-
-            used = rt.init_torch_distributed(args.backend)
-            out = torch.empty((int(recv_counts.sum()), WIDTH), dtype=torch.float32)
-            work = dist.all_to_all_single(out, torch.from_numpy(rows_float),
-                                          output_split_sizes=recv_counts.tolist(),
-                                          input_split_sizes=counts.tolist(), async_op=True)
-            work.wait()
-            result["recv_float_torch"] = out.numpy()
+            result.update(_through_plane(rt, args.backend, device, counts, recv_counts, rows_int, rows_float))
+            used = rt.data_plane.name
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             np.savez(os.path.join(args.out, f"rank-{rt.rank}.npz"), **result)
         line = (f"exchange rank {rt.rank}/{rt.size}: sent {counts.tolist()} rows, received "
                 f"{recv_counts.tolist()} rows, {pending.bytes_sent} B float out, "
-                f"{pending.bytes_received} B float in, torch backend {used}")
+                f"{pending.bytes_received} B float in, data plane {used}")
         lines = rt.comm.gather((describe(rt), line), root=0)
         if rt.is_root:
             print("\n".join(hello for hello, _ in lines))

@@ -35,6 +35,14 @@ that fits a budget) and :func:`tensor_chunk_count` (``tensor.chunks`` as a count
 itself, ``tensor.device_memory`` in bytes, is :func:`hpcgnn.run.engines.tensor.device_budget`:
 the config's key check needs it, and run/ sits below this layer.
 
+The compute device has its own estimate, :func:`estimate_device_memory` (named terms: the
+store's device rows, the model, per engine activations / HECs / chunks / halo buffers, the CUDA
+context), checked before the first epoch by :func:`check_device_memory` against the GPU's free
+memory or ``runtime.device_memory_limit`` (one line naming the largest term and its setting,
+exit 2 on every rank), and sizing ``store.device_memory = 'auto'`` (:func:`store_auto_bytes`).
+On the CPU its terms are what :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts (the
+full graph's within 1 % on Cora; the minibatch frontier and the tensor chunk are upper bounds).
+
 This module is the project's one memory estimator, used through its public names:
 ``hpcgnn train``'s pre-run refusal (:func:`check_memory`), ``hpcgnn inspect STORE --config``
 (:func:`estimate_rank_memory`), the engines (the tensor engine's chunk sizing, the full graph's
@@ -76,15 +84,19 @@ class MemoryEstimate:
     shrink: dict = field(default_factory=dict)
     device: dict = field(default_factory=dict)   # GPU bytes not in ``terms`` (tensor engine on CUDA)
     params: int = 0                              # the model's parameter count (values)
+    phases: dict = field(default_factory=dict)   # terms of phases that never overlap, before
+                                                 # all but the largest were zeroed
 
     @property
     def total(self) -> int:
         return int(sum(self.terms.values()))
 
     def largest(self) -> tuple[str, int]:
-        name = max((k for k in self.terms if k != "baseline"), key=lambda k: self.terms[k],
-                   default="baseline")
-        return name, int(self.terms[name])
+        name = max((k for k in self.terms if k not in ("baseline", "cuda_context")),
+                   key=lambda k: self.terms[k], default=None)
+        if name is None:
+            name = next(iter(self.terms), "baseline")
+        return name, int(self.terms.get(name, 0))
 
 
 def part_shapes(store: str | Path, part_id: int) -> dict:
@@ -224,6 +236,7 @@ def model_terms(cfg, meta, est: MemoryEstimate, on_device: bool = False) -> None
 def _keep_largest(est: MemoryEstimate, names: tuple) -> None:
     """Phases that never overlap: zero all of ``names`` but the largest (the first on a tie)."""
     have = [k for k in names if k in est.terms]
+    est.phases.update({k: int(est.terms[k]) for k in have})
     if have:
         keep = max(have, key=lambda k: est.terms[k])
         for k in have:
@@ -479,7 +492,8 @@ def describe(est: MemoryEstimate) -> str:
 
 def check_memory(cfg, meta, rt) -> MemoryEstimate:
     """Collective: refuse (InputError on every rank) when the ranks of a node are estimated to
-    need more memory than the node offers them (``runtime.memory_limit``, else what
+    need more host memory than the node offers them (on a GPU the host part of the estimate,
+    :func:`host_device_peak`; the device's is :func:`check_device_memory`) (``runtime.memory_limit``, else what
     :func:`hpcgnn.run.memory.node_available_bytes` finds); ``runtime.memory_check = false``
     skips the refusal. Returns this rank's estimate."""
     import socket
@@ -487,14 +501,17 @@ def check_memory(cfg, meta, rt) -> MemoryEstimate:
     from hpcgnn.run.memory import node_available_bytes, rss_bytes
     from hpcgnn.units import fmt_bytes, parse_size
 
-    error, est = None, None
+    error, est, need_host = None, None, 0
     try:
         est = estimate_rank_memory(cfg, meta, rt.rank, rss_bytes())
+        # on a GPU only the host part counts here (the device's is check_device_memory's)
+        need_host = est.total if _device_type(cfg) != "cuda" else \
+            host_device_peak(cfg, meta, part_shapes(meta.path, rt.rank), est, rt.size, "cuda")[0]
     except InputError as exc:
         error = str(exc)
     rt.agree(error)
     host = socket.gethostname()
-    rows = rt.comm.allgather((host, rt.rank, est.total, rss_bytes(), est.largest(),
+    rows = rt.comm.allgather((host, rt.rank, need_host, rss_bytes(), est.largest(),
                               est.shrink.get(est.largest()[0], "")))
     mine = [r for r in rows if r[0] == host]
     need = sum(r[2] for r in mine)
@@ -659,3 +676,243 @@ def tensor_chunk_count(cfg, meta, parts: int, device_total: int | None = None) -
         return auto_chunks(cfg, meta, parts, budget, cfg.train.device)[0]
     except InputError:
         return 1
+
+
+# ---- the compute device's memory -------------------------------------------------------------
+
+DEVICE_SHRINK = {
+    "store_rows": "lower store.device_memory",
+    "model_state": f"shrink {MODEL_SHRINK}",
+    "optimizer_step": f"shrink {MODEL_SHRINK}",
+    "hec": "lower minibatch.cs",
+    "activations": None,            # per engine, below
+    "eval": "set minibatch.eval_rows / minibatch.eval_halo_rounds",
+    "topology": "more ranks (hpcgnn partition --parts)",
+    "chunks": "more ranks (hpcgnn partition --parts)",
+    "chunk": "raise tensor.chunks (or tensor.chunks = 'auto' with tensor.device_memory)",
+    "nn": "more ranks (the NN rows are V/P)",
+    "halo_cache": "lower fullgraph.cache_memory / fullgraph.cache_device_memory",
+    "halo_pipeline": "set fullgraph.pipeline = false",
+    "cuda_context": "nothing (the CUDA context and torch's kernels)",
+}
+
+
+def _device_type(cfg) -> str:
+    """``train.device`` as ``cuda`` / ``cpu`` (``auto``: cuda when torch sees a GPU)."""
+    dev = cfg.train.device
+    if dev == "auto":
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return dev
+
+
+def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, device: str | None = None,
+                           store_available: int | None = None) -> MemoryEstimate:
+    """Peak bytes on rank ``part_id``'s compute device, as named terms (``shrink``: the setting
+    that makes each smaller). ``device``: ``cuda`` or ``cpu`` (default ``train.device``); on the
+    CPU the terms are the tensors the engine places on its device, what
+    :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts there (``activations`` / ``chunk``; the
+    store's rows, the model and the topology stay where the host estimate counts them).
+
+    Terms: ``store_rows`` (the feature store's device tier: its budget, at most the rank's feature
+    rows; ``'auto'`` with ``store_available`` bytes: that, else every row), ``model_state``
+    (values, gradients, Adam's moments; bf16 copies), ``optimizer_step`` (the foreach Adam's
+    temporaries) and per engine: minibatch ``hec`` and the largest of ``activations`` (the
+    sampled frontiers), ``eval`` and the step; full graph in memory ``activations``, the local
+    block's ``topology`` and a cached/pipelined halo's buffers; offloaded ``chunks`` (their
+    topology) and ``activations`` (one batch of chunks); tensor ``nn`` (the NN layers on the
+    rank's rows) and ``chunk`` (one chunk's working set, :func:`tensor_device_bytes`); on CUDA
+    ``cuda_context``."""
+    from hpcgnn.store.budget import resolve_budget
+
+    dev = device or _device_type(cfg)
+    eng = cfg.train.engine
+    out = MemoryEstimate(part_id)
+    if eng == "tensor":
+        parts = max(int(meta.num_parts), 1)
+        chunks = tensor_chunk_count(cfg, meta, parts)
+        staged = cfg.tensor.staged or dev == "cuda"
+        sizes = model_param_sizes(cfg, meta.num_features, meta.num_classes)
+        nn_b, chunk_b = tensor_device_bytes(cfg, meta, parts, chunks, dev)
+        model = model_state_bytes(sizes, cfg.train.precision, MODEL_COPIES - 1)
+        if dev == "cuda":
+            rows = -(-int(meta.num_nodes) // parts)
+            feature_bytes = rows * int(meta.num_features) * F32
+            budget = resolve_budget(cfg.store.device_memory, feature_bytes, dev, store_available)
+            out.terms["store_rows"] = int(feature_bytes if budget is None else min(budget, feature_bytes))
+            out.terms["nn"] = int(nn_b - model_state_bytes(sizes, "fp32", MODEL_COPIES - 1))
+            out.terms["model_state"] = int(model)
+        if staged:
+            out.terms["chunk"] = int(chunk_b)
+    else:
+        s = shapes or part_shapes(meta.path, part_id)
+        host = estimate_rank_memory(cfg, meta, part_id, 0, s)
+        ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+        t = host.terms
+        if dev == "cuda":
+            feature_bytes = ns * int(meta.num_features) * F32
+            budget = resolve_budget(cfg.store.device_memory, feature_bytes, dev, store_available)
+            out.terms["store_rows"] = int(feature_bytes if budget is None else min(budget, feature_bytes))
+            sizes = model_param_sizes(cfg, meta.num_features, meta.num_classes)
+            out.terms["model_state"] = model_state_bytes(sizes, cfg.train.precision, MODEL_COPIES - 1)
+            out.terms["optimizer_step"] = adam_step_bytes(sizes, cfg.train.weight_decay, "cuda")
+        if eng == "minibatch":
+            out.terms["activations"] = minibatch_device_activations(cfg, meta, s)
+            if dev == "cuda":
+                if t.get("hec"):
+                    out.terms["hec"] = int(t["hec"])
+                if host.phases.get("eval"):
+                    out.terms["eval"] = int(host.phases["eval"])
+                _keep_largest(out, ("activations", "eval", "optimizer_step"))
+            out.shrink["activations"] = "lower minibatch.batch_size or minibatch.fanouts"
+        elif cfg.fullgraph.offload:
+            out.terms["activations"] = offload_batch_bytes(cfg, meta, s)
+            out.shrink["activations"] = "raise fullgraph.chunks or lower fullgraph.batch_chunks"
+            if dev == "cuda":
+                out.terms["chunks"] = int(t.get("chunks", 0))
+        else:
+            out.terms["activations"] = fullgraph_device_activations(cfg, meta, s)
+            out.shrink["activations"] = "set fullgraph.offload = true with fullgraph.chunks, or more ranks"
+            if dev == "cuda":
+                out.terms["topology"] = int((nl + 1 + ne) * I64)
+                for k in ("halo_cache", "halo_pipeline"):
+                    if t.get(k):
+                        out.terms[k] = int(t[k])
+    if dev == "cuda":
+        out.terms["cuda_context"] = CUDA_CONTEXT
+    for k in out.terms:
+        out.shrink.setdefault(k, DEVICE_SHRINK.get(k) or "more ranks")
+    return out
+
+
+def minibatch_frontier_rows(cfg, meta, s: dict) -> list[float]:
+    """Expected rows of every sampled layer's input (``rows[l]``, ``rows[layers]`` = the batch):
+    the batch, then each hop adds the expected distinct vertices of its fanout's draws."""
+    ns, nh, ne, nl = s["num_solid"], s["num_halo"], s["num_edges"], s["num_solid"] + s["num_halo"]
+    mb = cfg.minibatch
+    avg = ne / max(ns, 1)
+    rows = [float(min(mb.batch_size, max(s.get("num_train", ns), 1), max(ns, 1)))]
+    for fan in reversed(list(mb.fanouts)):
+        f = avg if fan < 0 else min(fan, avg)
+        rows.append(min(nl, rows[-1] + expected_distinct(nl, rows[-1] * f)))
+    return rows[::-1]
+
+
+def minibatch_device_activations(cfg, meta, s: dict) -> int:
+    """Bytes a minibatch step keeps on the device for backward: the gathered input rows and,
+    per layer, what it saves: projecting first (:func:`hpcgnn.nn.conv.sage_projects_first`, SAGE)
+    the projected sources and two destination tensors at the output width, else the
+    aggregate at the input width and two at the output width (GAT: also the projected sources
+    and the per-edge logits and attention per head); plus the block's CSR (int64 per edge and
+    destination). What :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU."""
+    from hpcgnn.nn.conv import sage_projects_first
+
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    rows = minibatch_frontier_rows(cfg, meta, s)
+    avg = ne / max(ns, 1)
+    arch = cfg.model.arch
+    total = rows[0] * widths[0] * F32
+    for l in range(layers):
+        wi, wo = widths[l], widths[l + 1]
+        n_src, n_dst = rows[l], rows[l + 1]
+        fan = cfg.minibatch.fanouts[l]
+        edges = n_dst * (avg if fan < 0 else min(fan, avg))
+        if arch == "sage" and sage_projects_first(wi, wo, int(n_src), int(n_dst), int(edges)):
+            saved = (n_src + 2 * n_dst) * wo * F32
+        elif arch == "gat":
+            saved = (n_src * wo + 2 * n_dst * wo) * F32 + 2 * edges * cfg.model.heads * F32
+        else:
+            saved = n_dst * (wi + 2 * wo) * F32
+        total += saved + (edges + n_dst + 1) * I64
+    return int(total)
+
+
+def fullgraph_device_activations(cfg, meta, s: dict) -> int:
+    """Bytes the in-memory full-graph engine keeps on the device for backward: layer 0's input
+    (a cacheable layer 0, SAGE or GCN without a halo cache, aggregates the features once and
+    keeps only that ``ns x w0`` aggregate, SAGE also the own rows; else every local row and the
+    aggregate), each hidden
+    layer's ``ns x w`` output (ReLU + dropout) and each later layer's exchanged ``nl x w`` input,
+    the degree scales; GAT also two per-edge tensors per head and layer. What
+    :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    cacheable = cfg.model.arch in ("sage", "gcn") and cfg.fullgraph.halo != "cached"
+    # SAGE's update reads the destinations' own rows too (lin_self): they stay as well
+    if cacheable:
+        act = (2 if cfg.model.arch == "sage" else 1) * ns * widths[0]
+    else:                  # GAT projects every local row first; else rows and their aggregate
+        act = (nl if cfg.model.arch == "gat" else nl + ns) * widths[0]
+    act += sum(ns * widths[l + 1] for l in range(layers - 1))
+    act += sum(nl * widths[l] for l in range(1, layers))
+    act = act * F32 + nl * F32
+    if cfg.model.arch == "gat":
+        act += 2 * ne * cfg.model.heads * F32 * layers
+    return int(act)
+
+
+def store_auto_bytes(cfg, meta, part_id: int, free: int, shapes: dict | None = None) -> int:
+    """Device bytes ``store.device_memory = 'auto'`` gives the store on rank ``part_id``: ``free``
+    (the device's free memory or ``runtime.device_memory_limit``) minus every other device term
+    (:func:`estimate_device_memory` with an empty store), at least 0."""
+    est = estimate_device_memory(cfg, meta, part_id, shapes, "cuda", store_available=0)
+    return max(int(free) - est.total, 0)
+
+
+def device_limit(cfg, device: str, torch_device=None) -> tuple[int | None, str]:
+    """``(bytes one rank may use on its device, where that figure comes from)``:
+    ``runtime.device_memory_limit`` when stated; else on CUDA the GPU's free memory
+    (:func:`hpcgnn.run.memory.device_free_bytes`, the CUDA context already in use); else None."""
+    from hpcgnn.run.memory import device_free_bytes
+    from hpcgnn.units import parse_size
+
+    stated = cfg.runtime.device_memory_limit
+    if stated:
+        return parse_size(stated, "runtime.device_memory_limit"), "runtime.device_memory_limit"
+    if device == "cuda":
+        got = device_free_bytes(torch_device if torch_device is not None else "cuda")
+        if got is not None:
+            return got[0], "the GPU's free memory"
+    return None, ""
+
+
+def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | None:
+    """Collective: refuse (InputError, exit 2 on every rank) before the first epoch when a rank's
+    estimated device peak (:func:`estimate_device_memory`) exceeds what its device offers
+    (:func:`device_limit`); ``runtime.memory_check = false`` skips the refusal. On CUDA with
+    ``store.device_memory = 'auto'`` also states the store's share
+    (:func:`hpcgnn.store.budget.set_auto_available`). Returns this rank's estimate (None when
+    no limit applies)."""
+    from hpcgnn.store.budget import set_auto_available
+    from hpcgnn.units import fmt_bytes
+
+    error, est, limit, source = None, None, None, ""
+    try:
+        dev = _device_type(cfg)
+        limit, source = device_limit(cfg, dev, torch_device)
+        if limit is not None:
+            measured_free = dev == "cuda" and source != "runtime.device_memory_limit"
+            auto = isinstance(cfg.store.device_memory, str) and cfg.store.device_memory.strip().lower() == "auto"
+            store_avail = None
+            if dev == "cuda" and auto:
+                room = limit + (CUDA_CONTEXT if measured_free else 0)
+                store_avail = store_auto_bytes(cfg, meta, rt.rank, room)
+                set_auto_available(store_avail)
+            est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail)
+            if measured_free:                 # the context is already part of the used memory
+                est.terms.pop("cuda_context", None)
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    if limit is None:
+        return None
+    rows = rt.comm.allgather((rt.rank, est.total, est.largest(), est.shrink.get(est.largest()[0], ""), limit))
+    error = None
+    over = [r for r in rows if r[1] > r[4]]
+    if cfg.runtime.memory_check and over:
+        rank, need, (name, size), shrink, lim = max(over, key=lambda r: r[1] - r[4])
+        where = source if source == "runtime.device_memory_limit" else f"{source} (rank {rank})"
+        error = (f"train: the device needs {fmt_bytes(need)} per rank (rank {rank}; largest: "
+                 f"{name.replace('_', ' ')} {fmt_bytes(size)}: {shrink}) but {where} is {fmt_bytes(lim)}")
+    rt.agree(error)
+    return est

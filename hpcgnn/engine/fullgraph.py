@@ -82,9 +82,10 @@ class LocalGraph:
 
 
 def build_local_graph(part, comm, fetch_halo: bool = True, store=None) -> LocalGraph:
-    """Collective: the rank's block structure, and its features with the halo rows fetched once
-    (layer 0's input never changes; ``fetch_halo`` False leaves them zero: a halo cache fetches
-    them). ``store``: the rank's :class:`~hpcgnn.store.rank.RankStore`; the topology and the
+    """Collective (``comm``: the data plane, a :class:`~hpcgnn.comm.communicator.Communicator`,
+    or None on one process): the rank's block structure, and its features with the halo rows
+    fetched once (layer 0's input never changes; ``fetch_halo`` False leaves them zero: a halo
+    cache fetches them). ``store``: the rank's :class:`~hpcgnn.store.rank.RankStore`; the topology and the
     solid rows are then read from it and the runners gather layer 0's solid rows through its
     feature store; None: from ``part``."""
     plan = HaloPlan.from_partition(part, comm)
@@ -373,20 +374,31 @@ class FullGraphEngine(Engine):
         self.store = store
         self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         t0 = time.perf_counter()
-        self.graph = graph = build_local_graph(part, rt.comm, fetch_halo=cfg.fullgraph.halo != "cached",
+        from hpcgnn.comm.communicator import make_communicator
+
+        # the data plane: every halo exchange and the parameter broadcast
+        self.data_plane = make_communicator(rt, cfg.runtime.backend, device)
+        self.graph = graph = build_local_graph(part, self.data_plane, fetch_halo=cfg.fullgraph.halo != "cached",
                                                store=store)
         del part            # the store holds the rows (and the topology) from here on
         self.model = build_model_from_config(cfg, int(graph.x0.shape[1]), out.meta.num_classes, rt, device)
         self.optimizer = build_optimizer(cfg, self.model)
         error, runner = None, None
         try:
-            runner = make_runner(cfg, self.model, graph, rt.comm, device, out.meta.num_classes)
+            runner = make_runner(cfg, self.model, graph, self.data_plane, device, out.meta.num_classes)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
         self.runner = runner
+        self.timer.memory = runner.meter     # the rank's one meter: the runner counts its device tensors
         runner.release_graph_inputs(graph)
-        self.reducer = GradientAllreduce(self.model, rt, op="sum")
+        from hpcgnn.comm.communicator import make_communicator
+
+        # sum of the partial gradients of the global mean loss; buckets start during backward on
+        # a duplicate of the data plane (the halo adjoints are collectives of their own), once
+        # each gradient has had the accumulations the first step counted (offloaded: per chunk)
+        self.reducer = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, device).duplicate(),
+                                         op="sum", accumulations="learn")
         self.n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
         if self.n_train == 0:
             rt.agree(f"{cfg.data.partitions}: the graph has no training vertices")
@@ -411,6 +423,7 @@ class FullGraphEngine(Engine):
         runner.begin_epoch(epoch)
         self.optimizer.zero_grad(set_to_none=True)
         self.hooks.before_step(epoch, 0)
+        self.reducer.begin()
         loss_local = runner.train_step(timer, self.n_train)
         with timer.phase("allreduce"):
             self.reducer(loss_local, epoch)     # raises on a non-finite loss or gradient
@@ -418,7 +431,8 @@ class FullGraphEngine(Engine):
             self.optimizer.step()
         loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
         self.hooks.after_step(epoch, 0, loss_local, int(self.graph.masks["train"].sum()), self.model)
-        return EpochResult(loss)
+        # gradient buckets whose allreduce started during backward (0 in the first, counting, epoch)
+        return EpochResult(loss, counters={"allreduce_buckets_in_backward": float(self.reducer.started_in_backward)})
 
     def finish_epoch(self, result: EpochResult) -> None:
         """The runner's and the store's counters and halo time, which include the evaluation

@@ -89,14 +89,15 @@ def chunk_block(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, begin
     return Block(num_src, end - begin, ptr, idx)
 
 
-def _rowwise(fn: Callable, h: torch.Tensor, rows: int):
+def _rowwise(fn: Callable, h: torch.Tensor, rows: int, device=None):
     """``fn(h)`` computed in row chunks of ``rows`` into preallocated outputs (a tensor or a
-    tuple of tensors), so no temporary of ``fn`` is larger than one chunk's."""
+    tuple of tensors), so no temporary of ``fn`` is larger than one chunk's; with ``device``
+    each chunk of ``h`` is copied there first (``h`` streamed, not copied whole)."""
     n = h.shape[0]
     outs = None
     for a in range(0, n, rows):
         b = min(n, a + rows)
-        res = fn(h[a:b])
+        res = fn(_on(h[a:b], device))
         single = isinstance(res, torch.Tensor)
         res = (res,) if single else tuple(res)
         if outs is None:
@@ -104,10 +105,15 @@ def _rowwise(fn: Callable, h: torch.Tensor, rows: int):
         for o, r in zip(outs, res):
             o[a:b] = r
     if outs is None:  # no rows
-        res = fn(h[:0])
+        res = fn(_on(h[:0], device))
         single = isinstance(res, torch.Tensor)
         outs = (res,) if single else tuple(res)
     return outs[0] if single else outs
+
+
+def _on(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device`` (None: where it is)."""
+    return t if device is None else t.to(device)
 
 
 @dataclass(eq=False)
@@ -123,12 +129,11 @@ class _Csr:
 
 def auto_rounds(comm, num_halo: int, width: int, budget_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
     """Collective: halo rounds such that one round of ``width``-wide float32 rows fits in
-    ``budget_bytes`` on every rank (the largest halo decides; same value on all ranks)."""
+    ``budget_bytes`` on every rank (the largest halo decides; same value on all ranks).
+    ``comm``: the data plane (a :class:`~hpcgnn.comm.communicator.Communicator`) or None."""
     need = max(1, -(-int(num_halo) * int(width) * 4 // int(budget_bytes)))
-    if comm is not None and comm.Get_size() > 1:
-        from mpi4py import MPI
-
-        need = int(comm.allreduce(need, op=MPI.MAX))
+    if comm is not None and comm.size > 1:
+        need = int(comm.allreduce_(torch.tensor([need], dtype=torch.int64), op="max")[0])
     return need
 
 
@@ -149,10 +154,14 @@ def partition_inference(model, part, comm, features: torch.Tensor, device, *, ro
                         halo_rounds: int = 0, plan=None, csr=None,
                         num_layers: int | None = None) -> torch.Tensor:
     """Collective: exact full-neighbour output of the model's first ``num_layers`` layers (default
-    all: the logits) for the solid rows of ``part`` [num_solid, width], on ``device``.
+    all: the logits) for the solid rows of ``part`` [num_solid, width], on ``device``; the halo
+    rows travel through ``comm``, the data plane (a
+    :class:`~hpcgnn.comm.communicator.Communicator`, None on one process).
 
-    ``features`` [num_solid, in_dim]: the solid rows' input (any device; a transient copy on
-    ``device`` when elsewhere); ``rows``: destination rows per chunk (0 = :func:`auto_rows`);
+    ``features`` [num_solid, in_dim]: the solid rows' input (any device; when elsewhere, host
+    rows of a tiered or host-only store, its rows are streamed to ``device`` chunk by chunk
+    where the first layer works row-wise, copied whole only where it aggregates them
+    unprojected: :func:`layerwise_inference`); ``rows``: destination rows per chunk (0 = :func:`auto_rows`);
     ``halo_rounds``: collectives per layer for the halo rows (0 = :func:`auto_rounds`, the
     same on every rank); ``plan``: the partition's :class:`~hpcgnn.comm.halo.HaloPlan` (built,
     collectively, when None); ``csr``: the partition's (indptr, local indices) (default
@@ -170,14 +179,14 @@ def partition_inference(model, part, comm, features: torch.Tensor, device, *, ro
     if any(isinstance(conv, GCNConv) for conv in model.layers):
         gcn_scale = gcn_norm(part.local_degree()[:part.num_solid])
     indptr, local_indices = part.local_csr() if csr is None else csr
-    return layerwise_inference(model, indptr, local_indices, features.to(device), halo, rows=rows,
-                               gcn_scale=gcn_scale, num_layers=num_layers)
+    return layerwise_inference(model, indptr, local_indices, features, halo, rows=rows,
+                               gcn_scale=gcn_scale, num_layers=num_layers, device=device)
 
 
 @torch.no_grad()
 def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid: torch.Tensor,
                         halo, *, rows: int = 0, gcn_scale: torch.Tensor | None = None,
-                        num_layers: int | None = None) -> torch.Tensor:
+                        num_layers: int | None = None, device=None) -> torch.Tensor:
     """Output of the model's first ``num_layers`` layers (default all) for the solid rows.
 
     ``x_solid`` [num_solid, in_dim]: layer-0 input of the solid rows; ``indptr``
@@ -185,12 +194,16 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     CSR over solid destinations; ``halo``: a :class:`~hpcgnn.comm.halo.HaloRounds` of the
     partition (collective calls: every rank runs the same layers); ``rows``: destination rows
     per chunk (0 = :func:`auto_rows`); ``gcn_scale`` [num_solid]: the solid rows'
-    :func:`~hpcgnn.nn.conv.gcn_norm` of their full-graph degrees (GCN layers). Returns [num_solid, width of the last layer run] on ``x_solid``'s
-    device; the model runs in eval mode and its mode is restored afterwards.
+    :func:`~hpcgnn.nn.conv.gcn_norm` of their full-graph degrees (GCN layers). ``device``: where
+    the layers run (default ``x_solid``'s device); when ``x_solid`` lives elsewhere its rows
+    are copied there in chunks of ``rows`` as the first layer reads them (GCN, projecting SAGE,
+    GAT's projection), whole only for an unprojected SAGE aggregation. Returns [num_solid, width
+    of the last layer run] on ``device``; the model runs in eval mode and its mode is restored
+    afterwards.
     """
     from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
 
-    device = x_solid.device
+    device = x_solid.device if device is None else torch.device(device)
     num_solid = int(x_solid.shape[0])
     num_local = num_solid + int(halo.num_halo)
     ip = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device)
@@ -231,15 +244,17 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                                       dtype=h.dtype, device=device)
                     for a in range(0, num_solid, rows):
                         b = min(num_solid, a + rows)
-                        src[a:b] = conv.source_rows(h[a:b], gcn_scale[a:b])
+                        src[a:b] = conv.source_rows(_on(h[a:b], device), gcn_scale[a:b])
                 else:
-                    src = _rowwise(conv.source_rows, h, rows) if conv.project_first else h
-                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows)
+                    src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
+                    if not conv.project_first:
+                        h = src
+                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, conv.backend)
                 out = None
                 for a in range(0, num_solid, rows):
                     b = min(num_solid, a + rows)
                     if isinstance(conv, SAGEConv):
-                        res = conv.update(acc[a:b] * inv_deg[a:b].unsqueeze(1), h[a:b])
+                        res = conv.update(acc[a:b] * inv_deg[a:b].unsqueeze(1), _on(h[a:b], device))
                     else:
                         ds = gcn_scale[a:b].unsqueeze(1)
                         res = acc[a:b] * ds + src[a:b] * ds
@@ -249,7 +264,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                             res = res + conv.bias
                     out = _store_rows(out, res, a, b, num_solid, model, final, reuse=acc)
                 if out is None:
-                    out = h.new_empty((0, _layer_width(model, l)))
+                    out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=device)
                 del acc, src
             else:
                 raise ValueError(f"layerwise_inference: unsupported layer {type(conv).__name__}")
@@ -260,9 +275,11 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
 
 
 def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Tensor,
-                        edge_group: torch.Tensor, remap: torch.Tensor, rows: int) -> torch.Tensor:
+                        edge_group: torch.Tensor, remap: torch.Tensor, rows: int,
+                        backend: str = "auto") -> torch.Tensor:
     """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
-    in-edges, the halo sources' rows arriving round by round from their owners."""
+    in-edges, the halo sources' rows arriving round by round from their owners (aggregation
+    ``backend``: the model's, :mod:`hpcgnn.nn.aggregate`)."""
     from hpcgnn.nn.aggregate import aggregate_sum
 
     num_solid = ip.shape[0] - 1
@@ -286,7 +303,7 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
             kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
             torch.cumsum(keep, 0, out=kept[1:])
             blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], remap[ix[lo:hi][keep]])
-            acc[a:b] += aggregate_sum(blk, x)
+            acc[a:b] += aggregate_sum(blk, x, backend=backend)
         del x
     return acc
 
@@ -298,7 +315,7 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
     h_local = torch.cat([h, halo_rows.reshape(-1, h.shape[1]).to(h.device, h.dtype)])
     del halo_rows
     num_local = int(h_local.shape[0])
-    z, el = _rowwise(conv.source_rows, h_local, rows)
+    z, el = _rowwise(conv.source_rows, h_local, rows, ip.device)   # streamed when h is elsewhere
     del h_local
     out = None
     for a in range(0, num_solid, rows):
@@ -308,7 +325,7 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
         res = res.mean(1) if final else res.flatten(1)
         out = _store_rows(out, res, a, b, num_solid, model, final)
     if out is None:
-        out = h.new_empty((0, _layer_width(model, l)))
+        out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=ip.device)
     return out
 
 

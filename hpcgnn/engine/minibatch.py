@@ -25,8 +25,11 @@ c. ``k < M - d``: push ``h_l`` of the frontier's solid vertices that are halo el
 d. the model computes layer ``l``.
 
 HEC_0 holds raw input features and never expires. Then loss (cross-entropy, mean over the
-rank's seeds), backward, one flat-buffer gradient allreduce (mean or sum over ranks), Adam step:
-parameters stay identical on all ranks. Every posted exchange is received within its epoch.
+rank's seeds), backward with the bucketed gradient allreduce started during it
+(:class:`~hpcgnn.comm.allreduce.GradientAllreduce`: ``train.grad_reduce = mean`` weighs each
+rank's gradient by its seeds in the step, so an empty or small batch does not shrink the update;
+``sum`` sums), Adam step: parameters stay identical on all ranks. Every posted exchange is
+received within its epoch.
 
 Feature rows and the local topology come from the rank's store (:mod:`hpcgnn.store`, ``[store]``:
 host-only, tiered or device-only; docs/store.md): the sampler reads the graph store's CSR in place,
@@ -171,6 +174,10 @@ class MinibatchEngine(Engine):
         self.num_solid = part.num_solid
         self.device = resolve_device(cfg, rt)
         self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda", cuda_device=self.device)
+        from hpcgnn.comm.communicator import make_communicator
+
+        # the data plane (AEP pushes, exact fetches, evaluation halo, parameter broadcast)
+        self.data_plane = make_communicator(rt, cfg.runtime.backend, self.device)
 
         from hpcgnn.store.graph import HostGraphStore
 
@@ -186,10 +193,11 @@ class MinibatchEngine(Engine):
 
         self.model = build_model_from_config(cfg, self.in_dim, self.num_classes, rt, self.device)
         self.optimizer = build_optimizer(cfg, self.model)
-        use_torch = cfg.runtime.backend != "mpi4py"
-        if use_torch:
-            rt.init_torch_distributed(cfg.runtime.backend, self.device.type)
-        self.reduce_grads = GradientAllreduce(self.model, rt, cfg.train.grad_reduce, use_torch)
+        from hpcgnn.comm.communicator import make_communicator
+
+        # buckets started during backward (which runs no collective here), mean weighted by seeds
+        self.reduce_grads = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, self.device),
+                                              cfg.train.grad_reduce)
         self.dims = [int(d) for d in self.model.in_dims]      # width of each layer's input h_l
 
         self.aep = None
@@ -199,7 +207,7 @@ class MinibatchEngine(Engine):
             from hpcgnn.cache.hec import HistoricalEmbeddingCache
 
             max_degree = allreduce_max(rt, int(part.degree.max()) if part.degree.size else 0)
-            self.aep = AsyncEmbeddingPush(rt.comm, part, cfg.model.layers, mb.nc, mb.delay, max_degree,
+            self.aep = AsyncEmbeddingPush(self.data_plane, part, cfg.model.layers, mb.nc, mb.delay, max_degree,
                                           record=self.hooks.wants_exchanges)
             # only this rank's halo vertices are ever pushed to it: no more rows than those
             rows = max(1, min(mb.cs, part.num_halo))
@@ -212,7 +220,7 @@ class MinibatchEngine(Engine):
         if self.halo_mode == "exact" or mb.eval == "sampled":
             from hpcgnn.comm.exact_fetch import ExactFetch
 
-            self.fetch = ExactFetch(rt.comm, part, out.meta.part_offsets, self.fanouts, self.seed,
+            self.fetch = ExactFetch(self.data_plane, part, out.meta.part_offsets, self.fanouts, self.seed,
                                     csr=self.graph.csr(), features=self.store.features)
         self.halo_plan = None
         if mb.eval == "full":
@@ -220,7 +228,7 @@ class MinibatchEngine(Engine):
 
             error = None
             try:
-                self.halo_plan = HaloPlan.from_partition(part, rt.comm)
+                self.halo_plan = HaloPlan.from_partition(part, self.data_plane)
             except InputError as exc:
                 error = str(exc)
             rt.agree(error)
@@ -281,6 +289,7 @@ class MinibatchEngine(Engine):
             raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
+        overlapped = 0          # gradient buckets started during backward, over the epoch's steps
         hooks = self.hooks
         overlap = self.store.prefetch.overlap
         nxt = None
@@ -288,42 +297,46 @@ class MinibatchEngine(Engine):
             hooks.before_step(epoch, k)
             seeds = order[bounds[k]:bounds[k + 1]]
             seed_torch(self.seed, _DROPOUT, epoch, k, rt.rank)
-            if self.halo_mode == "exact":
-                logits, y, stats = self._forward_exact(seeds, epoch, k)
-            else:
-                cur = nxt if k > 0 and overlap else self._prepare(seeds, epoch, k)
-                # sample minibatch k + 1 and start reading its rows while k computes
-                nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1) \
-                    if overlap and k + 1 < m else None
-                logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
-                cur = None          # the forward holds what backward needs; drop the rest now
+            with timer.memory.scope():    # the step's tensors kept for backward (CPU: counted)
+                if self.halo_mode == "exact":
+                    logits, y, stats = self._forward_exact(seeds, epoch, k)
+                else:
+                    cur = nxt if k > 0 and overlap else self._prepare(seeds, epoch, k)
+                    # sample minibatch k + 1 and start reading its rows while k computes
+                    nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1) \
+                        if overlap and k + 1 < m else None
+                    logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
+                    cur = None          # the forward holds what backward needs; drop the rest now
             sampled_edges += stats[0]
             inputs += stats[1]
             halo_inputs += stats[2]
             step_loss, loss = float("nan"), None
             with timer.phase("backward"):
                 self.optimizer.zero_grad(set_to_none=True)
+                self.reduce_grads.begin(0 if logits is None else int(y.shape[0]))   # this rank's seeds
                 if logits is not None:
                     loss = F.cross_entropy(logits, y)
                     loss.backward()
-                    step_loss = float(loss.detach())
-                    loss_sum += step_loss * int(y.shape[0])
+                    step_loss = loss.detach()     # on the device: read once per epoch, no sync here
+                    loss_sum = step_loss.double() * int(y.shape[0]) + loss_sum
                     seen += int(y.shape[0])
             if self.aep is not None:
                 self.aep.progress()
             with timer.phase("allreduce"):
                 self.reduce_grads(loss, epoch, k, m)     # raises on a non-finite loss or gradient
+            overlapped += self.reduce_grads.started_in_backward
             with timer.phase("optimizer"):
                 self.optimizer.step()
             hooks.after_step(epoch, k, step_loss, seeds.size, self.model)
         if self.aep is not None:
             self.aep.assert_drained()
         timings = {}
-        tot = allreduce_sum(rt, [loss_sum, seen])
+        tot = allreduce_sum(rt, [float(loss_sum), seen])
         loss = tot[0] / tot[1] if tot[1] else float("nan")
         counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
                     "input_vertices": inputs, "halo_inputs": halo_inputs,
-                    "allreduce_bytes": m * self.reduce_grads.bytes_per_call}
+                    "allreduce_bytes": m * self.reduce_grads.bytes_per_call,
+                    "allreduce_buckets_in_backward": overlapped}
         per_layer = {}
         if self.aep is not None:
             c = self.aep.counters
@@ -355,6 +368,7 @@ class MinibatchEngine(Engine):
         counters.setdefault("bytes_received", 0)
         counters.update(self.store.counters.as_dict())
         counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
+        counters["peak_device_bytes"] = float(timer.memory.peak_bytes)
         return EpochResult(loss, counters, timings, per_layer,
                            timing_parents={"comm_wait": "forward", "push": "forward"})
 
@@ -454,8 +468,8 @@ class MinibatchEngine(Engine):
         from hpcgnn.engine.inference import partition_inference
 
         mb = self.cfg.minibatch
-        # tiered on a GPU: a transient copy of the host rows on the device
-        return partition_inference(self.model, self.part, self.rt.comm, self.store.features.full_rows(),
+        # tiered on a GPU: the host rows stream to the device chunk by chunk (partition_inference)
+        return partition_inference(self.model, self.part, self.data_plane, self.store.features.full_rows(),
                                    self.device, rows=mb.eval_rows, halo_rounds=mb.eval_halo_rounds,
                                    plan=self.halo_plan, csr=self.graph.csr(), num_layers=num_layers)
 

@@ -15,6 +15,7 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     """The configured model; parameters seeded by cfg.train.seed and broadcast from rank 0.
 
     ``extra`` is passed to :func:`hpcgnn.nn.models.build_model` (e.g. GCN normalisation).
+    The layers aggregate with ``train.kernels`` (:func:`kernel_backend`).
     """
     from hpcgnn.nn.models import build_model
     from hpcgnn.nn.precision import set_precision
@@ -22,6 +23,7 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     m = cfg.model
     seed_torch(cfg.train.seed, -1)
     kwargs = dict(extra)
+    kwargs.setdefault("backend", kernel_backend(cfg, device))
     if m.arch == "gat":
         kwargs.setdefault("gat_variant", m.gat_variant)
     model = build_model(m.arch, in_dim, m.hidden, num_classes, m.layers, m.heads, m.dropout, **kwargs)
@@ -31,18 +33,38 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     return model
 
 
+def kernel_backend(cfg, device: torch.device | str = "cpu") -> str:
+    """The aggregation backend of ``train.kernels`` (:mod:`hpcgnn.nn.aggregate`: ``auto`` = the
+    native kernels on the CPU, the torch path on CUDA) on compute ``device``; also applies
+    ``train.deterministic`` to the torch path (:func:`hpcgnn.nn.aggregate.set_deterministic`).
+    InputError for ``native`` on a non-CPU device."""
+    from hpcgnn.errors import InputError
+    from hpcgnn.nn.aggregate import set_deterministic
+
+    kernels = cfg.train.kernels
+    if kernels == "native" and torch.device(device).type != "cpu":
+        raise InputError(f"train.kernels = 'native' runs on the CPU only, but train.device is "
+                         f"{torch.device(device).type}: use 'auto' or 'torch'")
+    set_deterministic(cfg.train.deterministic)
+    return kernels
+
+
 def broadcast_parameters(model: torch.nn.Module, rt) -> None:
-    """Overwrite every rank's parameters and buffers with rank 0's (one flat buffer)."""
+    """Overwrite every rank's parameters and buffers with rank 0's (one flat float32 buffer,
+    through the job's data plane ``rt.data_plane``; mpi4py on ``rt.comm`` before there is one)."""
+    from hpcgnn.comm.communicator import MpiCommunicator
+
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
     if not tensors:
         return
-    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]).numpy()
-    rt.comm.Bcast(flat, root=0)
+    comm = getattr(rt, "data_plane", None) or MpiCommunicator(rt.comm)
+    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors])
+    comm.broadcast_(flat, root=0)
     off = 0
     with torch.no_grad():
         for t in tensors:
             n = t.numel()
-            t.copy_(torch.from_numpy(flat[off:off + n]).view_as(t).to(t.device, t.dtype))
+            t.copy_(flat[off:off + n].view_as(t).to(t.device, t.dtype))
             off += n
 
 

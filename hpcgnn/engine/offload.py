@@ -42,8 +42,10 @@ import torch
 from hpcgnn.comm.halo import HaloProvider
 from hpcgnn.engine.chunk_schedule import (Chunk, TransferPlan, Volumes, build_transfer_plan, choose_schedule,
                                           make_chunks, schedule_volumes)
-from hpcgnn.engine.transfer import DeviceMemoryMeter, Loaded, RowMover, TransferCounter, host_empty, host_zeros
+from hpcgnn.engine.chunk_stream import ChunkStream
+from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter, host_empty, host_zeros
 from hpcgnn.errors import InputError
+from hpcgnn.store.mover import DeviceMover, Loaded
 
 
 class LayerOps(Protocol):
@@ -150,7 +152,7 @@ class OffloadEngine:
         self.settings = settings
         self.counter = counter or TransferCounter()
         self.meter = meter or DeviceMemoryMeter(self.device)
-        self.mover = RowMover(self.device, self.counter)
+        self.mover = DeviceMover(self.device, self.counter)
         self.rng = _RngReplay(self.device)
         self.chunks: list[Chunk] = make_chunks(indptr, local_indices, settings.chunks)
         row_bytes = x0.shape[1] * x0.element_size()
@@ -174,11 +176,9 @@ class OffloadEngine:
             x0 = x0[self.num_solid:].clone() if not self.pin else x0[self.num_solid:]
         self.h: list[torch.Tensor | None] = [x0.pin_memory() if self.pin else x0] + [None] * ops.num_layers
         self.agg: list[torch.Tensor | None] = [None] * ops.num_layers
-        self._slot_tensors = [[torch.from_numpy(s).to(self.device) for s in u.chunk_slots]
-                              for u in self.plan.units]
-        # chunks whose sources sit in slots 0..num_src-1 in order read the buffer without a copy
-        self._identity = [[bool(np.array_equal(s, np.arange(s.shape[0]))) for s in u.chunk_slots]
-                          for u in self.plan.units]
+        # the chunk loop over the plan (its slot tensors built once, on the device)
+        self.stream = ChunkStream(self.chunks, self.plan, self.device, self.meter)
+        self._device_topology = self._resident_topology()
 
     # ---- reporting -------------------------------------------------------
     @property
@@ -200,18 +200,45 @@ class OffloadEngine:
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory() if self.pin else t
 
-    def _chunk_inputs(self, c: int):
-        """Chunk ``c``'s block and context on the device (copied from host memory on CUDA)."""
+    def topology_bytes(self) -> int:
+        """Bytes of every chunk's CSR and context (what a resident device copy holds)."""
+        return int(sum(b.indptr.nbytes + b.indices.nbytes for b in self.blocks)
+                   + sum(v.nbytes for ctx in self.contexts for v in ctx.values()))
+
+    def _resident_topology(self):
+        """On CUDA, the chunks' blocks and contexts copied to the device once (counted as h2d
+        ``topo``) when they fit: their bytes plus three layer buffers of the plan (rows,
+        gradients, reloaded rows at the widest layer input) within the device's free memory;
+        None otherwise (then :meth:`_chunk_inputs` copies them per use). None on the CPU, where
+        the host blocks are used in place."""
+        if not self.cuda:
+            return None
+        widest = max([int(np.prod(self.h[0].shape[1:]))] + [int(getattr(c, "in_dim", 0))
+                                                              for c in getattr(self.ops, "convs", [])])
+        need = self.topology_bytes() + 3 * self.plan.capacity * widest * self.h[0].element_size()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > free:
+            return None
+        return [self._copy_inputs(c) for c in range(len(self.chunks))]
+
+    def _copy_inputs(self, c: int):
         from hpcgnn.sampling.block import Block
 
         block, ctx = self.blocks[c], self.contexts[c]
-        if not self.cuda:
-            return block, ctx
         dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
         self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes
                              + sum(v.nbytes for v in ctx.values()))
         return (Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)),
                 {k: dev(v) for k, v in ctx.items()})
+
+    def _chunk_inputs(self, c: int):
+        """Chunk ``c``'s block and context on the device: the host ones on the CPU, the
+        resident copies on CUDA when they fit, else copied from host memory per use."""
+        if not self.cuda:
+            return self.blocks[c], self.contexts[c]
+        if self._device_topology is not None:
+            return self._device_topology[c]
+        return self._copy_inputs(c)
 
     def _host_out(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         return host_empty((rows,) + tuple(like.shape[1:]), like.dtype, self.pin)
@@ -260,45 +287,34 @@ class OffloadEngine:
     def _forward_layer(self, l: int, training: bool) -> None:
         x_host = self.h[l]
         cache = training and self.modes[l] == "cache"
-        units = self.plan.units
-        buf = torch.empty((self.plan.capacity,) + tuple(x_host.shape[1:]), dtype=x_host.dtype,
-                          device=self.device)
-        self.meter.hold(buf.nbytes)
+        st = self.stream
         self._count_nodedup(x_host)
-        pending = self._load_rows(l, units[0].vertices[units[0].enter], "rows") if units else None
-        for ui, unit in enumerate(units):
-            rows = pending.get()
-            self.meter.hold(rows.nbytes)
-            buf.index_copy_(0, torch.from_numpy(unit.slots[unit.enter]).to(self.device), rows)
-            self.meter.release(rows.nbytes)
-            if ui + 1 < len(units):  # prefetch the next batch's new rows while this one computes
-                nxt = units[ui + 1]
-                pending = self._load_rows(l, nxt.vertices[nxt.enter], "rows")
-            for k, (c, slots) in enumerate(zip(unit.chunks, self._slot_tensors[ui])):
-                chunk = self.chunks[c]
-                with self.meter.scope(), torch.no_grad():
-                    x = self._gather(buf, slots, self._identity[ui][k])
-                    block, ctx = self._chunk_inputs(c)
-                    if training:
-                        self.rng.save((l, c))
-                    if cache:
-                        a = self.ops.aggregate(l, block, x, ctx)
-                        self.meter.track(a)
-                        out = self.ops.update(l, block, x[:chunk.num_dst], a, ctx)
-                        if self.agg[l] is None:
-                            self.agg[l] = self._host_out(self.num_solid, a)
-                        self.mover.store_range(a, self.agg[l], chunk.dst_begin, "cache")
-                    else:
-                        out = self.ops.forward(l, block, x, ctx)
-                    self.meter.track(out)
-                    if self.h[l + 1] is None:
-                        rows_out = self.num_solid if l + 1 == self.ops.num_layers else self.num_local
-                        self.h[l + 1] = self._host_out(rows_out, out)
-                        self.h[l + 1][self.num_solid:].zero_()  # halo rows: filled by the exchange
-                    self.mover.store_range(out, self.h[l + 1], chunk.dst_begin, "out")
+        load = lambda u: self._load_rows(l, st.enter_rows[u], "rows")  # noqa: E731
+        # the next batch's new rows are requested as soon as this one's are in the buffer
+        for step in st.forward(load, x_host.shape[1:], x_host.dtype, early_prefetch=True):
+            c = step.chunk
+            chunk = self.chunks[c]
+            with self.meter.scope(), torch.no_grad():
+                x = step.sources()
+                block, ctx = self._chunk_inputs(c)
+                if training:
+                    self.rng.save((l, c))
+                if cache:
+                    a = self.ops.aggregate(l, block, x, ctx)
+                    self.meter.track(a)
+                    out = self.ops.update(l, block, x[:chunk.num_dst], a, ctx)
+                    if self.agg[l] is None:
+                        self.agg[l] = self._host_out(self.num_solid, a)
+                    self.mover.store_range(a, self.agg[l], chunk.dst_begin, "cache")
+                else:
+                    out = self.ops.forward(l, block, x, ctx)
+                self.meter.track(out)
+                if self.h[l + 1] is None:
+                    rows_out = self.num_solid if l + 1 == self.ops.num_layers else self.num_local
+                    self.h[l + 1] = self._host_out(rows_out, out)
+                    self.h[l + 1][self.num_solid:].zero_()  # halo rows: filled by the exchange
+                self.mover.store_range(out, self.h[l + 1], chunk.dst_begin, "out")
         self.mover.synchronize()
-        self.meter.release(buf.nbytes)
-        del buf
 
     # ---- backward ------------------------------------------------------------
     def backward(self, grad_logits: torch.Tensor) -> None:
@@ -315,72 +331,37 @@ class OffloadEngine:
         recompute = self.modes[l] == "recompute"
         x_host = self.h[l]
         width = tuple(x_host.shape[1:])
-        units = self.plan.units
+        st = self.stream
         g_in = host_zeros((self.num_local,) + width, x_host.dtype, self.pin) if need_src else None
-        buf = gbuf = None
+        load = flush = None
         if recompute:
-            buf = torch.empty((self.plan.capacity,) + width, dtype=x_host.dtype, device=self.device)
-            self.meter.hold(buf.nbytes)
             self._count_nodedup(x_host)
+            load = lambda u: self._load_rows(l, st.leave_rows[u], "rows")  # noqa: E731
         if need_src:
-            gbuf = torch.zeros((self.plan.capacity,) + width, dtype=x_host.dtype, device=self.device)
-            self.meter.hold(gbuf.nbytes)
             self._count_nodedup(x_host, grads=True)
-        order = list(reversed(range(len(units))))
-        pending = None
-        if recompute and order:
-            u0 = units[order[0]]
-            pending = self._load_rows(l, u0.vertices[u0.leave], "rows")
-        for k, ui in enumerate(order):
-            unit = units[ui]
-            entering = torch.from_numpy(unit.slots[unit.leave]).to(self.device)
-            if recompute:
-                rows = pending.get()
-                self.meter.hold(rows.nbytes)
-                buf.index_copy_(0, entering, rows)
-                self.meter.release(rows.nbytes)
-                if k + 1 < len(order):
-                    nxt = units[order[k + 1]]
-                    pending = self._load_rows(l, nxt.vertices[nxt.leave], "rows")
-            if need_src:
-                gbuf.index_fill_(0, entering, 0.0)
-            for k in reversed(range(len(unit.chunks))):
-                self._backward_chunk(l, unit.chunks[k], self._slot_tensors[ui][k], self._identity[ui][k],
-                                     g_out, buf, gbuf, recompute, need_src)
-            if need_src:  # rows not resident in the previous batch leave the device now
-                flush = unit.enter
-                part = gbuf.index_select(0, torch.from_numpy(unit.slots[flush]).to(self.device))
-                self.mover.add_rows(part, g_in, unit.vertices[flush], "grad")
+            flush = lambda u, part, verts: self.mover.add_rows(part, g_in, verts, "grad")  # noqa: E731
+        for step in st.backward(width, x_host.dtype, flush=flush, load=load):
+            self._backward_chunk(l, step, g_out, recompute, need_src)
         self.mover.synchronize()
-        for t in (buf, gbuf):
-            if t is not None:
-                self.meter.release(t.nbytes)
         if not need_src:
             return None
         if self.halo is not None:
             self.halo.accumulate(l, g_in[:self.num_solid], g_in[self.num_solid:])
         return g_in[:self.num_solid]
 
-    def _gather(self, buf: torch.Tensor, slots: torch.Tensor, identity: bool) -> torch.Tensor:
-        """The chunk's source rows from the device buffer (a view when they are its prefix)."""
-        if identity:
-            return buf[:slots.shape[0]]  # already counted as the buffer
-        x = buf.index_select(0, slots)
-        self.meter.track(x)
-        return x
-
-    def _backward_chunk(self, l, c, slots, identity, g_out, buf, gbuf, recompute, need_src) -> None:
+    def _backward_chunk(self, l, step, g_out, recompute, need_src) -> None:
+        c = step.chunk
         chunk = self.chunks[c]
         block, ctx = self._chunk_inputs(c)
         with self.meter.scope(), self.rng.replay((l, c)):
             g = self.mover.load_range(g_out, chunk.dst_begin, chunk.dst_end, "grad").get()
             self.meter.track(g)
             if recompute:
-                x = self._gather(buf, slots, identity).detach().requires_grad_(need_src)
+                x = step.sources().detach().requires_grad_(need_src)
                 out = self.ops.forward(l, block, x, ctx)
                 torch.autograd.backward(out, g)
                 if need_src:
-                    gbuf.index_add_(0, slots, x.grad)
+                    step.gbuf.index_add_(0, step.slots, x.grad)
                 return
             a = self.mover.load_range(self.agg[l], chunk.dst_begin, chunk.dst_end, "cache").get()
             a.requires_grad_(True)
@@ -398,7 +379,7 @@ class OffloadEngine:
                 self.meter.track(gx)
                 if x_dst is not None and x_dst.grad is not None:
                     gx[:chunk.num_dst] += x_dst.grad
-                gbuf.index_add_(0, slots, gx)
+                step.gbuf.index_add_(0, step.slots, gx)
 
 
 class ModelLayerOps:

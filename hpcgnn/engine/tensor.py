@@ -34,18 +34,21 @@ in-edges (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, as the HongTu engin
 processed in the same order on every rank. The split is cut per chunk into the rows first
 needed by that chunk (de-duplicated: a row is sent once, later chunks reuse it), the gather
 per chunk into its destination rows; with ``tensor.pipeline`` all chunk splits are started at
-once (non-blocking ``Ialltoallv``) and chunk ``j``'s aggregation starts when split ``j`` is done,
-and chunk ``j``'s gather starts as soon as its last-round rows are computed. Backward runs the
-chunks in reverse order, so the output-gradient split of chunk ``j`` and the input-gradient
-gather of the rows first needed by chunk ``j`` (complete once chunks ``n-1..j`` are done) are
-overlapped the same way. Results equal the unchunked ones up to floating-point order.
+once (non-blocking all-to-alls of the data plane, ``Communicator.start_alltoallv``) and chunk
+``j``'s aggregation starts when split ``j`` is done, and chunk ``j``'s gather starts as soon as
+its last-round rows are computed. Backward runs the chunks in reverse order, so the
+output-gradient split of chunk ``j`` and the input-gradient gather of the rows first needed by
+chunk ``j`` (complete once chunks ``n-1..j`` are done) are overlapped the same way. Results
+equal the unchunked ones up to floating-point order.
 
 **Device path** (``train.device = "cuda"``, or ``tensor.staged`` with the CPU as the device):
-the NN layers run on the device; the topology and the ``[V, C/P]`` slices stay in host memory
-and every aggregation round streams the chunks through the device (:class:`DeviceStage`: the
-full-graph engine's de-duplicated transfer plan and :class:`~hpcgnn.engine.transfer.RowMover`,
-:func:`~hpcgnn.nn.aggregate.aggregate_sum` on the device); the all-to-alls are unchanged (host
-buffers). ``tensor.chunks = "auto"`` picks the smallest count whose device working set
+the NN layers run on the device; the aggregation rounds go through :class:`DeviceStage` (the
+chunk loop shared with the full-graph engine, :class:`~hpcgnn.engine.chunk_stream.ChunkStream`,
+its de-duplicated transfer plan and :class:`~hpcgnn.store.mover.DeviceMover`,
+:func:`~hpcgnn.nn.aggregate.aggregate_sum` on the device): **resident** when the topology and
+the ``[V, C/P]`` slices fit the device budget (:func:`resident_device_bytes`; kept on the device
+across rounds and epochs), else **streamed** (both in host memory, every round streams the
+chunks); the all-to-alls are unchanged (host buffers). ``tensor.chunks = "auto"`` picks the smallest count whose device working set
 (:func:`hpcgnn.engine.estimate.tensor_device_bytes`) fits ``tensor.device_memory``.
 
 **Run output** (per rank and epoch): timings ``nn`` (MLP forward/backward, loss), ``split``,
@@ -74,57 +77,87 @@ from hpcgnn.partition.store import read_store_topology, read_vertex_rows
 
 
 # ---- the tensor-parallel aggregation (split, k rounds, gather) as one autograd Function --------
+def resident_device_bytes(num_nodes: int, num_edges: int, chunks: int, cols: int, k: int, attention: bool) -> int:
+    """Bytes the staged path keeps on the device when resident (:class:`DeviceStage` with
+    ``resident``): the chunks' CSRs, slots and edge weights (``num_edges`` includes the self
+    loops) with room for their transposes, and the ``[V, cols]`` float32 slices (Z_0 and two
+    round buffers, or Z_0..Z_k for GAT's saved rounds; three gradient slices)."""
+    v, ev = int(num_nodes), int(num_edges)
+    topo = (2 * (v + int(chunks)) + 6 * ev) * 8 + ev * 4
+    slices = (k + 1 if attention else 3) + 3
+    return int(topo + slices * v * int(cols) * 4)
+
+
 class DeviceStage:
     """The staged path: the propagation matrix's chunks streamed through the compute device.
 
-    The topology, the edge weights and the ``[V, C/P]`` feature-layout slices stay in host
-    memory (page-locked on CUDA); for each chunk ``j`` (destinations ``[a, b)``, sources
-    ``N_j``) the source rows not already on the device are copied host->device into a
-    buffer of ``plan.capacity`` rows (the HongTu engine's de-duplicated transfer plan,
-    :func:`hpcgnn.engine.chunk_schedule.build_transfer_plan`, natural order, one chunk per
-    unit: rows shared by consecutive chunks stay in their slots), the chunk's CSR (local
-    source positions) and weights follow, :func:`hpcgnn.nn.aggregate.aggregate_sum`
-    aggregates on the device (native kernels on the CPU, the torch backend on CUDA) and the
-    destination rows go back to host memory (:class:`hpcgnn.engine.transfer.RowMover`: a side
-    stream and pinned staging on CUDA, plain copies on the CPU). Backward streams the chunks
-    in reverse: destination gradients in, ``A^T g`` accumulated in a device buffer with the
-    same slots, rows flushed to host memory and added there when they leave the device.
-    With ``device = cpu`` the same code runs with the CPU as the device (tests, transfer
-    counters); ``meter`` then counts the bytes resident in the simulated device scope.
-    ``backend = "torch"`` runs the chunk operators with torch ops even on the CPU (what CUDA
-    runs; tests).
+    For each chunk ``j`` (destinations ``[a, b)``, sources ``N_j``) the source rows not already
+    on the device enter a buffer of ``plan.capacity`` rows along the HongTu engine's
+    de-duplicated transfer plan (:func:`hpcgnn.engine.chunk_schedule.build_transfer_plan`,
+    natural order, one chunk per unit: rows shared by consecutive chunks stay in their slots),
+    through the one chunk-streaming loop (:class:`hpcgnn.engine.chunk_stream.ChunkStream`);
+    :func:`hpcgnn.nn.aggregate.aggregate_sum` aggregates on the device (native kernels on the
+    CPU, the torch backend on CUDA). Backward streams the chunks in reverse: destination
+    gradients in, ``A^T g`` accumulated in a device buffer with the same slots, rows flushed
+    when they leave the device. Copies go through :class:`hpcgnn.store.mover.DeviceMover`
+    (pinned staging reused and a side stream on CUDA, plain copies on the CPU).
+
+    **Streamed** (``resident = False``): the topology, the edge weights and the ``[V, C/P]``
+    slices stay in host memory (page-locked on CUDA); every round loads its rows host->device,
+    writes its output rows back and, on CUDA, copies every chunk's CSR, slots and weights
+    (h2d ``topo``). **Resident** (``resident = True``, when :func:`resident_device_bytes` fits
+    the device budget): the chunks' CSRs and slots are copied to the device once and kept (their
+    transposes cached with them), the edge weights once per pass, and the slices between the
+    exchanges live on the device: only the first round's rows (the split's result), the
+    output-gradient rows of the last round, the last round's output and the rows of the
+    gradient of Z_0 cross the link. The arithmetic is the same in the same order: resident and
+    streamed results are bit for bit equal. With ``device = cpu`` the same code runs with the
+    CPU as the device (tests, transfer counters); ``meter`` then counts the bytes resident in
+    the simulated device scope. ``backend = "torch"`` runs the chunk operators with torch ops
+    even on the CPU (what CUDA runs; tests).
     """
 
-    def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto"):
+    def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto", resident: bool = False):
         from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, natural_schedule
-        from hpcgnn.engine.transfer import DeviceMemoryMeter, RowMover, TransferCounter
+        from hpcgnn.engine.chunk_stream import ChunkStream
+        from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter
         from hpcgnn.sampling.block import Block
+        from hpcgnn.store.mover import DeviceMover
 
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = self.cuda
         self.backend = backend
+        self.resident = bool(resident)
         self.counter = counter if counter is not None else TransferCounter()
         self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
-        self.mover = RowMover(self.device, self.counter)
+        self.mover = DeviceMover(self.device, self.counter)
         chunks = build_chunks(prop.indptr, prop.indices, prop.chunk_bounds)
         plan = build_transfer_plan(chunks, natural_schedule(len(chunks), 1), prop.num_nodes, dedup=True)
         self.capacity = int(plan.capacity)
         self.rows_loaded = plan.rows_loaded()          # source rows loaded per pass
+        # the chunk loop; its slot tensors live on the device when resident
+        self.stream = ChunkStream(chunks, plan, self.device, self.meter, index_on_device=self.resident)
         host = self._host
         self.blocks = [Block(c.num_src, c.num_dst, host(torch.from_numpy(c.indptr)), host(torch.from_numpy(c.indices)))
                        for c in chunks]
         self.bounds = [(c.dst_begin, c.dst_end) for c in chunks]
         self.edges = [prop.edge_range(c.dst_begin, c.dst_end) for c in chunks]
-        units = plan.units                              # kept only as the arrays below
-        # per chunk: slots of its sources, of the rows entering in forward / in backward
-        self.slots = [host(torch.from_numpy(u.chunk_slots[0])) for u in units]
-        self.enter = [(u.vertices[u.enter], host(torch.from_numpy(u.slots[u.enter]))) for u in units]
-        self.leave = [(u.vertices[u.leave], host(torch.from_numpy(u.slots[u.leave]))) for u in units]
-        self.identity = [bool(np.array_equal(u.chunk_slots[0], np.arange(c.num_src))) for u, c in zip(units, chunks)]
         self.weight = None if prop.weight is None else host(prop.weight)
         self.rows_nodedup = int(sum(c.num_src for c in chunks))   # rows per pass without reuse
         self._pool: dict = {}
+        self._dev_pool: dict = {}
+        self._dev_blocks = None
+        self._dev_weight = (None, None)                # (source tensor's key, its device copy)
+        if self.resident and self.cuda:               # the topology, copied once and kept
+            self._dev_blocks = [Block(b.num_src, b.num_dst, b.indptr.to(self.device), b.indices.to(self.device))
+                                for b in self.blocks]
+        # resident: the rows entering / leaving each unit and each chunk's destinations as device
+        # indices (slices gathered and scattered on the device), built once
+        put = self._index
+        self._rows_dev = {"enter": [put(r) for r in self.stream.enter_rows],
+                          "leave": [put(r) for r in self.stream.leave_rows],
+                          "dst": [put(np.arange(a, b)) for a, b in self.bounds]} if self.resident else None
 
     @property
     def num_chunks(self) -> int:
@@ -146,132 +179,187 @@ class DeviceStage:
             t.zero_()
         return t
 
+    def device_buffer(self, tag: str, shape, dtype, zero: bool = False) -> torch.Tensor:
+        """A device [V, w] slice of the resident path, allocated once per tag and shape and
+        kept across rounds and epochs (held by the meter while it exists)."""
+        key = (tag, tuple(shape), dtype)
+        t = self._dev_pool.get(key)
+        if t is None:
+            t = self._dev_pool[key] = torch.empty(shape, dtype=dtype, device=self.device)
+            self.meter.hold(t.nbytes)
+        if zero:
+            t.zero_()
+        return t
+
+    def _weight(self, weight):
+        """The edge weights on the device: the host ones on the CPU; resident, one copy per
+        distinct weight tensor (the matrix's own once, attention's once per pass)."""
+        w = self.weight if weight is None else weight.detach()
+        if w is None or not self.cuda or not self.resident:
+            return w
+        key = (w.data_ptr(), w._version, tuple(w.shape))
+        if self._dev_weight[0] != key:
+            self.counter.add_h2d("topo", w.nbytes)
+            self._dev_weight = (key, w.to(self.device))
+        return self._dev_weight[1]
+
     def _inputs(self, j: int, weight):
-        """Chunk ``j``'s block, source slots and edge weights on the device (copied from host
-        memory on CUDA, counted as h2d ``topo``)."""
+        """Chunk ``j``'s block and edge weights on the device (streamed on CUDA: copied from
+        host memory with the chunk's slots, counted as h2d ``topo``)."""
         from hpcgnn.sampling.block import Block
 
         e0, e1 = self.edges[j]
-        w = self.weight if weight is None else weight
-        w = None if w is None else w.detach()[e0:e1]
-        block, slots = self.blocks[j], self.slots[j]
+        w = self._weight(weight)
+        w = None if w is None else w[e0:e1]
+        block = self.blocks[j]
         if not self.cuda:
-            return block, slots, w
+            return block, w
+        if self._dev_blocks is not None:
+            return self._dev_blocks[j], w
         dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        slots = self.stream.chunk_slots[j][0]
         self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes + slots.nbytes
                              + (0 if w is None else w.nbytes))
-        return Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)), dev(slots), \
+        return Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)), \
             None if w is None else dev(w)
 
-    def _dev(self, t: torch.Tensor) -> torch.Tensor:
-        return t if not self.cuda else t.to(self.device, non_blocking=True)
+    def _index(self, rows) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
+
+    def _rows(self, which: str, u: int) -> np.ndarray:
+        """Host ids: ``enter`` / ``leave`` rows of unit ``u``, or ``dst`` rows of chunk ``u``."""
+        if which == "dst":
+            return np.arange(*self.bounds[u], dtype=np.int64)
+        return (self.stream.enter_rows if which == "enter" else self.stream.leave_rows)[u]
+
+    def _rows_on_device(self, which: str, u: int) -> torch.Tensor:
+        if self._rows_dev is not None:
+            return self._rows_dev[which][u]
+        return self._index(self._rows(which, u))
+
+    def _load(self, src: torch.Tensor, which: str, u: int, kind: str, on_device: bool):
+        """Rows ``src[ids]`` on the device (``ids``: :meth:`_rows`): copied from host memory
+        (counted as ``kind``), or gathered on the device when ``src`` is a resident slice."""
+        from hpcgnn.store.mover import Loaded
+
+        if on_device:
+            return Loaded(src.index_select(0, self._rows_on_device(which, u)))
+        return self.mover.load_rows(src, self._rows(which, u), kind)
+
+    def _range(self, src: torch.Tensor, a: int, b: int, kind: str, on_device: bool) -> torch.Tensor:
+        return src[a:b] if on_device else self.mover.load_range(src, a, b, kind).get()
+
+    def _add(self, dev: torch.Tensor, target: torch.Tensor, which: str, u: int, kind: str, on_device: bool) -> None:
+        """``target[ids] += dev`` (``ids``: :meth:`_rows`): on the device for a resident slice,
+        else a host-side add."""
+        if on_device:
+            target.index_add_(0, self._rows_on_device(which, u), dev)
+        else:
+            self.mover.add_rows(dev, target, self._rows(which, u), kind)
 
     def forward_round(self, run, prev: torch.Tensor, nxt: torch.Tensor, z0: torch.Tensor | None, c: float,
-                      alpha: float, weight, before_load, after_store) -> None:
-        """``nxt[a:b] = c A[a:b] prev + alpha z0[a:b]`` for every chunk (host [V, w] tensors;
-        ``z0`` None: ``prev`` is ``Z_0``). ``before_load(j)`` runs before chunk ``j``'s rows are
-        read from ``prev``, ``after_store(j)`` once its device->host copy into ``nxt`` is
-        issued (call ``self.mover.synchronize()`` there before reading ``nxt[a:b]`` on CUDA)."""
+                      alpha: float, weight, before_load, after_store, prev_dev: bool = False,
+                      nxt_dev: bool = False, z0_dev: bool = False, capture: torch.Tensor | None = None) -> None:
+        """``nxt[a:b] = c A[a:b] prev + alpha z0[a:b]`` for every chunk (``z0`` None: ``prev`` is
+        ``Z_0``). ``prev_dev`` / ``nxt_dev`` / ``z0_dev``: the tensor is a resident device slice
+        (else host [V, w]). ``capture``: a device [V, w] slice receiving every row of ``prev``
+        that arrives (resident round 1: Z_0 kept on the device). ``before_load(j)`` runs before
+        chunk ``j``'s rows are read from ``prev``, ``after_store(j)`` once its output rows are
+        written or their device->host copy is issued (call ``self.mover.synchronize()`` there
+        before reading host ``nxt[a:b]`` on CUDA)."""
         from hpcgnn.nn.aggregate import aggregate_sum
 
         w = int(prev.shape[1])
-        n = self.num_chunks
-        buf = torch.empty((self.capacity, w), dtype=prev.dtype, device=self.device)
-        self.meter.hold(buf.nbytes)
-        self.counter.h2d_rows_nodedup += self.rows_nodedup * w * prev.element_size()
-        before_load(0)
-        pending = self.mover.load_rows(prev, self.enter[0][0], "rows")
-        for j in range(n):
+        st = self.stream
+        if not prev_dev:
+            self.counter.h2d_rows_nodedup += self.rows_nodedup * w * prev.element_size()
+        waited = [0.0]
+
+        def before(u):
+            t = time.perf_counter()
+            before_load(u)
+            waited[0] += time.perf_counter() - t
+
+        received = None if capture is None else \
+            (lambda u, rows: capture.index_copy_(0, self._rows_on_device("enter", u), rows))
+        load = (lambda u: self._load(prev, "enter", u, "rows", prev_dev))  # noqa: E731
+        for step in st.forward(load, (w,), prev.dtype, before_load=before, received=received):
+            j = step.chunk
             a, b = self.bounds[j]
-            t0 = time.perf_counter()
+            t0, w0 = time.perf_counter(), waited[0]
             with self.meter.scope(), torch.no_grad():
-                block, slots, wj = self._inputs(j, weight)
-                rows = pending.get()
-                self.meter.track(rows)
-                buf.index_copy_(0, self._dev(self.enter[j][1]), rows)
-                x = buf[:block.num_src] if self.identity[j] else buf.index_select(0, slots)
-                if not self.identity[j]:
-                    self.meter.track(x)
+                block, wj = self._inputs(j, weight)
+                x = step.sources()
                 out = aggregate_sum(block, x, wj, backend=self.backend)
                 self.meter.track(out)
                 if c != 1.0:
                     out.mul_(c)
                 if alpha:
-                    zd = x[:b - a] if z0 is None else self.mover.load_range(z0, a, b, "z0").get()
+                    zd = x[:b - a] if z0 is None else self._range(z0, a, b, "z0", z0_dev)
                     out.add_(zd, alpha=alpha)
-                t1 = time.perf_counter()
-                if j + 1 < n:
-                    before_load(j + 1)
-                    t1b = time.perf_counter()
-                    pending = self.mover.load_rows(prev, self.enter[j + 1][0], "rows")
+                step.prefetch()                    # the next chunk's rows while this one's go out
+                if nxt_dev:
+                    nxt[a:b].copy_(out)
                 else:
-                    t1b = time.perf_counter()
-                self.mover.store_range(out, nxt, a, "out")
+                    self.mover.store_range(out, nxt, a, "out")
             e0, e1 = self.edges[j]
-            run._agg(time.perf_counter() - t0 - (t1b - t1), (e1 - e0) * w)
+            run._agg(time.perf_counter() - t0 - (waited[0] - w0), (e1 - e0) * w)
             after_store(j)
         self.mover.synchronize()
-        self.meter.release(buf.nbytes)
 
     def backward_round(self, run, gk: torch.Tensor, gprev: torch.Tensor, g0: torch.Tensor, c: float,
-                       alpha: float, weight, x_saved, grad_w, before_chunk, after_flush) -> None:
+                       alpha: float, weight, x_saved, grad_w, before_chunk, after_flush, gk_dev: bool = False,
+                       gprev_dev: bool = False, g0_dev: bool = False, x_dev: bool = False,
+                       g0_host: torch.Tensor | None = None) -> None:
         """Chunks in reverse: ``gprev += A^T (c gk)``, ``g0 += alpha gk`` and, with ``x_saved``
-        (``Z_(r-1)``, host), ``grad_w[e] += c gk[v] . x_saved[u]`` (host tensors).
-        ``before_chunk(i, j)`` runs before the ``i``-th chunk ``j`` reads ``gk[a:b]``,
-        ``after_flush(i, j)`` after the rows first read by chunk ``j`` left the device."""
+        (``Z_(r-1)``), ``grad_w[e] += c gk[v] . x_saved[u]`` (``grad_w`` host; the ``*_dev``
+        flags as in :meth:`forward_round`). ``g0_host``: after each chunk, the rows of the
+        resident ``g0`` that entered it in forward are written there (the last round of the
+        resident path: the gather reads them). ``before_chunk(i, j)`` runs before the ``i``-th
+        chunk ``j`` reads ``gk[a:b]``, ``after_flush(i, j)`` after the rows first read by chunk
+        ``j`` left the device."""
         w = int(gk.shape[1])
         n = self.num_chunks
-        gbuf = torch.zeros((self.capacity, w), dtype=gk.dtype, device=self.device)
-        self.meter.hold(gbuf.nbytes)
-        self.counter.d2h_grad_nodedup += self.rows_nodedup * w * gk.element_size()
-        buf = None
-        order = list(range(n - 1, -1, -1))
+        st = self.stream
+        if not gprev_dev:
+            self.counter.d2h_grad_nodedup += self.rows_nodedup * w * gk.element_size()
+        load = None
         if x_saved is not None:
-            buf = torch.empty((self.capacity, w), dtype=gk.dtype, device=self.device)
-            self.meter.hold(buf.nbytes)
-            pending = self.mover.load_rows(x_saved, self.leave[order[0]][0], "rows")
-            self.counter.h2d_rows_nodedup += self.rows_nodedup * w * gk.element_size()
-        for i, j in enumerate(order):
+            load = (lambda u: self._load(x_saved, "leave", u, "rows", x_dev))  # noqa: E731
+            if not x_dev:
+                self.counter.h2d_rows_nodedup += self.rows_nodedup * w * gk.element_size()
+
+        def flush(u, part, verts):
+            self._add(part, gprev, "enter", u, "grad", gprev_dev)
+            if g0_host is not None:
+                self.mover.store_rows(g0.index_select(0, self._rows_on_device("enter", u)), g0_host, verts, "grad")
+            after_flush(n - 1 - u, u)
+
+        for step in st.backward((w,), gk.dtype, flush=flush, load=load):
+            j = step.chunk
             a, b = self.bounds[j]
-            before_chunk(i, j)
+            before_chunk(n - 1 - j, j)
             t0 = time.perf_counter()
             with self.meter.scope(), torch.no_grad():
-                block, slots, wj = self._inputs(j, weight)
-                entering = self._dev(self.leave[j][1])
-                gbuf.index_fill_(0, entering, 0.0)
+                block, wj = self._inputs(j, weight)
                 x = None
-                if buf is not None:
-                    rows = pending.get()
-                    self.meter.track(rows)
-                    buf.index_copy_(0, entering, rows)
-                    if i + 1 < n:
-                        pending = self.mover.load_rows(x_saved, self.leave[order[i + 1]][0], "rows")
-                    x = buf[:block.num_src] if self.identity[j] else buf.index_select(0, slots)
+                if x_saved is not None:
+                    x = step.sources()
                     self.meter.track(x)
-                g = self.mover.load_range(gk, a, b, "grad").get()
+                g = self._range(gk, a, b, "grad", gk_dev)
                 g_rows = g * c if c != 1.0 else g
                 gx = sum_adjoint(block, g_rows, wj, backend=self.backend)
                 self.meter.track(g, g_rows, gx)
-                if self.identity[j]:
-                    gbuf[:block.num_src].add_(gx)
-                else:
-                    gbuf.index_add_(0, slots, gx)
+                step.accumulate(gx)
                 if alpha:
-                    self.mover.add_rows(g * alpha, g0, np.arange(a, b, dtype=np.int64), "grad")
+                    self._add(g * alpha, g0, "dst", j, "grad", g0_dev)
                 if x is not None:
                     e0, e1 = self.edges[j]
                     self.mover.add_rows(edge_dot(block, g_rows, x, backend=self.backend), grad_w,
                                         np.arange(e0, e1, dtype=np.int64), "edge_grad")
-                verts, enter_slots = self.enter[j]
-                part = gbuf.index_select(0, self._dev(enter_slots))
-                self.mover.add_rows(part, gprev, verts, "grad")
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w)
-            after_flush(i, j)
         self.mover.synchronize()
-        self.meter.release(gbuf.nbytes)
-        if buf is not None:
-            self.meter.release(buf.nbytes)
 
 
 class TPRun:
@@ -436,22 +524,29 @@ class TPPropagate(torch.autograd.Function):
 
 def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: float):
     """:meth:`TPPropagate.forward` on the staged path: ``h`` and the output on the compute
-    device, the feature-layout slices in host memory, the rounds through :class:`DeviceStage`.
-    The exchanges and their order are the unstaged path's (same collectives, same overlap)."""
+    device, the rounds through :class:`DeviceStage`; the exchanges' buffers in host memory, the
+    slices between them on the device when the stage is resident (else in host memory). The
+    exchanges and their order are the unstaged path's (same collectives, same overlap)."""
     lay, tp, st = run.layout, run.tp, run.stage
+    res = st.resident
     h = h.detach().contiguous()
     width = int(h.shape[1])
     w = int(np.diff(column_bounds(width, lay.size))[lay.rank])
     n, v = lay.num_chunks, lay.num_nodes
     need_saved = edge_weight is not None and ctx.needs_input_grad[1]
-    z0 = st.host_buffer("z0", (v, w), h.dtype, zero=True)
+    z0 = st.host_buffer("z0", (v, w), h.dtype, zero=True)          # the split's target
+    # resident: Z_0 kept on the device from the first round's rows (later rounds' teleport and
+    # GAT's saved Z_0)
+    z0d = st.device_buffer("z0", (v, w), h.dtype, zero=True) if res and (k > 1 or need_saved) else None
     out = h.new_zeros((lay.num_own, width))
     splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.split_transfer(j), h, z0, "split"))
                               for j in range(n)])
     gathers, saved = [], []
-    prev = z0
+    prev, prev_dev = z0, False
     for r in range(1, k + 1):
-        nxt = st.host_buffer(f"z{r}" if need_saved else f"z{2 - r % 2}", (v, w), h.dtype)
+        tag = f"z{r}" if need_saved else f"z{2 - r % 2}"
+        nxt_dev = res and r < k                 # the last round's rows go to the gather (host)
+        nxt = st.device_buffer(tag, (v, w), h.dtype) if nxt_dev else st.host_buffer(tag, (v, w), h.dtype)
 
         def before_load(j, first=r == 1):
             if first:
@@ -465,10 +560,15 @@ def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: fl
             start = (lambda j=j: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
             _post(run, gathers, j, start)
 
-        st.forward_round(run, prev, nxt, None if r == 1 else z0, c, alpha, edge_weight, before_load, after_store)
+        if r == 1:
+            st.forward_round(run, prev, nxt, None, c, alpha, edge_weight, before_load, after_store,
+                             nxt_dev=nxt_dev, capture=z0d)
+        else:
+            st.forward_round(run, prev, nxt, z0d if res else z0, c, alpha, edge_weight, before_load, after_store,
+                             prev_dev=prev_dev, nxt_dev=nxt_dev, z0_dev=res)
         if need_saved:
-            saved.append(prev)
-        prev = nxt
+            saved.append((z0d, True) if r == 1 and res else (prev, prev_dev))
+        prev, prev_dev = nxt, nxt_dev
     _finish_all(gathers, n, run)
     ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
     ctx.saved_z = saved
@@ -481,20 +581,28 @@ def _staged_backward(ctx, grad_out):
     run, k, c, alpha, width, w = ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w
     (edge_weight,) = ctx.saved_tensors
     lay, tp, st = run.layout, run.tp, run.stage
+    res = st.resident
     n, v = lay.num_chunks, lay.num_nodes
     g_out = grad_out.detach().contiguous()
-    gk = st.host_buffer("gk", (v, w), g_out.dtype, zero=True)
+    gk = st.host_buffer("gk", (v, w), g_out.dtype, zero=True)       # the split's target
     rev = list(range(n - 1, -1, -1))
     splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.gather_transfer(j), g_out, gk, "split"))
                               for j in rev])
-    g0 = st.host_buffer("g0", (v, w), g_out.dtype, zero=True)
+    g0h = st.host_buffer("g0", (v, w), g_out.dtype, zero=True)      # the gather's source
+    g0 = st.device_buffer("g0", (v, w), g_out.dtype, zero=True) if res else g0h
     grad_h = g_out.new_zeros((lay.num_own, width))
     grad_w = None
     if edge_weight is not None and ctx.needs_input_grad[1]:
         grad_w = torch.zeros_like(edge_weight)
     gathers = []
+    gk_dev = False
     for r in range(k, 0, -1):
-        gprev = g0 if r == 1 else st.host_buffer(f"g{1 + r % 2}", (v, w), g_out.dtype, zero=True)
+        if r == 1:
+            gprev = g0
+        elif res:
+            gprev = st.device_buffer(f"g{1 + r % 2}", (v, w), g_out.dtype, zero=True)
+        else:
+            gprev = st.host_buffer(f"g{1 + r % 2}", (v, w), g_out.dtype, zero=True)
 
         def before_chunk(i, j, first=r == k):
             if first:
@@ -505,12 +613,14 @@ def _staged_backward(ctx, grad_out):
             if not last:
                 return
             st.mover.synchronize()          # every gradient of the rows first read by chunk j is in g0
-            start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0, width, grad_h, "gather"))
+            start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0h, width, grad_h, "gather"))
             _post(run, gathers, i, start)
 
-        st.backward_round(run, gk, gprev, g0, c, alpha, edge_weight,
-                          ctx.saved_z[r - 1] if grad_w is not None else None, grad_w, before_chunk, after_flush)
-        gk = gprev
+        x_saved, x_dev = ctx.saved_z[r - 1] if grad_w is not None else (None, False)
+        st.backward_round(run, gk, gprev, g0, c, alpha, edge_weight, x_saved, grad_w, before_chunk, after_flush,
+                          gk_dev=gk_dev, gprev_dev=res, g0_dev=res, x_dev=x_dev,
+                          g0_host=g0h if res and r == 1 else None)
+        gk, gk_dev = gprev, res
     _finish_all(gathers, n, run)
     ctx.saved_z = None
     return grad_h, grad_w, None, None, None, None
@@ -531,10 +641,7 @@ class AllgatherRows(torch.autograd.Function):
         if tp.comm is None:
             got = x
         else:
-            counts = tr.counts * d
-            recv = np.empty(int(counts.sum()), dtype=x.numpy().dtype)
-            tp.comm.Allgatherv(x.numpy().reshape(-1), [recv, counts])
-            got = torch.from_numpy(recv).view(-1, d)
+            got = tp.comm.allgatherv(x, tr.counts)
         full = x.new_empty((lay.num_nodes, d))
         full[tr.ids] = got
         tp.stats.add("attention", (lay.size - 1) * x.numel() * x.element_size(), time.perf_counter() - t0, 1)
@@ -544,14 +651,12 @@ class AllgatherRows(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        from mpi4py import MPI
-
         tp = ctx.tp
         t0 = time.perf_counter()
         g = grad.detach().contiguous().clone()
         if tp.comm is not None:
-            tp.comm.Allreduce(MPI.IN_PLACE, g.numpy(), op=MPI.SUM)
-        own = torch.from_numpy(tp.layout.own_ids)
+            tp.comm.allreduce_(g)
+        own = torch.from_numpy(tp.layout.own_ids).to(g.device)
         tp.stats.add("attention", g.numel() * g.element_size(), time.perf_counter() - t0, 1)
         return g.index_select(0, own), None
 
@@ -564,7 +669,7 @@ class TensorEngine(Engine):
         from hpcgnn.engine.chunk_schedule import chunk_bounds
         from hpcgnn.comm.allreduce import GradientAllreduce, allreduce_sum
         from hpcgnn.engine.device import resolve_device
-        from hpcgnn.engine.model import broadcast_parameters, build_optimizer
+        from hpcgnn.engine.model import broadcast_parameters, build_optimizer, kernel_backend
         from hpcgnn.run.timer import PhaseTimer
         from hpcgnn.seeding import seed_torch
         from hpcgnn.nn.decoupled import PROPAGATIONS, CoupledModel, DecoupledModel, Propagation
@@ -579,7 +684,9 @@ class TensorEngine(Engine):
         chunks, self._budget = 1, None
         try:
             device = resolve_device(cfg, rt)
-            staged = device.type != "cpu" or t.staged
+            # train.kernels = "torch": the torch chunk operators live in the staged path
+            kernels = kernel_backend(cfg, device)
+            staged = device.type != "cpu" or t.staged or kernels == "torch"
             chunks = self._chunk_count(cfg, meta, rt, device)
         except InputError as exc:
             error = str(exc)
@@ -615,11 +722,16 @@ class TensorEngine(Engine):
         self.layout = layout
         self.mode = t.mode
         self.kind = PROPAGATIONS[cfg.model.arch]
-        self.prop = Propagation(indptr, indices, self.kind, bounds)
+        self.prop = Propagation(indptr, indices, self.kind, bounds, backend=kernels)
         del indices, graph
         self.stats = CommStats()
-        self.tp = TPComm(rt.comm, layout, self.stats)
-        self.stage = DeviceStage(self.prop, device) if staged else None
+        from hpcgnn.comm.communicator import make_communicator
+
+        self.tp = TPComm(make_communicator(rt, cfg.runtime.backend, device), layout, self.stats)
+        # resident when the slices and the topology fit the device budget (streamed otherwise)
+        self.resident = bool(staged) and self._fits_resident(cfg, meta, rt.size, layout.num_chunks, device)
+        self.stage = DeviceStage(self.prop, device, meter=self.timer.memory, backend=kernels,   # the rank's one meter
+                                 resident=self.resident) if staged else None
         self.run = TPRun(self.tp, layout, self.prop, t.pipeline, self.stage)
         self.k = t.k or cfg.model.layers
         self.c = t.gamma * (1.0 - t.alpha)
@@ -640,7 +752,13 @@ class TensorEngine(Engine):
         if rt.size > 1:
             broadcast_parameters(self.model, rt)
         self.optimizer = build_optimizer(cfg, self.model)
-        self.reducer = GradientAllreduce(self.model, rt, op="sum")
+        from hpcgnn.comm.communicator import make_communicator
+
+        # sum of the partial gradients of the global mean loss; buckets start during backward on
+        # a duplicate of the data plane (its gathers are collectives of their own), once each
+        # gradient has had the accumulations the first step counted (chunked: per chunk)
+        self.reducer = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, device).duplicate(),
+                                         op="sum", accumulations="learn")
         self.n_train = float(allreduce_sum(rt, [int(self.masks["train"].sum())])[0])
         if self.n_train == 0:
             rt.agree(f"{store}: the graph has no training vertices")
@@ -656,6 +774,7 @@ class TensorEngine(Engine):
             device_attrs["tensor_device_budget_bytes"] = int(self._budget)
         if staged:
             device_attrs["tensor_stage_capacity_rows"] = int(self.stage.capacity)
+            device_attrs["tensor_resident"] = bool(self.resident)
         if t.chunks == "auto" and rt.rank == 0:
             from hpcgnn.units import fmt_bytes
 
@@ -692,6 +811,22 @@ class TensorEngine(Engine):
                 warn(f"tensor.chunks = {t.chunks}: the estimated device working set {fmt_bytes(need)} exceeds "
                      f"tensor.device_memory ({fmt_bytes(self._budget)}); tensor.chunks = 'auto' sizes the chunks")
         return int(t.chunks)
+
+    def _fits_resident(self, cfg, meta, parts: int, chunks: int, device) -> bool:
+        """Whether the staged path keeps its topology and slices on the device: a device budget
+        exists (``tensor.device_memory``; none with the CPU's ``'auto'``, where the staged path
+        streams) and the NN layers, one chunk's working set and :func:`resident_device_bytes`
+        fit it."""
+        from hpcgnn.engine.estimate import _tensor_cols, tensor_device_bytes
+
+        if self._budget is None:
+            return False
+        t = cfg.tensor
+        k = (t.k or cfg.model.layers) if t.mode == "decoupled" else 1
+        nn_b, chunk_b = tensor_device_bytes(cfg, meta, parts, chunks, device.type)
+        res_b = resident_device_bytes(self.prop.num_nodes, int(self.prop.indices.shape[0]), chunks,
+                                      _tensor_cols(cfg, meta, parts), k, self.kind == "attention")
+        return nn_b + chunk_b + res_b <= self._budget
 
     # ---- forward -------------------------------------------------------------------------------
     @property
@@ -738,6 +873,7 @@ class TensorEngine(Engine):
         logits = self.logits()
         idx = self.masks["train"].nonzero().squeeze(1)
         loss_sum = F.cross_entropy(logits.index_select(0, idx), self.labels.index_select(0, idx), reduction="sum")
+        self.reducer.begin()
         (loss_sum / self.n_train).backward()
         fb = time.perf_counter() - t0
         with timer.phase("allreduce"):
@@ -758,6 +894,7 @@ class TensorEngine(Engine):
         counters = {f"{kind}_bytes": float(v) for kind, v in s.bytes.items()}
         counters.update({f"{kind}_calls": float(v) for kind, v in s.calls.items()})
         counters["allreduce_bytes"] = float(allreduce_bytes)
+        counters["allreduce_buckets_in_backward"] = float(self.reducer.started_in_backward)
         counters["bytes_sent"] = float(sum(s.bytes.values()) + allreduce_bytes)
         counters["layout_alltoalls"] = float(self.run.alltoalls)
         counters["nn_rows"] = float(self.layout.num_own)

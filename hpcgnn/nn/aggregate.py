@@ -11,15 +11,26 @@ Backends (``backend=``):
   gathers along the CSR; backward gathers along the block's cached transpose
   (``block.transpose()``), so neither direction uses atomics and results are bitwise
   identical for any thread count.
-* ``"torch"``: pure torch ops (``index_add`` / ``scatter_reduce``), autograd by torch. Used
-  for CUDA tensors and for dtypes the kernels do not handle.
+* ``"torch"``: the device path (docs/kernels.md): torch's sparse CSR kernels (SpMM
+  ``torch.sparse.mm``: cuSPARSE on CUDA, MKL/native on the CPU; SDDMM
+  ``torch.sparse.sampled_addmm``) and CSR segment reductions (``torch.segment_reduce``), with
+  custom autograd Functions whose backward runs on the block's transposed CSR. No operator
+  materialises one row per edge (an ``[nnz, D]`` temporary): extra memory is O(nnz) (O(nnz H)
+  for GAT's H heads) plus O(V D) rows, and no operator uses atomics (run-to-run identical
+  results on CUDA too). The CSR tensors of a block and of its transpose are built once per
+  device and cached on the block (:meth:`~hpcgnn.sampling.block.Block.sparse_csr`). Used for
+  CUDA tensors and for dtypes the kernels do not handle.
 * ``"auto"`` (default): native for CPU float32/float64 tensors, torch otherwise.
+
+:func:`set_deterministic` (``train.deterministic``) runs every torch-path operator under
+``torch.use_deterministic_algorithms(True)`` (scoped to the operator).
 
 Parameters that are not differentiated (block structure, ``row_scale``) are treated as
 constants. The structure tensors of a block must be on the same device as ``x``.
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import time
 import warnings
@@ -31,6 +42,31 @@ from hpcgnn.nn.dropout import dropout
 
 BACKENDS = ("auto", "native", "torch")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+_DETERMINISTIC = False
+
+
+def set_deterministic(flag: bool) -> bool:
+    """Run the torch path's operators under ``torch.use_deterministic_algorithms(True)``
+    (``train.deterministic``); returns the previous setting. The native kernels are
+    deterministic anyway (no atomics, bitwise identical for any thread count)."""
+    global _DETERMINISTIC
+    old, _DETERMINISTIC = _DETERMINISTIC, bool(flag)
+    return old
+
+
+@contextlib.contextmanager
+def _det_scope():
+    """torch's deterministic algorithms for the duration of one operator, when requested."""
+    if not _DETERMINISTIC or torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -128,15 +164,98 @@ class _SpmmSum(torch.autograd.Function):
         return None, grad_x, grad_w, None
 
 
-def _sum_torch(block, x2, edge_weight, row_scale):
-    indices = block.indices
-    msg = x2.index_select(0, indices)
-    if edge_weight is not None:
-        msg = msg * edge_weight.unsqueeze(1)
-    out = x2.new_zeros(block.num_dst, x2.shape[1]).index_add(0, _edge_dst(block), msg)
-    if row_scale is not None:
-        out = out * row_scale.unsqueeze(1)
-    return out
+# ---- the torch (device) path: CSR SpMM / SDDMM / segment reductions --------------------------
+
+def _device_csr(block, device, transpose: bool = False) -> tuple:
+    """(indptr, indices) or the transpose's (t_indptr, t_indices, t_eid) on ``device``: cached on
+    a :class:`~hpcgnn.sampling.block.Block`, built per call for other CSR-like objects."""
+    if hasattr(block, "device_csr"):
+        return block.device_csr(device, transpose)
+    if not transpose:
+        return block.indptr.to(device), block.indices.to(device)
+    from hpcgnn.sampling.block import _transpose_torch
+
+    ip, ix = block.indptr.to(device), block.indices.to(device)
+    return _transpose_torch(ip, ix, int(block.num_src), _edge_dst(block).to(device))
+
+
+def _adjacency(block, device, dtype, weight: torch.Tensor | None = None, transpose: bool = False):
+    """The block's adjacency ``[num_dst, num_src]`` (or its transpose) as a torch sparse CSR tensor
+    with values ``weight`` [nnz] (edge-id order; None: 1). The unweighted one is cached on the
+    block; a weighted one shares the cached index tensors (the transpose's values are
+    ``weight[t_eid]``, an O(nnz) gather)."""
+    from hpcgnn.sampling.block import sparse_csr
+
+    if weight is None and hasattr(block, "sparse_csr"):
+        return block.sparse_csr(device, dtype, transpose)
+    parts = _device_csr(block, device, transpose)
+    size = (block.num_src, block.num_dst) if transpose else (block.num_dst, block.num_src)
+    if weight is None:
+        values = torch.ones(int(block.indices.shape[0]), dtype=dtype, device=device)
+    else:
+        values = weight.to(device=device, dtype=dtype)
+        if transpose:
+            values = values.index_select(0, parts[2])
+    return sparse_csr(parts[0], parts[1], values.contiguous(), size)
+
+
+def csr_spmm(block, x: torch.Tensor, weight: torch.Tensor | None = None, transpose: bool = False) -> torch.Tensor:
+    """``A_w x`` [num_dst, D] (``transpose``: ``A_w^T x`` [num_src, D]) for x [rows, D], one
+    sparse CSR x dense product (no autograd; memory: the output only)."""
+    rows = block.num_src if transpose else block.num_dst
+    if x.shape[1] == 0 or block.indices.shape[0] == 0:
+        return x.new_zeros(rows, x.shape[1])
+    if x.dtype not in _NATIVE_DTYPES:   # the sparse kernels take float32/float64: widen, round back
+        return csr_spmm(block, x.float(), weight, transpose).to(x.dtype)
+    a = _adjacency(block, x.device, x.dtype, None if weight is None else weight.detach(), transpose)
+    with _det_scope():
+        return torch.sparse.mm(a, x.detach().contiguous())
+
+
+def csr_sddmm(block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[nnz] ``g[dst_e] . x[src_e]`` per edge ``e`` (g [num_dst, D], x [num_src, D]): the sampled
+    product ``torch.sparse.sampled_addmm`` on the block's pattern, O(nnz) memory (no per-edge
+    rows; no autograd)."""
+    nnz = int(block.indices.shape[0])
+    if nnz == 0 or g.shape[1] == 0:
+        return g.new_zeros(nnz)
+    if g.dtype not in _NATIVE_DTYPES:
+        return csr_sddmm(block, g.float(), x.float()).to(g.dtype)
+    a = _adjacency(block, g.device, g.dtype)
+    with _det_scope():
+        return torch.sparse.sampled_addmm(a, g.detach().contiguous(), x.detach().t(), beta=0.0).values()
+
+
+def segment_sum(indptr: torch.Tensor, data: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """[num_segments, *F] sums of ``data`` [n, *F] over the CSR segments ``indptr`` (empty: 0)."""
+    if data.shape[0] == 0:
+        return data.new_zeros((num_segments, *data.shape[1:]))
+    with _det_scope():
+        return torch.segment_reduce(data, "sum", offsets=indptr, axis=0)
+
+
+class _CsrSum(torch.autograd.Function):
+    """out = diag(row_scale) A_w x on the torch path: forward a CSR SpMM, backward a CSR SpMM on
+    the cached transpose (grad x) and an SDDMM (grad w); extra memory O(nnz + V D)."""
+
+    @staticmethod
+    def forward(ctx, block, x, edge_weight, row_scale):
+        out = csr_spmm(block, x, edge_weight)
+        if row_scale is not None:
+            out.mul_(row_scale.unsqueeze(1))
+        ctx.block = block
+        ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, edge_weight, row_scale)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        x, w, row_scale = ctx.saved_tensors
+        block = ctx.block
+        g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
+        grad_x = csr_spmm(block, g, w, transpose=True) if ctx.needs_input_grad[1] else None
+        grad_w = csr_sddmm(block, g, x) if ctx.needs_input_grad[2] else None
+        return None, grad_x, grad_w, None
 
 
 def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = None, *,
@@ -156,7 +275,7 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     if _use_native(x, backend):
         out = _SpmmSum.apply(block, x2, edge_weight, row_scale)
     else:
-        out = _sum_torch(block, x2, edge_weight, row_scale)
+        out = _CsrSum.apply(block, x2, edge_weight, row_scale)
     return out.reshape(block.num_dst, *feat_shape)
 
 
@@ -214,18 +333,18 @@ def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | 
     return _SpmmSumDst.apply(block, x, row_scale)
 
 
-def aggregate_sum_adjoint(block, g: torch.Tensor) -> torch.Tensor:
+def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges, the
     adjoint of an unweighted :func:`aggregate_sum` (no autograd graph). The native kernel over
-    the block's cached transpose on CPU, ``index_add`` elsewhere."""
-    g = g.contiguous()
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64):
+    the block's cached transpose (CPU float32/float64), else a CSR SpMM with the cached
+    transposed CSR (torch path)."""
+    g = g.detach().contiguous()
+    if _use_native(g, backend):
         t_ptr, t_idx, _ = block.transpose()
         out = g.new_empty((block.num_src, g.shape[1]))
         _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
         return out
-    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices,
-                                                               g.index_select(0, block.edge_dst()))
+    return csr_spmm(block, g, transpose=True)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, num_valid: int | None = None, *,
@@ -371,8 +490,37 @@ def gat_edge_logits(block, el: torch.Tensor, er: torch.Tensor, negative_slope: f
         raise ValueError(f"negative_slope must be >= 0, got {negative_slope}")
     if _use_native(el, backend):
         return _EdgeLogits.apply(block, el, er.to(el.dtype), negative_slope)
-    pre = el.index_select(0, block.indices) + er.index_select(0, _edge_dst(block))
-    return torch.nn.functional.leaky_relu(pre, negative_slope)
+    return _EdgeLogitsTorch.apply(block, el, er.to(el.dtype), negative_slope)
+
+
+class _EdgeLogitsTorch(torch.autograd.Function):
+    """:class:`_EdgeLogits` on the torch path: [nnz, H] gathers forward; backward sums the
+    edge gradients per destination (CSR segments) and per source (the cached transpose's
+    segments), no atomics. Memory O(nnz H)."""
+
+    @staticmethod
+    def forward(ctx, block, el, er, slope):
+        ip, ix = _device_csr(block, el.device)
+        with _det_scope():
+            pre = el.index_select(0, ix) + er.index_select(0, _edge_dst(block).to(el.device))
+            out = torch.nn.functional.leaky_relu(pre, slope)
+        ctx.block, ctx.slope = block, float(slope)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        block = ctx.block
+        g = torch.where(s > 0, grad, grad * ctx.slope)
+        grad_el = grad_er = None
+        if ctx.needs_input_grad[2]:
+            grad_er = segment_sum(_device_csr(block, g.device)[0], g, block.num_dst)
+        if ctx.needs_input_grad[1]:
+            t_ptr, _, t_eid = _device_csr(block, g.device, transpose=True)
+            grad_el = segment_sum(t_ptr, g.index_select(0, t_eid), block.num_src)
+        return None, grad_el, grad_er, None
 
 
 class _EdgeSoftmax(torch.autograd.Function):
@@ -418,23 +566,51 @@ class _EdgeSoftmaxSelf(torch.autograd.Function):
         return None, out, self_out
 
 
-def _softmax_torch(block, logits, self_logits):
-    ids = _edge_dst(block)
-    if self_logits is not None:
-        logits = torch.cat([logits, self_logits])
-        ids = torch.cat([ids, torch.arange(block.num_dst, device=ids.device)])
-    h = logits.shape[1]
-    idx = ids.unsqueeze(1).expand(-1, h)
-    m = torch.full((block.num_dst, h), float("-inf"), dtype=logits.dtype, device=logits.device)
-    m = m.scatter_reduce(0, idx, logits.detach(), "amax", include_self=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    p = torch.exp(logits - m.index_select(0, ids))
-    s = torch.zeros_like(m).index_add(0, ids, p)
-    alpha = p / s.index_select(0, ids)
-    if self_logits is None:
-        return alpha
-    nnz = int(block.indices.shape[0])
-    return alpha[:nnz], alpha[nnz:]
+class _EdgeSoftmaxTorch(torch.autograd.Function):
+    """Edge softmax on the torch path (optionally with one self edge per destination, logit
+    ``self_logits[v]``): per-destination max and sums by CSR segment reductions, no atomics.
+    Memory O(nnz H)."""
+
+    @staticmethod
+    def forward(ctx, block, logits, self_logits):
+        ip, _ = _device_csr(block, logits.device)
+        dst = _edge_dst(block).to(logits.device)
+        nd = block.num_dst
+        with _det_scope():
+            if logits.shape[0]:
+                m = torch.segment_reduce(logits, "max", offsets=ip, axis=0)
+            else:
+                m = logits.new_full((nd, logits.shape[1]), float("-inf"))
+            if self_logits is not None:
+                m = torch.maximum(m, self_logits)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            p = torch.exp(logits - m.index_select(0, dst))
+            s = segment_sum(ip, p, nd)
+            self_alpha = None
+            if self_logits is not None:
+                p_self = torch.exp(self_logits - m)
+                s = s + p_self
+                self_alpha = p_self / s
+            alpha = p / s.index_select(0, dst)
+        ctx.block = block
+        ctx.save_for_backward(alpha, self_alpha)
+        return alpha if self_alpha is None else (alpha, self_alpha)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad, self_grad=None):
+        alpha, self_alpha = ctx.saved_tensors
+        block = ctx.block
+        grad = torch.zeros_like(alpha) if grad is None else grad
+        ip, _ = _device_csr(block, alpha.device)
+        dot = segment_sum(ip, alpha * grad, block.num_dst)
+        grad_self = None
+        if self_alpha is not None:
+            self_grad = torch.zeros_like(self_alpha) if self_grad is None else self_grad
+            dot = dot + self_alpha * self_grad
+            grad_self = self_alpha * (self_grad - dot)
+        out = alpha * (grad - dot.index_select(0, _edge_dst(block).to(alpha.device)))
+        return None, out, grad_self
 
 
 def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None = None, *,
@@ -448,7 +624,7 @@ def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None =
         if self_logits is None:
             return _EdgeSoftmax.apply(block, logits)
         return _EdgeSoftmaxSelf.apply(block, logits, self_logits.to(logits.dtype))
-    return _softmax_torch(block, logits, self_logits)
+    return _EdgeSoftmaxTorch.apply(block, logits, None if self_logits is None else self_logits.to(logits.dtype))
 
 
 class _SpmmHeads(torch.autograd.Function):
@@ -500,11 +676,41 @@ def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, self_alpha: tor
                          f"{None if self_alpha is None else tuple(self_alpha.shape)}")
     if _use_native(z, backend):
         return _SpmmHeads.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype))
-    msg = z.index_select(0, block.indices) * alpha.unsqueeze(2)
-    out = z.new_zeros(nd, z.shape[1], z.shape[2]).index_add(0, _edge_dst(block), msg)
-    if self_alpha is not None:
-        out = out + self_alpha.unsqueeze(2) * z[:nd]
-    return out
+    return _HeadsTorch.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype))
+
+
+class _HeadsTorch(torch.autograd.Function):
+    """:class:`_SpmmHeads` on the torch path: per head ``h`` one CSR SpMM with values
+    ``alpha[:, h]`` (backward: one on the transpose, and an SDDMM for the gradient of alpha).
+    Extra memory O(nnz H + V D) (one head's rows at a time), not O(nnz H D)."""
+
+    @staticmethod
+    def forward(ctx, block, alpha, z, self_alpha):
+        nd, heads = block.num_dst, z.shape[1]
+        out = torch.stack([csr_spmm(block, z[:, h], alpha[:, h]) for h in range(heads)], 1)
+        if self_alpha is not None:
+            out.add_(self_alpha.unsqueeze(2) * z[:nd])
+        ctx.block = block
+        ctx.save_for_backward(alpha, z, self_alpha)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        alpha, z, self_alpha = ctx.saved_tensors
+        block = ctx.block
+        nd, heads = block.num_dst, z.shape[1]
+        grad_alpha = grad_z = grad_self = None
+        if ctx.needs_input_grad[1]:
+            grad_alpha = torch.stack([csr_sddmm(block, grad[:, h], z[:, h]) for h in range(heads)], 1)
+        if ctx.needs_input_grad[3] and self_alpha is not None:
+            grad_self = (grad * z[:nd]).sum(2)
+        if ctx.needs_input_grad[2]:
+            grad_z = torch.stack([csr_spmm(block, grad[:, h], alpha[:, h], transpose=True)
+                                  for h in range(heads)], 1)
+            if self_alpha is not None:
+                grad_z[:nd].add_(self_alpha.unsqueeze(2) * grad)
+        return None, grad_alpha, grad_z, grad_self
 
 
 def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: torch.Tensor,

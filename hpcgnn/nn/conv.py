@@ -145,7 +145,8 @@ class SAGEConv(nn.Module):
 
     def aggregate_adjoint(self, block, grad_agg: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
-        return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1))
+        return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1),
+                                     backend=self.backend)
 
 
 def gcn_norm(degree) -> torch.Tensor:
@@ -245,7 +246,7 @@ class GCNConv(nn.Module):
                           dst_scale: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
         g = grad_agg * dst_scale.to(grad_agg.dtype).unsqueeze(1)
-        gx = aggregate_sum_adjoint(block, g)
+        gx = aggregate_sum_adjoint(block, g, backend=self.backend)
         gx[:block.num_dst] += g
         return gx * src_scale.to(grad_agg.dtype).unsqueeze(1)
 

@@ -66,13 +66,14 @@ class Propagation:
     """
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, kind: str, chunk_bounds=None,
-                 dtype=torch.float32):
+                 dtype=torch.float32, backend: str = "auto"):
         from hpcgnn.sampling.block import Block
 
         if kind not in ("gcn", "mean", "attention"):
             raise ValueError(f"Propagation: kind must be gcn, mean or attention, got {kind!r}")
         v = int(indptr.shape[0] - 1)
         self.num_nodes, self.kind, self.dtype = v, kind, dtype
+        self.backend = backend      # the attention operators' (hpcgnn.nn.aggregate backends)
         deg = np.diff(indptr).astype(np.float64)
         ip, ix = with_self_loops(indptr, indices)
         self.indptr, self.indices = ip, ix
@@ -168,8 +169,8 @@ class Propagation:
         in-edges and itself (autograd through both scalars; el, er: [V])."""
         from hpcgnn.nn.aggregate import edge_softmax, gat_edge_logits
 
-        logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope)
-        return edge_softmax(self.block, logits).squeeze(1)
+        logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope, backend=self.backend)
+        return edge_softmax(self.block, logits, backend=self.backend).squeeze(1)
 
     def dense(self, weight=None) -> torch.Tensor:
         """``A`` as a dense [V, V] float64 matrix (tests, small graphs)."""
@@ -182,9 +183,9 @@ class Propagation:
 
 # ---- device-generic chunk operators (the staged path, :class:`hpcgnn.engine.tensor.DeviceStage`) ----
 def _native(t: torch.Tensor, backend: str) -> bool:
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"backend must be 'auto' or 'torch', got {backend!r}")
-    return backend == "auto" and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+    from hpcgnn.nn.aggregate import _use_native
+
+    return _use_native(t, backend)
 
 
 def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
@@ -192,7 +193,8 @@ def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, b
     ``A`` (``weight`` [nnz] or None = 1), the adjoint of
     :func:`hpcgnn.nn.aggregate.aggregate_sum` (no autograd graph). CPU float32/float64: the
     native kernel over the block's cached transpose; any other device (CUDA) or
-    ``backend = "torch"``: ``index_add``."""
+    ``backend = "torch"``: one CSR SpMM with the block's cached transposed CSR (values
+    ``weight[t_eid]``), extra memory O(nnz) (:func:`hpcgnn.nn.aggregate.csr_spmm`)."""
     g = g.detach().contiguous()
     w = None if weight is None else weight.detach().to(g.dtype).contiguous()
     if _native(g, backend):
@@ -201,16 +203,17 @@ def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, b
         _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(),
                        None if w is None else w.numpy(), None if w is None else t_eid.numpy(), None)
         return out
-    msg = g.index_select(0, block.edge_dst())
-    if w is not None:
-        msg = msg * w.unsqueeze(1)
-    return g.new_zeros((block.num_src, g.shape[1])).index_add_(0, block.indices, msg)
+    from hpcgnn.nn.aggregate import csr_spmm
+
+    return csr_spmm(block, g, w, transpose=True)
 
 
 def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """[nnz]: ``g[dst_e] . x[src_e]`` per edge ``e`` of ``block`` (the gradient of the edge
     weights of ``aggregate_sum(block, x, w)`` for the output gradient ``g``). CPU: the native
-    SDDMM kernel; any other device or ``backend = "torch"``: torch ops."""
+    SDDMM kernel; any other device or ``backend = "torch"``: torch's sampled dense-dense
+    product on the block's pattern (:func:`hpcgnn.nn.aggregate.csr_sddmm`), extra memory
+    O(nnz), no ``[nnz, d]`` per-edge rows."""
     g, x = g.detach().contiguous(), x.detach().contiguous()
     nnz, f = block.num_edges, int(g.shape[1])
     if _native(g, backend):
@@ -218,7 +221,9 @@ def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") 
         _spmm.sddmm_heads(block.indptr.numpy(), block.indices.numpy(), g.numpy().reshape(-1, 1, f),
                           x.numpy().reshape(-1, 1, f), out.numpy(), None)
         return out.view(-1)
-    return (g.index_select(0, block.edge_dst()) * x.index_select(0, block.indices)).sum(1)
+    from hpcgnn.nn.aggregate import csr_sddmm
+
+    return csr_sddmm(block, g, x)
 
 
 class DecoupledModel(nn.Module):

@@ -47,6 +47,9 @@ class Prediction:
     host_peak: int = 0                 # largest rank's peak resident bytes
     host_node: int = 0                 # bytes of the fullest node (its ranks' peaks summed)
     device_peak: int = 0               # largest rank's device bytes (0 on cpu)
+    device_terms: dict = field(default_factory=dict)   # that rank's device terms (cuda)
+    device_largest: tuple = ("", 0)
+    device_shrink: str = ""
     worst_rank: int = 0
     terms: dict = field(default_factory=dict)      # the worst rank's memory terms
     largest: tuple = ("", 0)
@@ -115,19 +118,33 @@ def plan_meta(meta, ranks: int):
 
 def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) -> None:
     """Fill ``pred``'s memory fields: the largest rank's peak and terms, the fullest node."""
-    from hpcgnn.engine.estimate import estimate_rank_memory, host_device_peak
+    from hpcgnn.engine.estimate import estimate_device_memory, estimate_rank_memory, host_device_peak, store_auto_bytes
 
     pm = plan_meta(meta, topo.ranks)
-    hosts, devs, ests = [], [], []
+    hosts, devs, ests, dev_ests = [], [], [], []
+    auto = isinstance(cfg.store.device_memory, str) and cfg.store.device_memory.strip().lower() == "auto"
     for r, s in enumerate(shapes):
         est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s)
-        host, dev = host_device_peak(cfg, meta, s, est, topo.ranks, topo.device)
+        host, _ = host_device_peak(cfg, meta, s, est, topo.ranks, topo.device)
         hosts.append(int(host))
-        devs.append(int(dev))
         ests.append(est)
+        if topo.device == "cuda":
+            # the device estimate of train's pre-run check; store.device_memory = 'auto' gets
+            # what the GPU has left after the other terms
+            avail = store_auto_bytes(cfg, pm, r, topo.device_memory, s) if auto else None
+            dev_est = estimate_device_memory(cfg, pm, r, s, "cuda", store_available=avail)
+            devs.append(int(dev_est.total))
+            dev_ests.append(dev_est)
+        else:
+            devs.append(0)
     worst = int(np.argmax(hosts))
     pred.host_peak = hosts[worst]
     pred.device_peak = max(devs)
+    if dev_ests:
+        d = dev_ests[int(np.argmax(devs))]
+        pred.device_terms = dict(d.terms)
+        pred.device_largest = d.largest()
+        pred.device_shrink = d.shrink.get(pred.device_largest[0], "")
     rpn = topo.ranks_per_node
     pred.host_node = int(max(sum(hosts[i:i + rpn]) for i in range(0, len(hosts), rpn)))
     pred.worst_rank = worst

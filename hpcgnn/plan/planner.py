@@ -74,9 +74,6 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None, an
         if c.invalid:
             row.reason = f"invalid: {c.invalid}"
             continue
-        if topo.device == "cuda" and c.engine == "tensor":
-            row.reason = "the tensor engine runs on CPU only (train.device = 'cpu')"
-            continue
         cfg = c.cfg
         if topo.device == "cuda":
             from hpcgnn.run.config import load_config
@@ -91,8 +88,9 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None, an
                           f"{fmt_bytes(size)} on rank {p.worst_rank}, shrink with {p.shrink or 'more nodes'}")
             continue
         if topo.device == "cuda" and p.device_peak > topo.device_memory:
+            name, size = p.device_largest
             row.reason = (f"device memory: {fmt_bytes(p.device_peak)} per GPU > {fmt_bytes(topo.device_memory)}"
-                          " (--device-memory)")
+                          f" (--device-memory); largest term {name} {fmt_bytes(size)}: {p.device_shrink}")
             continue
         row.fits = True
         if math.isnan(p.epoch_s):

@@ -42,6 +42,18 @@ def nonneg(x) -> bool:
     return x >= 0
 
 
+def _valid_size(x) -> bool:
+    """A size such as '16GiB' (hpcgnn.units.parse_size)."""
+    from hpcgnn.errors import InputError
+    from hpcgnn.units import parse_size
+
+    try:
+        parse_size(x, "size")
+        return True
+    except (InputError, ValueError, TypeError):
+        return False
+
+
 def _threads_ok(x) -> bool:
     """runtime.threads: an int >= 0, or a non-empty list of ints >= 1 (its length is checked
     against the world size at start-up, :meth:`hpcgnn.runtime.Runtime.configured_threads`)."""
@@ -74,7 +86,8 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "lr": Key(float, 0.006, "Adam learning rate", lambda x: 0 < x <= 1e30, "> 0 and <= 1e30 (Adam applies it as a float32 scalar)"),
         "weight_decay": Key(float, 0.0, "Adam weight decay", lambda x: 0 <= x <= 1e30, ">= 0 and <= 1e30 (Adam applies it as a float32 scalar)"),
         "seed": Key(int, 0, "seed for initialisation, sampling and data order", nonneg, ">= 0"),
-        "grad_reduce": Key(str, "mean", "gradient allreduce: mean or sum over ranks",
+        "grad_reduce": Key(str, "mean", "minibatch gradient allreduce: mean (each rank weighted by its "
+                           "samples in the step) or sum over ranks",
                            choices=("mean", "sum")),
         "eval_every": Key(int, 1, "evaluate every N epochs (0 = only at the end)", nonneg, ">= 0"),
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
@@ -83,6 +96,11 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "precision": Key(str, "fp32", "products of the linear layers: fp32, or bf16 (bfloat16 GEMMs with "
                          "float32 accumulation, parameters and everything else float32; opt-in, "
                          "hpcgnn.nn.precision)", choices=("fp32", "bf16")),
+        "kernels": Key(str, "auto", "aggregation kernels: auto (native on the CPU, torch on CUDA), native "
+                       "(the OpenMP kernels, CPU only) or torch (sparse CSR SpMM/SDDMM and segment "
+                       "reductions, no per-edge rows; docs/kernels.md)", choices=("auto", "native", "torch")),
+        "deterministic": Key(bool, False, "torch kernels: run the aggregation under torch's deterministic "
+                             "algorithms (docs/kernels.md; the native kernels always are)"),
         "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
                             "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
         "debug_kill": Key(list, [], "tests: [rank, epoch, step] makes that rank SIGKILL itself "
@@ -100,7 +118,10 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                        "node), or a list with one count per rank, e.g. [1, 2] (unequal rank speeds on one "
                        "machine, docs/rapa.md)", lambda x: _threads_ok(x),
                        "an integer >= 0 or a list of integers >= 1, one per rank"),
-        "backend": Key(str, "mpi4py", "collectives: mpi4py, or a torch.distributed backend",
+        "backend": Key(str, "mpi4py", "what carries the data plane (halo, AEP, fetch, gradient "
+                       "allreduce ...): 'mpi4py' (host buffers, the CPU default), a torch.distributed "
+                       "backend 'gloo', 'nccl' (CUDA only), 'ccl' (CPU, oneCCL bindings), or 'auto' "
+                       "(nccl with CUDA, else ccl when it imports, else mpi4py); MPI stays the launcher",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
         "host_memory": Key(str, "release", "what freed host memory does: 'release' (glibc's "
                            "default: large blocks go back to the system) or 'retain' (kept for "
@@ -109,6 +130,10 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                             "need more memory than it offers"),
         "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
                             "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
+        "device_memory_limit": Key(str, "", "device memory one rank may use, e.g. '16GiB' ('' = detect: "
+                                   "the GPU's free memory on CUDA, no limit on the CPU; a size on the CPU "
+                                   "applies to the tensors the engine places on its device)",
+                                   lambda x: x == "" or _valid_size(x), "'' or a size such as '16GiB'"),
     },
     "store": {   # the in-memory vertex data store (feature/graph store) of every engine (docs/store.md)
         "device_memory": Key((str, int, float), "auto", _store_budget.HELP,
@@ -244,3 +269,18 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     if spec.validate is not None:
         spec.validate(cfg, label)
     return cfg
+
+
+def check_backend(cfg) -> str:
+    """The data-plane backend ``cfg.runtime.backend`` gives on ``cfg.train.device`` on this
+    machine ('auto' device = cuda when torch sees one, as ``hpcgnn.engine.device.resolve_device``
+    decides), or the one-line InputError of an impossible pair (nccl on the CPU, ccl with CUDA or
+    not importable). What ``train`` and ``infer`` check on every rank before any data is read."""
+    from hpcgnn.comm.communicator import choose_backend
+
+    device = cfg.train.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return choose_backend(cfg.runtime.backend, device)

@@ -4,15 +4,18 @@ a node offers its ranks. Sizes are in bytes.
 * :func:`rss_bytes` / :func:`peak_rss_bytes`: ``VmRSS`` / ``VmHWM`` of ``/proc/self/status``.
 * :func:`reset_peak_rss`: resets the high-water mark to the current RSS (``/proc/self/clear_refs``,
   Linux >= 4.0); where that is refused, peaks are cumulative since process start, and
-  :class:`PeakMonitor` says so (``resettable``).
-* :class:`PeakMonitor`: the peak RSS (and CUDA memory) of one epoch and the phase in which it was
-  reached, read at the end of every timed phase.
+  :class:`DeviceMemoryMeter` says so (``resettable``).
+* :class:`DeviceMemoryMeter`: the one meter of a rank: the peak RSS and device memory of one
+  epoch and the phase in which each was reached, read at the end of every timed phase (device
+  memory: CUDA's allocator on a GPU, the engine's device-placed tensors on the CPU).
+* :func:`device_free_bytes`: a CUDA device's free and total memory (``torch.cuda.mem_get_info``).
 * :func:`node_available_bytes`: memory the ranks of this node may use: the smallest of the
   kernel's ``MemAvailable`` plus what this job's ranks already hold, a cgroup v2/v1 limit, and
   SLURM's ``--mem`` / ``--mem-per-cpu``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -59,48 +62,117 @@ def reset_peak_rss() -> bool:
         return False
 
 
-class PeakMonitor:
-    """Peak host RSS and CUDA memory of one epoch, with the phase where each peak happened.
+class DeviceMemoryMeter:
+    """The one memory meter of a rank: peak host RSS and peak device bytes of one epoch, with the
+    phase in which each was reached (the :class:`~hpcgnn.run.timer.PhaseTimer` owns it and calls
+    :meth:`after` at the end of every phase; the engines count their device buffers in it).
 
-    ``start()`` at the beginning of an epoch; ``after(phase)`` when a phase ends (the timer calls
-    it); ``result()`` -> dict with ``peak_rss_bytes``, ``peak_rss_phase``, and on a GPU
-    ``peak_cuda_bytes`` / ``peak_cuda_phase`` (``torch.cuda.max_memory_allocated``).
+    Device bytes: on CUDA ``torch.cuda.max_memory_allocated`` since :meth:`start` (the only place
+    that resets CUDA's peak; it does not synchronise). On the CPU, explicit accounting of the
+    tensors an engine places on its compute device: :meth:`hold` / :meth:`release` count
+    long-lived buffers, :meth:`scope` counts tensors registered with :meth:`track` plus every
+    tensor autograd saves inside it (each storage once) and releases them on exit.
+
+    ``result()`` -> ``peak_rss_bytes`` / ``peak_rss_phase``, and ``peak_device_bytes`` /
+    ``peak_device_phase`` (on CUDA also under the names ``peak_cuda_bytes`` / ``peak_cuda_phase``).
     """
 
-    def __init__(self, cuda_device=None):
-        self.cuda_device = cuda_device
+    def __init__(self, device="cpu"):
+        import torch
+
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.resettable = True
+        self.current = 0
+        self.peak = 0
+        self._seen: list[set] = []
         self.start()
 
+    # ---- the epoch ------------------------------------------------------------------------
     def start(self) -> None:
+        """A new epoch: reset the RSS high-water mark, the device peak (to what is held now)."""
         self.resettable = reset_peak_rss()
         self.peak_rss = peak_rss_bytes()
         self.rss_phase = "start"
-        self.peak_cuda = 0
-        self.cuda_phase = ""
-        if self.cuda_device is not None:
+        self.peak = self.current
+        if self.cuda:
             import torch
 
-            torch.cuda.reset_peak_memory_stats(self.cuda_device)
-            self.peak_cuda = int(torch.cuda.max_memory_allocated(self.cuda_device))
-            self.cuda_phase = "start"
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peak_dev = self.peak_bytes
+        self.dev_phase = "start"
+
+    reset = start
 
     def after(self, phase: str) -> None:
+        """A phase ended: note the peaks reached since the last call and where."""
         hwm = peak_rss_bytes()
         if hwm > self.peak_rss:
             self.peak_rss, self.rss_phase = hwm, phase
-        if self.cuda_device is not None:
-            import torch
-
-            peak = int(torch.cuda.max_memory_allocated(self.cuda_device))
-            if peak > self.peak_cuda:
-                self.peak_cuda, self.cuda_phase = peak, phase
+        peak = self.peak_bytes
+        if peak > self.peak_dev:
+            self.peak_dev, self.dev_phase = peak, phase
 
     def result(self) -> dict:
         out = {"peak_rss_bytes": float(self.peak_rss), "peak_rss_phase": self.rss_phase}
-        if self.cuda_device is not None:
-            out.update(peak_cuda_bytes=float(self.peak_cuda), peak_cuda_phase=self.cuda_phase)
+        out.update(peak_device_bytes=float(self.peak_dev), peak_device_phase=self.dev_phase)
+        if self.cuda:
+            out.update(peak_cuda_bytes=float(self.peak_dev), peak_cuda_phase=self.dev_phase)
         return out
+
+    # ---- device accounting (the CPU as the device) -----------------------------------------
+    def _add(self, nbytes: int) -> None:
+        self.current += int(nbytes)
+        self.peak = max(self.peak, self.current)
+
+    def hold(self, nbytes: int) -> None:
+        """Count a buffer that stays resident until :meth:`release`."""
+        self._add(nbytes)
+
+    def release(self, nbytes: int) -> None:
+        self.current -= int(nbytes)
+
+    def track(self, *tensors) -> None:
+        """Count tensors living until the enclosing :meth:`scope` ends (each storage once)."""
+        for t in tensors:
+            if t is None:
+                continue
+            seen = self._seen[-1] if self._seen else None
+            st = t.untyped_storage()
+            key = (st.data_ptr(), st.nbytes())
+            if seen is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+            self._add(st.nbytes())
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Count tensors tracked or saved for backward inside; release them on exit."""
+        import torch
+
+        start = self.current
+        self._seen.append(set())
+
+        def pack(t):
+            self.track(t)
+            return t
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield self
+        finally:
+            self._seen.pop()
+            self.current = start
+
+    @property
+    def peak_bytes(self) -> int:
+        """Peak device bytes since :meth:`start` (CUDA: the allocator's; CPU: the accounting)."""
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return int(self.peak)
 
 
 # ---- what a node offers ------------------------------------------------------------------
@@ -175,3 +247,15 @@ def node_available_bytes(held_by_job: int = 0, env=None) -> tuple[int, str]:
     if sl is not None and sl < best[0]:
         best = (sl, "SLURM memory allocation")
     return best
+
+
+def device_free_bytes(device) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of the CUDA device ``device`` (``torch.cuda.mem_get_info``), None
+    off CUDA or without a GPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)

@@ -26,8 +26,12 @@
   the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached), and
   ``labels/device``: the compute device each rank ran the epoch on (``cpu``, ``cuda:1``; the
   index counts the devices the rank sees, see ``hpcgnn.runtime.choose_cuda_device``), written
-  when the engine resolved one (``Runtime.device``). Per epoch, because a resumed run may
-  continue on other devices.
+  when the engine resolved one (``Runtime.device``); ``labels/comm_backend``: the backend that
+  carried the data plane (``mpi4py``, ``gloo``, ``nccl``, ``ccl``: ``Runtime.data_plane``, the
+  engine's :func:`hpcgnn.comm.communicator.make_communicator` for ``runtime.backend``), written
+  when the engine made one; ``labels/mpi_library``: the MPI library of the job
+  (:func:`hpcgnn.runtime.mpi_library`). Per epoch, because a resumed run may continue on other
+  devices, another backend or another MPI.
 
 ``status`` is ``running`` while the job runs. Rank 0 writes ``failed`` (with ``error``) when it
 leaves through the runtime's failure policy after the run file exists: an input error (raised on
@@ -80,9 +84,11 @@ SAFE_ON_RESUME = (
     "data.partitions",        # the store's content hash must still be the run's
     "data.verify",
     "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device",
+    "train.kernels", "train.deterministic",
     "train.debug_record", "train.debug_kill",
     "output.dir", "output.keep_checkpoints",
     "runtime.threads", "runtime.backend", "runtime.memory_check", "runtime.memory_limit",
+    "runtime.device_memory_limit",
     "runtime.host_memory",    # where freed pages go; no value changes (tests/runtime/test_host_memory.py)
 )
 
@@ -245,6 +251,7 @@ class RunOutput:
                 self._lock.release()
         rt.agree(error)
         self._device_warned = False
+        self._mpi_library: str | None = None   # hpcgnn.runtime.mpi_library(), asked once
         if hasattr(rt, "on_failure"):
             rt.on_failure(self._failed)
 
@@ -447,6 +454,14 @@ class RunOutput:
         device = getattr(self.rt, "device", None)
         if device:
             labels.setdefault("device", str(device))
+        plane = getattr(self.rt, "data_plane", None)
+        if plane is not None:
+            labels.setdefault("comm_backend", str(plane.name))
+        if self._mpi_library is None:
+            from hpcgnn.runtime import mpi_library
+
+            self._mpi_library = mpi_library()
+        labels.setdefault("mpi_library", self._mpi_library)
         choice = getattr(self.rt, "device_choice", None)
         local = ({k: float(v) for k, v in timings.items()},
                  {k: float(v) for k, v in counters.items()},

@@ -9,6 +9,7 @@ Edges are stored as a CSR over destinations: the sources of destination ``i`` ar
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +72,31 @@ class Block:
             self._cache["transpose"] = out
         return self._cache["transpose"]
 
+    def device_csr(self, device, transpose: bool = False) -> tuple:
+        """The structure on ``device`` (cached per device): ``(indptr, indices)``, or with
+        ``transpose`` the transpose's ``(t_indptr, t_indices, t_eid)`` (:meth:`transpose`,
+        computed once on the block's own device and copied)."""
+        device = torch.device(device)
+        key = ("csr_t" if transpose else "csr", str(device))
+        if key not in self._cache:
+            parts = self.transpose() if transpose else (self.indptr, self.indices)
+            self._cache[key] = tuple(t.to(device) for t in parts)
+        return self._cache[key]
+
+    def sparse_csr(self, device, dtype, transpose: bool = False) -> torch.Tensor:
+        """The unweighted adjacency as a torch sparse CSR tensor on ``device`` (cached per device
+        and dtype; values 1): ``[num_dst, num_src]``, or its transpose ``[num_src, num_dst]``.
+        Built once and reused while the block's topology lives (the torch kernels of
+        :mod:`hpcgnn.nn.aggregate`)."""
+        device = torch.device(device)
+        key = ("sparse_t" if transpose else "sparse", str(device), dtype)
+        if key not in self._cache:
+            parts = self.device_csr(device, transpose)
+            ones = torch.ones(self.num_edges, dtype=dtype, device=device)
+            self._cache[key] = sparse_csr(parts[0], parts[1], ones,
+                                          (self.num_src, self.num_dst) if transpose else (self.num_dst, self.num_src))
+        return self._cache[key]
+
     def drop_sources(self, keep_src_mask: torch.Tensor) -> "Block":
         """New block without the edges whose source has ``keep_src_mask[src] == False``.
 
@@ -94,6 +120,8 @@ class Block:
             return self
         b = Block(self.num_src, self.num_dst, self.indptr.to(device), self.indices.to(device))
         for key, val in self._cache.items():
+            if not isinstance(key, str):
+                continue   # per-device entries (device_csr, sparse_csr): the new block builds its own
             b._cache[key] = tuple(t.to(device) for t in val) if isinstance(val, tuple) else val.to(device)
         return b
 
@@ -105,3 +133,11 @@ def _transpose_torch(indptr: torch.Tensor, indices: torch.Tensor, num_src: int,
     t_indptr = torch.zeros(num_src + 1, dtype=torch.int64, device=indices.device)
     torch.cumsum(torch.bincount(indices, minlength=num_src), 0, out=t_indptr[1:])
     return t_indptr, edge_dst[t_eid], t_eid
+
+
+def sparse_csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple) -> torch.Tensor:
+    """``torch.sparse_csr_tensor`` over existing index tensors (no copy, no invariant check; the
+    "sparse CSR support is in beta" warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size, check_invariants=False)

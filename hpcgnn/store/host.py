@@ -3,7 +3,7 @@
 On the CPU this is exactly what the minibatch engine did before the store existed:
 ``gather_rows(features, ids, num_rows)`` over the partition's own array (no copy). On a GPU the
 rows are gathered on the host into a pinned staging buffer and copied to the device on a side
-stream (:class:`~hpcgnn.store.prefetch.DeviceMover`); every valid row is a miss and its bytes
+stream (:class:`~hpcgnn.store.mover.DeviceMover`); every valid row is a miss and its bytes
 count as host -> device traffic. The CUDA path is written for torch >= 2.11 and has not run on
 a GPU in this repository's tests (docs/store.md).
 """
@@ -54,7 +54,7 @@ class HostFeatureStore(FeatureStore):
 
     def __init__(self, features, device: torch.device | str = "cpu"):
         super().__init__()
-        from hpcgnn.store.prefetch import DeviceMover
+        from hpcgnn.store.mover import DeviceMover
 
         self.device = torch.device(device)
         rows = as_rows(features)

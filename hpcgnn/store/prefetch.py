@@ -17,11 +17,8 @@ training epoch) and are T again otherwise. The two teams add up to T: no oversub
 T = 1 (or a store whose ``read_misses`` does no work) there is no gather thread: ``overlap`` is
 False and the read runs inline in ``get``.
 
-:class:`DeviceMover` moves host rows to the device. On the CPU it is the identity. On a GPU the
-rows are gathered into one of two pinned staging buffers (alternating, so batch k+1 is
-written while batch k's copy may still run), copied with ``non_blocking=True`` on a side
-stream, and an event orders the main stream after the copy (``receive``). This CUDA path is
-written for torch >= 2.11 and has not run on a GPU in this repository's tests (docs/store.md).
+Host -> device copies of the rows are :class:`hpcgnn.store.mover.DeviceMover`'s (pinned staging
+buffers reused, side-stream copies; one mover for the stores and the engines).
 """
 from __future__ import annotations
 
@@ -29,50 +26,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
-
-
-class DeviceMover:
-    """Host rows -> device rows; identity on the CPU (see the module docstring)."""
-
-    def __init__(self, device: torch.device):
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self._turn = 0
-        if self.cuda:
-            self.stream = torch.cuda.Stream(self.device)
-            self._staging = [None, None]     # pinned buffers, grown as needed
-            self._done = [None, None]        # event: the last copy out of that buffer finished
-
-    def move(self, fill, rows: int, dim: int, dtype: torch.dtype):
-        """``fill(out)`` writes ``rows`` host rows into ``out`` (a pinned [rows, dim] view); returns
-        what :meth:`receive` turns into the device tensor. Thread-safe for one caller at a time."""
-        i = self._turn
-        self._turn ^= 1
-        if self._done[i] is not None:
-            self._done[i].synchronize()       # the copy that last read this buffer is finished
-        buf = self._staging[i]
-        if buf is None or buf.numel() < rows * dim or buf.dtype != dtype:
-            buf = torch.empty(max(rows * dim, 1), dtype=dtype).pin_memory()
-            self._staging[i] = buf
-        host = buf[:rows * dim].view(rows, dim)
-        fill(host)
-        with torch.cuda.stream(self.stream):
-            dev = torch.empty(rows, dim, dtype=dtype, device=self.device)
-            dev.copy_(host, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        self._done[i] = ev
-        return dev, ev
-
-    def receive(self, moved) -> torch.Tensor:
-        """The device tensor of :meth:`move`'s result, ordered after its copy on the current stream."""
-        if not self.cuda or moved is None or isinstance(moved, torch.Tensor):
-            return moved
-        dev, ev = moved
-        cur = torch.cuda.current_stream(self.device)
-        cur.wait_event(ev)
-        dev.record_stream(cur)
-        return dev
 
 
 GATHER_SHARE = 0.25

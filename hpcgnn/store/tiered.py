@@ -29,7 +29,7 @@ class TieredFeatureStore(FeatureStore):
 
     def __init__(self, features, hot, device: torch.device | str = "cpu"):
         super().__init__()
-        from hpcgnn.store.prefetch import DeviceMover
+        from hpcgnn.store.mover import DeviceMover
 
         self.device = torch.device(device)
         rows = as_rows(features)

@@ -12,7 +12,9 @@ for this rank ``d`` iterations earlier (IDs and row bits, counts from the messag
 selection is the frontier's solid vertices that are halo on the destination, capped at ``nc``
 (all of them when there are no more); rows are the layer input's rows; every push is received
 exactly once; nothing is outstanding or probe-able at an epoch's end; the buffers are reused
-(``d`` sets per layer).
+(``d`` sets per layer). The driver runs the schedule on the mpi4py data plane (point-to-point)
+and again on gloo (async collectives padded to the caps): both must deliver the same rows and
+count the same bytes.
 """
 from __future__ import annotations
 
@@ -28,7 +30,21 @@ L, NC, WIDTHS, EPOCH_ITERS = 3, 6, (5, 7, 3), (6, 4)
 
 
 def driver(store: str, out: str, delay: int) -> None:
-    """One rank of the MPI job: the engine's AEP schedule on random frontiers; pickles a record."""
+    """One rank of the MPI job: the engine's AEP schedule on random frontiers, on each data plane;
+    pickles a record per plane."""
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(HERE))
+    from planes import close_planes, data_plane
+
+    recs = {backend: run_schedule(store, data_plane(backend), delay) for backend in ("mpi4py", "gloo")}
+    close_planes()
+    with open(Path(out) / f"rank-{MPI.COMM_WORLD.Get_rank()}.pkl", "wb") as fh:
+        pickle.dump(recs, fh)
+
+
+def run_schedule(store: str, plane, delay: int) -> dict:
+    """The engine's AEP schedule over ``plane`` (a Communicator); the record of this rank."""
     import torch
     from mpi4py import MPI
 
@@ -38,7 +54,7 @@ def driver(store: str, out: str, delay: int) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     part = load_partition(store, rank)
-    aep = AsyncEmbeddingPush(comm, part, num_layers=L, nc=NC, delay=delay,
+    aep = AsyncEmbeddingPush(plane, part, num_layers=L, nc=NC, delay=delay,
                              max_degree=int(comm.allreduce(int(part.degree.max()), op=MPI.MAX)), record=True)
     n_local = part.num_solid + part.num_halo
     rec = {"rank": rank, "epochs": [], "inputs": {}, "end": []}
@@ -64,17 +80,19 @@ def driver(store: str, out: str, delay: int) -> None:
             aep.progress()
         outstanding = aep.outstanding()
         aep.assert_drained()
-        aep.comm.Barrier()                     # every rank's sends of this epoch are posted
-        probe = aep.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
-        aep.comm.Barrier()                     # before any rank posts the next epoch's pushes
+        probe = False
+        if plane.name == "mpi4py":             # the point-to-point channel: nothing left to match
+            ch = aep.channel.comm
+            ch.Barrier()                       # every rank's sends of this epoch are posted
+            probe = ch.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+            ch.Barrier()                       # before any rank posts the next epoch's pushes
         rec["end"].append({"outstanding": outstanding, "probe": bool(probe), "buffer_sets": aep.buffer_sets(),
                            "counters": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
                                         for k, v in vars(aep.counters).items()}})
     rec["pushes"] = [vars(p) for p in aep.pushes]
     rec["receives"] = [vars(p) for p in aep.receives]
     aep.close()
-    with open(Path(out) / f"rank-{rank}.pkl", "wb") as fh:
-        pickle.dump(rec, fh)
+    return rec
 
 
 @pytest.mark.parametrize("ranks,delay", [(2, 2), (4, 1)])
@@ -89,10 +107,20 @@ def test_received_rows_are_the_selected_rows(tmp_path, ranks, delay):
     store = toy_store(tmp_path / "store", toy_graph(num_nodes=240, avg_degree=5.0, seed=3), ranks)
     proc = run_mpi(ranks, [__file__, store, tmp_path, delay], timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = []
+    both = []
     for r in range(ranks):
         with open(tmp_path / f"rank-{r}.pkl", "rb") as fh:
-            recs.append(pickle.load(fh))
+            both.append(pickle.load(fh))
+    recs = [b["mpi4py"] for b in both]
+    for m, g in zip(recs, (b["gloo"] for b in both)):     # gloo: the same rows, the same bytes
+        for what in ("pushes", "receives"):
+            assert len(m[what]) == len(g[what])
+            for a, b in zip(m[what], g[what]):
+                assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        counts = lambda rec: [{k: v for k, v in e["counters"].items() if not k.endswith("seconds")}
+                              for e in rec["end"]]
+        assert counts(m) == counts(g)
+        assert [e["outstanding"] for e in g["end"]] == [0] * len(EPOCH_ITERS)
     parts = [load_partition(store, r) for r in range(ranks)]
     halo = [set(p.halo_ids.tolist()) for p in parts]
 

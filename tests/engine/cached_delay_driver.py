@@ -152,7 +152,10 @@ def main() -> int:
                                      ("plain-bf16", False, "bf16"), ("delayed-bf16", True, "bf16")):
         inj.active, inj.slept, inj.blocked, inj.skipped, inj.calls = delayed, 0.0, 0, 0, 0
         ref.digests, ref.checked = [], 0
-        lg = build_local_graph(part, comm, fetch_halo=False)
+        from hpcgnn.comm.communicator import MpiCommunicator
+
+        plane = MpiCommunicator(comm)     # the data plane (halo exchanges)
+        lg = build_local_graph(part, plane, fetch_halo=False)
         n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
         model = build_model("gcn", meta.num_features, hidden, meta.num_classes, layers, dropout=0.0, seed=5)
         opt = torch.optim.Adam(model.parameters(), lr=0.02)
@@ -160,7 +163,7 @@ def main() -> int:
         settings = CacheSettings(cache=True, staleness=STALENESS, pipeline=True,
                                  budget_bytes=int(0.6 * part.num_halo) * row_bytes,
                                  device_bytes=3 * row_bytes, precision=precision)
-        runner = InMemoryFullGraph(model, lg, comm, "cpu", halo=CachedHalo(comm, lg.halo, settings, widths))
+        runner = InMemoryFullGraph(model, lg, plane, "cpu", halo=CachedHalo(plane, lg.halo, settings, widths))
         losses, per_layer = [], []
         for t in range(1, epochs + 1):
             inj.epoch = t

@@ -40,7 +40,9 @@ with rt.guard():  # a failed check on one rank aborts the job instead of hanging
         feats[p.solid_begin:p.solid_end] = p.features
 
     fanouts = [3, 2]
-    fetch = ExactFetch(rt.comm, part, meta.part_offsets, fanouts, seed=5)
+    from hpcgnn.comm.communicator import MpiCommunicator
+
+    fetch = ExactFetch(MpiCommunicator(rt.comm), part, meta.part_offsets, fanouts, seed=5)
     # the last rank asks for nothing but must take part in every collective
     seeds = np.arange(max(part.solid_begin, part.solid_end - 9), part.solid_end) if rt.rank != rt.size - 1 \
         else np.zeros(0, np.int64)

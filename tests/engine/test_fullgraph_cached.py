@@ -34,6 +34,8 @@ from hpcgnn.nn.models import build_model
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
+from hpcgnn.comm.communicator import MpiCommunicator
+plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
 part = load_partition(store, r, meta)
@@ -50,12 +52,12 @@ for s in (1, 2, 4):
 cases["exact-pipe"] = CacheSettings(cache=False, staleness=1, pipeline=True)
 report = {"num_halo": comm.gather(part.num_halo, root=0)}
 for name, st in cases.items():
-    lg = build_local_graph(part, comm, fetch_halo=st is None or not st.cache)
+    lg = build_local_graph(part, plane, fetch_halo=st is None or not st.cache)
     n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
     model = build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS, dropout=0.0, seed=3)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
-    halo = None if st is None else CachedHalo(comm, lg.halo, st, widths, "cpu")
-    runner = InMemoryFullGraph(model, lg, comm, "cpu", halo=halo)
+    halo = None if st is None else CachedHalo(plane, lg.halo, st, widths, "cpu")
+    runner = InMemoryFullGraph(model, lg, plane, "cpu", halo=halo)
     losses, reps = [], []
     for t in range(1, epochs + 1):
         runner.reset_stats()

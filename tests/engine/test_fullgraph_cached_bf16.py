@@ -37,6 +37,8 @@ from hpcgnn.nn.models import build_model
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
+from hpcgnn.comm.communicator import MpiCommunicator
+plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
 part = load_partition(store, r, meta)
@@ -66,13 +68,13 @@ class RefCached(CachedHalo):
 
 
 def cached(s, pipe, prec, cls=CachedHalo):
-    return lambda lg: cls(comm, lg.halo, CacheSettings(cache=True, staleness=s, pipeline=pipe, precision=prec),
+    return lambda lg: cls(plane, lg.halo, CacheSettings(cache=True, staleness=s, pipeline=pipe, precision=prec),
                           widths, "cpu")
 
 
-cases = {"exact": (lambda lg: ExactHalo(comm, lg.halo), True),
-         "exact-bf16": (lambda lg: ExactHalo(comm, lg.halo, precision="bf16"), True),
-         "exact-ref": (lambda lg: RefExact(comm, lg.halo), True),
+cases = {"exact": (lambda lg: ExactHalo(plane, lg.halo), True),
+         "exact-bf16": (lambda lg: ExactHalo(plane, lg.halo, precision="bf16"), True),
+         "exact-ref": (lambda lg: RefExact(plane, lg.halo), True),
          "S0-bf16": (cached(0, False, "bf16"), False),
          "S0-ref": (cached(0, False, "fp32", RefCached), False),
          "S2-pipe": (cached(2, True, "fp32"), False),
@@ -80,18 +82,18 @@ cases = {"exact": (lambda lg: ExactHalo(comm, lg.halo), True),
          "S2-pipe-ref": (cached(2, True, "fp32", RefCached), False)}
 report = {}
 for name, (make, fetch_x0) in cases.items():
-    lg = build_local_graph(part, comm, fetch_halo=fetch_x0)
+    lg = build_local_graph(part, plane, fetch_halo=fetch_x0)
     n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
     model = build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS, dropout=0.0, seed=3)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
     # evaluation (fp32) before training, by a runner of its own (a cache's evaluation would
     # prefetch layer 0)
     model.eval()
-    ev = InMemoryFullGraph(model, lg, comm, "cpu", halo=make(build_local_graph(part, comm, fetch_x0)))
+    ev = InMemoryFullGraph(model, lg, plane, "cpu", halo=make(build_local_graph(part, plane, fetch_x0)))
     before = hashlib.sha256(ev.predict().numpy().tobytes()).hexdigest()
     ev.close()
     model.train()
-    runner = InMemoryFullGraph(model, lg, comm, "cpu", halo=make(lg))
+    runner = InMemoryFullGraph(model, lg, plane, "cpu", halo=make(lg))
     losses, reps = [], []
     for t in range(1, epochs + 1):
         runner.reset_stats()

@@ -31,10 +31,12 @@ from hpcgnn.sampling.block import Block
 graph_path, store, out = sys.argv[1:4]
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
+from hpcgnn.comm.communicator import MpiCommunicator
+plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
 part = load_partition(store, r, meta)
-lg = build_local_graph(part, comm)
+lg = build_local_graph(part, plane)
 n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
 gids = np.arange(part.solid_begin, part.solid_end)
 if r == 0:
@@ -61,8 +63,8 @@ for arch in ("gcn", "sage", "gat"):
         ref_grad = torch.cat([p.grad.reshape(-1) for p in params]).double().numpy()
         ref_logits = ref_logits.detach().double().numpy()
     for name, st in configs.items():
-        runner = InMemoryFullGraph(model, lg, comm, "cpu") if st is None else \
-            OffloadedFullGraph(model, lg, comm, "cpu", st)
+        runner = InMemoryFullGraph(model, lg, plane, "cpu") if st is None else \
+            OffloadedFullGraph(model, lg, plane, "cpu", st)
         model.zero_grad(set_to_none=True)
         loss = comm.allreduce(runner.train_step(PhaseTimer(), n_train)) / n_train
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)

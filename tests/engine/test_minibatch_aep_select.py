@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mb_support as mb  # noqa: E402
 
 from hpcgnn.comm.aep import AsyncEmbeddingPush, DestinationMap  # noqa: E402
+from hpcgnn.comm.communicator import Communicator  # noqa: E402
 from hpcgnn.partition.store import load_partition  # noqa: E402
 
 
@@ -34,18 +35,19 @@ def test_destination_map_matches_reference(tmp_path):
     assert dmap.expand(np.zeros(0, np.int64))[0].size == 0
 
 
-class _FakeComm:
-    def __init__(self, rank, size):
-        self.rank, self.size = rank, size
+class _FakeComm(Communicator):
+    """A data plane of ``size`` ranks seen from ``rank``: selection exchanges nothing, so every
+    operation but opening the (unused) channel fails."""
 
-    def Get_rank(self):
-        return self.rank
+    name = "fake"
 
-    def Get_size(self):
-        return self.size
+    def open_capped(self, recv_caps):
+        return None
 
-    def Dup(self):
-        return self
+    def _unused(self, *args, **kwargs):
+        raise AssertionError("the selection test must not exchange anything")
+
+    exchange_counts = start_alltoallv = start_allreduce_ = allgatherv = broadcast_ = duplicate = _unused
 
 
 def test_select_caps_each_destination(tmp_path):

@@ -192,10 +192,10 @@ def test_rows_counted_at_the_copy_calls_match_an_independent_recount(graph, arch
     produced for source rows (summed where the copies happen) equal the rows an independent
     set recount of the schedule says a deduplicated pass loads (rows of a batch not resident
     from the previous batch), times the widths and the passes per layer."""
-    from hpcgnn.engine import transfer
+    from hpcgnn.store import mover
 
     copied = {"rows": 0}
-    real = transfer.RowMover.load_rows
+    real = mover.DeviceMover.load_rows
 
     def counting(self, host, rows, kind):
         loaded = real(self, host, rows, kind)
@@ -203,7 +203,7 @@ def test_rows_counted_at_the_copy_calls_match_an_independent_recount(graph, arch
             copied["rows"] += loaded.tensor.nbytes
         return loaded
 
-    monkeypatch.setattr(transfer.RowMover, "load_rows", counting)
+    monkeypatch.setattr(mover.DeviceMover, "load_rows", counting)
     model = model_for(arch)
     r = OffloadedFullGraph(model, graph, None, "cpu", OffloadSettings(chunks=8, batch_chunks=2))
     run(model, r, graph)

@@ -93,6 +93,7 @@ def test_staged_follows_the_unstaged_losses(setup, name):
     assert rel < 1e-5, rel
     attrs, c = got["attrs"], got["counters"]
     assert attrs["tensor_staged"] and not ref["attrs"]["tensor_staged"]
+    assert not attrs["tensor_resident"]            # no device budget on the CPU: streamed
     # the same collectives as unstaged; host<->device traffic on every rank, every epoch
     assert attrs["tensor_chunks"] == ref["attrs"]["tensor_chunks"]
     for key in ("layout_alltoalls", "split_calls", "gather_calls", "split_bytes", "gather_bytes"):
@@ -138,10 +139,28 @@ def test_auto_chunks_fit_the_budget_and_train_as_set_by_hand(setup):
     a = r["attrs"]
     assert a["tensor_chunks"] == 3 and a["tensor_chunks_setting"] == "auto"
     assert a["tensor_device_budget_bytes"] == budget
+    assert not a["tensor_resident"]                # a budget sized for chunks: the slices stream
     assert a["tensor_device_nn_bytes"] == nn_b and a["tensor_device_chunk_bytes"] == chunk_b
     assert np.array_equal(r["metrics"]["loss"], staged["gcn-3"]["metrics"]["loss"])
     # the measured device working set of the chunks is within the estimated per-chunk bytes
     assert np.all(r["counters"]["peak_device_bytes"] <= chunk_b), (r["counters"]["peak_device_bytes"], chunk_b)
+
+
+def test_resident_when_the_budget_fits_trains_bit_identically_with_less_traffic(setup):
+    """A budget that holds the slices and the topology: the staged path keeps them on the device
+    (``tensor_resident``), the losses equal the streamed run's bit for bit, and every epoch
+    moves fewer bytes host->device and device->host."""
+    d, store, _, staged = setup
+    proc, run = train(d, store, "resident", "--set", "tensor.staged=true", "--set", "tensor.chunks=3",
+                      "--set", "tensor.device_memory=1GiB")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r, s = read_run(run), staged["gcn-3"]
+    assert r["attrs"]["tensor_resident"] and not s["attrs"]["tensor_resident"]
+    assert np.array_equal(r["metrics"]["loss"], s["metrics"]["loss"])
+    for key in ("split_bytes", "gather_bytes", "split_calls", "gather_calls"):
+        assert np.array_equal(r["counters"][key], s["counters"][key]), key
+    for key in ("h2d_bytes", "d2h_bytes", "h2d_rows_bytes"):
+        assert np.all(r["counters"][key] < s["counters"][key]), key
 
 
 def test_budget_below_one_row_per_chunk_exits_2_on_every_rank(setup):
@@ -186,3 +205,67 @@ def test_auto_is_one_chunk_without_a_budget_and_the_smallest_that_fits(setup):
         assert sum(tensor_device_bytes(cfg, meta, 2, k, "cpu")) <= budget
         if k > 1:
             assert sum(tensor_device_bytes(cfg, meta, 2, k - 1, "cpu")) > budget
+
+
+# ---- resident vs streamed staged path, in process (the CPU as the device) ----------------------
+def _propagate_epochs(graph, kind: str, chunks: int, resident: bool, epochs: int = 2):
+    """Two "epochs" of the staged split -> k rounds -> gather and its backward on one rank;
+    returns per epoch (output, input gradient, edge-score gradients, transfer counters, addresses
+    of the stage's device slices)."""
+    import torch
+
+    from hpcgnn.comm.tensor_parallel import TPComm, TPLayout
+    from hpcgnn.engine.chunk_schedule import chunk_bounds
+    from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun
+    from hpcgnn.nn.decoupled import Propagation
+
+    torch.manual_seed(0)
+    v, width, k, c, alpha = graph.num_nodes, 5, 3, 0.72, 0.2
+    cb = chunk_bounds(graph.indptr, chunks)
+    lay = TPLayout.build(graph.indptr, graph.indices, cb, 1, 0)
+    prop = Propagation(graph.indptr, graph.indices, kind, cb)
+    stage = DeviceStage(prop, "cpu", resident=resident)
+    run = TPRun(TPComm(None, lay), lay, prop, True, stage)
+    h0 = torch.randn(lay.num_own, width)
+    el0, er0 = torch.randn(v), torch.randn(v)
+    g = torch.randn(lay.num_own, width)
+    results = []
+    for _ in range(epochs):
+        stage.counter.reset()
+        h = h0.clone().requires_grad_(True)
+        el, er = el0.clone().requires_grad_(True), er0.clone().requires_grad_(True)
+        weight = prop.attention(el, er) if kind == "attention" else None
+        out = TPPropagate.apply(h, weight, run, k, c, alpha)
+        (out * g).sum().backward()
+        grads = (el.grad, er.grad) if kind == "attention" else ()
+        results.append((out.detach(), h.grad, grads, stage.counter.as_dict(),
+                        sorted(t.data_ptr() for t in stage._dev_pool.values())))
+    return stage, results
+
+
+@pytest.mark.parametrize("kind,chunks", [("gcn", 4), ("attention", 3), ("gcn", 1)])
+def test_resident_stage_is_bit_identical_and_moves_fewer_bytes(kind, chunks):
+    """The resident staged path (topology and slices kept on the device) computes exactly what
+    the streamed one does, and from the first epoch on loads only the split's rows (one round)
+    and the output gradient once, where the streamed path moves every round's rows."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    from toygraph import toy_graph
+
+    graph = toy_graph(150, 5.0, num_features=6, num_classes=5, seed=11)
+    st_s, streamed = _propagate_epochs(graph, kind, chunks, resident=False)
+    st_r, resident = _propagate_epochs(graph, kind, chunks, resident=True)
+    for (o1, h1, e1, _, _), (o2, h2, e2, _, _) in zip(streamed, resident):
+        assert torch.equal(o1, o2) and torch.equal(h1, h2)
+        assert all(torch.equal(a, b) for a, b in zip(e1, e2))
+    v, k, row = graph.num_nodes, 3, 5 * 4
+    for epoch in range(2):
+        s, r = streamed[epoch][3], resident[epoch][3]
+        assert s["h2d_rows_bytes"] == k * st_s.rows_loaded * row * (2 if kind == "attention" else 1)
+        assert s["h2d_grad_bytes"] == k * v * row and s["d2h_out_bytes"] == k * v * row
+        assert r["h2d_rows_bytes"] == st_r.rows_loaded * row          # the first round's rows only
+        assert r["h2d_grad_bytes"] == v * row and r["d2h_out_bytes"] == v * row
+        assert r["h2d_bytes"] < s["h2d_bytes"] and r["d2h_bytes"] < s["d2h_bytes"]
+    # the device slices are allocated once and kept: the same buffers in every epoch
+    assert resident[0][4] and resident[0][4] == resident[1][4] and not streamed[0][4]

@@ -127,11 +127,11 @@ def test_rejects_what_does_not_fit_with_the_reason(setup):
             assert r.pred.largest[0] in r.reason and "shrink with" in r.reason
         else:
             assert r.fits and r.order > 0
-    # a device budget below the CUDA context rejects every GPU candidate; the tensor engine is CPU only
+    # a device budget below the CUDA context rejects every GPU candidate, naming the largest term
     gpu = _plan(setup, topo=topology(device="cuda", device_memory=64 << 20))
     for r in gpu.rows:
         assert not r.fits
-        assert r.reason.startswith("device memory:") or "CPU only" in r.reason
+        assert r.reason.startswith("device memory:") and "largest term" in r.reason, r.reason
     # nothing fits: no recommendation, and writing one is refused in one line
     none = _plan(setup, topo=topology(host_memory=1 << 20))
     assert none.best is None
@@ -232,3 +232,29 @@ def test_bad_files_one_line_exit_2(setup, capsys, tmp_path):
         assert rc == 2, args
         assert err.count("\n") == 1 and fragment in err, err
     assert not (tmp_path / "no").exists()
+
+
+def test_cuda_plan_ranks_the_tensor_engine_and_drops_what_the_device_cannot_hold(setup):
+    """With --device cuda the tensor engine is estimated and ranked like the others; a GPU
+    smaller than a candidate's device estimate (engine/estimate.py estimate_device_memory, the
+    figure train's pre-run check uses) drops exactly the candidates above it."""
+    big = _plan(setup, topo=topology(device="cuda", device_memory=80 << 30))
+    tensor = [r for r in big.rows if r.candidate.engine == "tensor" and not r.candidate.invalid]
+    assert tensor and all(r.fits and r.order > 0 for r in tensor), [r.reason for r in tensor]
+    assert all(r.pred.device_peak > (600 << 20) for r in tensor)         # the context and more
+    peaks = sorted(r.pred.device_peak for r in big.rows if r.pred)
+    # a GPU between the smallest and the largest device estimate: the smaller fit, the larger not
+    limit = (peaks[0] + peaks[-1]) // 2
+    assert peaks[0] < limit < peaks[-1]
+    mid = _plan(setup, topo=topology(device="cuda", device_memory=limit))
+    by = {r.candidate.label: r for r in big.rows}
+    for r in mid.rows:
+        if not r.pred:
+            continue
+        # 'auto' stores are sized to the GPU: a smaller GPU never raises a candidate's estimate
+        assert r.pred.device_peak <= by[r.candidate.label].pred.device_peak
+        if r.pred.device_peak > limit:
+            assert not r.fits and r.reason.startswith("device memory:")
+        else:
+            assert r.fits and r.order > 0
+    assert any(not r.fits for r in mid.rows if r.pred) and any(r.fits for r in mid.rows)

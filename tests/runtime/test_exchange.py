@@ -1,5 +1,6 @@
-"""alltoallv / start_alltoallv / the capped point-to-point exchange / torch all_to_all_single at 2
-and 4 ranks against a numpy reference.
+"""alltoallv / start_alltoallv / the capped point-to-point exchange / the data plane's seam
+(every backend that runs here: mpi4py, gloo, auto) at 2 and 4 ranks against a numpy reference;
+the backends that cannot run here (nccl without a GPU, ccl without oneCCL) refused in one line.
 
 Each run also checks Runtime.start on that world: rank/size/local_size, and threads
 per rank (default at 4 ranks, HPCGNN_THREADS override at 2), as torch and the
@@ -27,10 +28,17 @@ def reference_receive(sent: list[dict], rank: int, key: str) -> np.ndarray:
     return np.concatenate(pieces)
 
 
+def _auto_on_cpu() -> str:
+    from hpcgnn.comm.communicator import choose_backend
+
+    return choose_backend("auto", "cpu")
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi4py", "auto"])
 @pytest.mark.parametrize("ranks,threads_env", [(2, "3"), (4, None)])
-def test_exchanges_match_reference(tmp_path, ranks, threads_env):
+def test_exchanges_match_reference(tmp_path, ranks, threads_env, backend):
     env = {"HPCGNN_THREADS": threads_env} if threads_env else {}
-    proc = run_mpi(ranks, ["-m", "hpcgnn.demos.exchange", "--seed", "7", "--backend", "gloo",
+    proc = run_mpi(ranks, ["-m", "hpcgnn.demos.exchange", "--seed", "7", "--backend", backend,
                            "--out", tmp_path], timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -63,15 +71,42 @@ def test_exchanges_match_reference(tmp_path, ranks, threads_env):
         np.testing.assert_array_equal(d["capped_float"], expect_float[~own])
         np.testing.assert_array_equal(d["capped_float2"], expect_float[~own] + 1)
         np.testing.assert_array_equal(d["capped_sources"], np.repeat(np.arange(ranks), counts[:, r])[~own])
-        for key in ("recv_float_given", "recv_float_counted", "recv_float_torch"):
+        for key in ("recv_float_given", "recv_float_counted", "plane_float"):
             assert d[key].dtype == np.float32 and d[key].shape == expect_float.shape, key
             np.testing.assert_array_equal(d[key], expect_float, err_msg=key)
+        # the seam's other collectives
+        assert d["plane_int"].dtype == np.int64
+        np.testing.assert_array_equal(d["plane_int"], expect_int)
+        np.testing.assert_array_equal(d["plane_counts_sum"], counts.sum(axis=0))
+        np.testing.assert_array_equal(d["plane_gather"], np.concatenate([s["send_int"] for s in dumps]))
+        np.testing.assert_array_equal(d["plane_bcast"], dumps[0]["send_float"])
     # bytes_sent / bytes_received of the non-blocking exchange, read after wait()
     for r, d in enumerate(dumps):
         sent_b, recv_b = 4 * 3 * int(d["send_counts"].sum()), 4 * 3 * int(d["recv_counts"].sum())
         assert f"exchange rank {r}/{ranks}:" in proc.stdout
-        assert f"{sent_b} B float out, {recv_b} B float in, torch backend gloo" in \
+        used = _auto_on_cpu() if backend == "auto" else backend
+        assert f"{sent_b} B float out, {recv_b} B float in, data plane {used}" in \
             proc.stdout.split(f"exchange rank {r}/{ranks}:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ccl"])
+def test_backends_that_cannot_run_here_are_one_line(backend):
+    """nccl without a GPU (or without NCCL in torch), ccl without oneCCL's bindings: one line on
+    rank 0, exit 2 on every rank, nothing exchanged (no summary line)."""
+    import torch
+
+    from hpcgnn.comm.communicator import ccl_available
+
+    if backend == "nccl" and torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        pytest.skip("a GPU with NCCL is here: nccl runs")
+    if backend == "ccl" and ccl_available():
+        pytest.skip("oneccl_bindings_for_pytorch imports here: ccl runs")
+    proc = run_mpi(2, ["-m", "hpcgnn.demos.exchange", "--backend", backend], timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(errors) == 1 and errors[0].startswith(f"hpcgnn: error: --backend {backend}: runtime.backend = "
+                                                     f"'{backend}'"), proc.stderr
+    assert "exchange rank" not in proc.stdout
 
 
 def test_counts_that_do_not_match_the_rows_are_refused_before_mpi():

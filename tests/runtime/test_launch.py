@@ -76,21 +76,27 @@ def test_bad_thread_override_is_an_input_error(monkeypatch):
 
 
 def test_backend_resolution_on_a_cpu_only_torch():
+    """runtime.backend's one home, hpcgnn.comm.communicator.choose_backend: auto is nccl with
+    CUDA, ccl on the CPU when oneCCL imports, else mpi4py; impossible pairs are one line."""
     import torch.distributed as dist
 
+    from hpcgnn.comm.communicator import ccl_available, choose_backend
     from hpcgnn.errors import InputError
-    from hpcgnn.runtime import ccl_available, resolve_backend
 
     if ccl_available():
         pytest.skip("oneccl_bindings_for_pytorch is installed here: 'ccl' resolves to itself")
-    assert resolve_backend("auto", "cpu") == "gloo"
-    assert resolve_backend("gloo") == "gloo"
-    assert resolve_backend("auto", "cuda:0") == "nccl"
-    with pytest.raises(InputError, match="ccl.*oneccl_bindings_for_pytorch is not installed"):
-        resolve_backend("ccl")
+    assert choose_backend("auto", "cpu") == "mpi4py"
+    assert choose_backend("gloo", "cpu") == "gloo"
+    assert choose_backend("mpi4py", "cuda:0") == "mpi4py"
+    assert choose_backend("auto", "cuda:0") == "nccl"
+    with pytest.raises(InputError, match="'ccl' but oneccl_bindings_for_pytorch does not import"):
+        choose_backend("ccl", "cpu")
+    with pytest.raises(InputError, match="'ccl' cannot move CUDA tensors"):
+        choose_backend("ccl", "cuda")
+    with pytest.raises(InputError, match="'nccl' needs train.device = 'cuda'"):
+        choose_backend("nccl", "cpu")
     if not dist.is_nccl_available():
-        with pytest.raises(InputError, match="nccl"):
-            resolve_backend("nccl")
-    if not dist.is_mpi_available():
-        with pytest.raises(InputError, match="mpi"):
-            resolve_backend("mpi")
+        with pytest.raises(InputError, match="has no NCCL"):
+            choose_backend("nccl", "cuda:0")
+    with pytest.raises(InputError, match="expected one of auto, mpi4py"):
+        choose_backend("mpi", "cpu")

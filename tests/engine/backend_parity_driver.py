@@ -1,0 +1,35 @@
+"""Runs several `hpcgnn train` / `hpcgnn infer` jobs one after the other in ONE mpiexec launch
+(each with its own Runtime, started and finished like the command's; torch.distributed is
+brought up and torn down per job), so that tests/engine/test_backend_parity.py pays one launch
+per rank count. Argument: a JSON file with a list of jobs, each
+``{"kind": "train", "config": PATH, "set": [...], "verbose": bool}`` or
+``{"kind": "infer", "run": DIR, "out": FILE}``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hpcgnn.commands.infer import _infer
+from hpcgnn.commands.train import _train
+
+
+def main() -> int:
+    jobs = json.loads(open(sys.argv[1]).read())
+    for job in jobs:
+        if job["kind"] == "train":
+            args = argparse.Namespace(config=job["config"], set=list(job["set"]), resume=False, force=True,
+                                      verbose=bool(job.get("verbose", False)))
+            rc = _train(args)
+        else:
+            args = argparse.Namespace(run=job["run"], out=job["out"], checkpoint=None, what="logits", layer=None,
+                                      partitions=None, device=None, backend=None, block_bytes="64MiB", force=True,
+                                      verbose=False)
+            rc = _infer(args)
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

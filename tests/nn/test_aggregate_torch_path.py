@@ -1,0 +1,222 @@
+"""The torch (device) aggregation path equals the native kernels (forward and gradients) for every
+conv and the tensor engine's propagation operators, keeps its CSR tensors cached on the block,
+and needs O(nnz + V D) extra memory, not one [nnz, D] row per edge (docs/kernels.md)."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nn_blocks import random_block  # noqa: E402
+
+from hpcgnn.nn import aggregate as agg  # noqa: E402
+from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv, gcn_block_norm  # noqa: E402
+from hpcgnn.nn.decoupled import edge_dot, sum_adjoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = dict(rtol=1e-5, atol=1e-5)
+# (num_src, num_dst, nnz, zero_rows): empty rows, num_dst < num_src, square, no edges at all
+SHAPES = [(40, 25, 160, 6), (30, 30, 120, 3), (12, 5, 0, 0), (50, 10, 200, 0)]
+
+
+def _grads(fn, inputs, seed=1):
+    """(output, gradients of inputs) for a fixed random output gradient."""
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*inputs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    out.backward(g)
+    return out.detach(), [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_weighted_sum_mean_and_adjoint_match_native(shape):
+    ns, nd, nnz, zr = shape
+    blk = random_block(ns, nd, nnz, seed=ns + nnz, zero_rows=zr)
+    gen = torch.Generator().manual_seed(7)
+    x, w, rs = torch.randn(ns, 9, generator=gen), torch.rand(nnz, generator=gen), torch.rand(nd, generator=gen)
+    for fn in (lambda x, w: agg.aggregate_sum(blk, x, w, row_scale=rs, backend=b),
+               lambda x, w: agg.aggregate_sum(blk, x, w, backend=b),
+               lambda x, w: agg.aggregate_mean(blk, x, backend=b) + 0 * w.sum()):
+        b = "native"
+        ref = _grads(fn, [x, w])
+        b = "torch"
+        got = _grads(fn, [x, w])
+        _close(got[0], ref[0])
+        for r, o in zip(ref[1], got[1]):
+            _close(o, r)
+    g = torch.randn(nd, 5, generator=gen)
+    _close(agg.aggregate_sum_adjoint(blk, g, backend="torch"), agg.aggregate_sum_adjoint(blk, g, backend="native"))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_tensor_engine_operators_match_native(shape):
+    ns, nd, nnz, zr = shape
+    blk = random_block(ns, nd, nnz, seed=3 + nnz, zero_rows=zr)
+    gen = torch.Generator().manual_seed(11)
+    g, x, w = torch.randn(nd, 7, generator=gen), torch.randn(ns, 7, generator=gen), torch.rand(nnz, generator=gen)
+    _close(sum_adjoint(blk, g, w, backend="torch"), sum_adjoint(blk, g, w, backend="auto"))
+    _close(sum_adjoint(blk, g, None, backend="torch"), sum_adjoint(blk, g, None, backend="native"))
+    _close(edge_dot(blk, g, x, backend="torch"), edge_dot(blk, g, x, backend="auto"))
+    ref = agg.aggregate_sum(blk, x, w, backend="native")
+    _close(agg.aggregate_sum(blk, x, w, backend="torch"), ref)
+    # and the dense definition: edge_dot[e] = g[dst_e] . x[src_e]
+    dst = blk.edge_dst()
+    _close(edge_dot(blk, g, x, backend="torch"), (g[dst] * x[blk.indices]).sum(1))
+
+
+def _conv_pair(kind, in_dim, out_dim, **kw):
+    torch.manual_seed(5)
+    if kind == "sage":
+        native = SAGEConv(in_dim, out_dim, backend="native")
+    elif kind == "gcn":
+        native = GCNConv(in_dim, out_dim, backend="native")
+    else:
+        native = GATConv(in_dim, out_dim, heads=3, variant=kind, backend="native", **kw)
+    other = copy.deepcopy(native)
+    other.backend = "torch"
+    return native, other
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind,dims,kw", [
+    ("sage", (6, 4), {}), ("sage", (4, 6), {}), ("gcn", (6, 4), {}), ("gcn", (4, 6), {}),
+    ("distgnn", (6, 4), {}), ("standard", (6, 4), {}), ("standard", (5, 3), {"self_loop": False}),
+    ("distgnn", (5, 3), {"self_loop": False})])
+def test_every_conv_matches_native_values_and_gradients(shape, kind, dims, kw):
+    ns, nd, nnz, zr = shape
+    blk = random_block(ns, nd, nnz, seed=nnz + nd, zero_rows=zr)
+    native, other = _conv_pair(kind, *dims, **kw)
+    h = torch.randn(ns, dims[0], generator=torch.Generator().manual_seed(2))
+    results = []
+    for conv in (native, other):
+        hh = h.clone().requires_grad_(True)
+        out = conv(blk, hh)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3)))
+        results.append((out.detach(), hh.grad, {n: p.grad.clone() for n, p in conv.named_parameters()}))
+    (o1, g1, p1), (o2, g2, p2) = results
+    _close(o2, o1)
+    _close(g2, g1)
+    for name in p1:
+        _close(p2[name], p1[name])
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_cache_split_adjoint_matches_native(kind):
+    """The offloaded engine's split (aggregate / aggregate_adjoint) on the torch path."""
+    blk = random_block(30, 12, 90, seed=4, zero_rows=2)
+    native, other = _conv_pair(kind, 5, 7)
+    h = torch.randn(30, 5)
+    kw = {}
+    if kind == "gcn":
+        s, d = gcn_block_norm(blk)
+        kw = dict(src_scale=s, dst_scale=d)
+    _close(other.aggregate(blk, h, **kw), native.aggregate(blk, h, **kw))
+    g = torch.randn(12, 5)
+    _close(other.aggregate_adjoint(blk, g, **kw), native.aggregate_adjoint(blk, g, **kw))
+
+
+def test_csr_tensors_are_built_once_per_block_and_device():
+    blk = random_block(20, 8, 40, seed=1)
+    a = blk.sparse_csr("cpu", torch.float32)
+    assert blk.sparse_csr("cpu", torch.float32) is a
+    t = blk.sparse_csr("cpu", torch.float32, transpose=True)
+    assert blk.sparse_csr("cpu", torch.float32, transpose=True) is t and tuple(t.shape) == (20, 8)
+    assert blk.device_csr("cpu", transpose=True)[0] is blk.device_csr("cpu", transpose=True)[0]
+    torch.testing.assert_close(t.to_dense(), a.to_dense().t())
+    x = torch.randn(20, 3, requires_grad=True)
+    for _ in range(2):   # repeated passes reuse the cached tensors
+        agg.aggregate_sum(blk, x, backend="torch").sum().backward()
+    assert blk.sparse_csr("cpu", torch.float32, transpose=True) is t
+    # a copy to another device does not carry the per-device entries (it builds its own)
+    moved = blk.to("meta")
+    assert "transpose" in moved._cache and not any(isinstance(k, tuple) for k in moved._cache)
+
+
+def test_deterministic_setting_scopes_torch_algorithms():
+    blk = random_block(20, 8, 40, seed=1)
+    x = torch.randn(20, 3)
+    old = agg.set_deterministic(True)
+    try:
+        seen = []
+        orig = torch.sparse.mm
+
+        def spy(a, b):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+            return orig(a, b)
+
+        torch.sparse.mm = spy
+        try:
+            out = agg.aggregate_sum(blk, x, backend="torch")
+        finally:
+            torch.sparse.mm = orig
+        assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+        _close(out, agg.aggregate_sum(blk, x, backend="native"))
+    finally:
+        agg.set_deterministic(old)
+
+
+MEMORY_SCRIPT = r"""
+import sys, torch
+from hpcgnn.nn import aggregate as agg
+from hpcgnn.sampling.block import Block
+torch.set_num_threads(1)
+mode = sys.argv[1]
+nd, ns, nnz, D = 4000, 8000, 200_000, 256          # degree 50, 256 wide
+gen = torch.Generator().manual_seed(0)
+dst = torch.sort(torch.randint(nd, (nnz,), generator=gen)).values
+ip = torch.zeros(nd + 1, dtype=torch.int64)
+torch.cumsum(torch.bincount(dst, minlength=nd), 0, out=ip[1:])
+blk = Block(ns, nd, ip, torch.randint(ns, (nnz,), generator=gen))
+x = torch.randn(ns, D, generator=gen).requires_grad_(True)
+w = torch.rand(nnz, generator=gen).requires_grad_(True)
+g = torch.randn(nd, D, generator=gen)
+
+def step():
+    if mode == "torch":
+        out = agg.aggregate_sum(blk, x, w, backend="torch")
+    else:   # the replaced implementation: one gathered row per edge, index_add
+        out = torch.zeros(nd, D).index_add(0, blk.edge_dst(), x.index_select(0, blk.indices) * w.unsqueeze(1))
+    out.backward(g)
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+
+step()          # the first pass: one-time allocations (kernel handles, autograd's engine)
+x.grad = w.grad = None
+open("/proc/self/clear_refs", "w").write("5")      # peak RSS := current RSS (Linux)
+base = status("VmRSS")
+step()
+print("GROWTH", status("VmHWM") - base, nnz * D * 4)
+"""
+
+
+def _growth(mode):
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, mode], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                                                      "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("GROWTH")][0]
+    return [int(v) for v in line.split()[1:]]
+
+
+def test_torch_path_extra_memory_is_not_one_row_per_edge():
+    """Forward + backward (x and edge weights) of one weighted aggregation, degree 50, D = 256,
+    the second pass (steady state): the peak RSS growth (Linux VmHWM after clear_refs) stays
+    below a quarter of nnz * D * 4 bytes (the output, both gradients and O(nnz) vectors fit:
+    about 16 MiB of 195 MiB); the replaced index_select/index_add formula, measured the same
+    way, exceeds nnz * D * 4 (so the measurement does see per-edge rows)."""
+    grown, per_edge_rows = _growth("torch")
+    assert grown < 0.25 * per_edge_rows, (grown, per_edge_rows)
+    old, _ = _growth("index_select")
+    assert old > per_edge_rows, (old, per_edge_rows)
