@@ -10,9 +10,11 @@ budget, the rest are never cached. Membership is frozen (JACA never evicts); val
 overwritten whenever a row arrives (:meth:`ReceiverCache.store`).
 
 :meth:`ReceiverCache.assemble` builds a layer's halo block from the rows received and the cached
-ones and enforces the staleness bound (it raises if a row is neither received nor cached, or
-older than the bound). What is sent when, and the exchange itself, is the protocol of
-:mod:`hpcgnn.comm.halo_cached`.
+ones, on the device side (:meth:`ReceiverCache.assemble_tensor`: device-tier rows are read in
+place, only host-tier and received host rows are uploaded) or in host memory, counts the row
+bytes that cross between the two (:attr:`ReceiverCache.transfers`), and enforces the staleness
+bound (it raises if a row is neither received nor cached, or older than the bound). What is
+sent when, and the exchange itself, is the protocol of :mod:`hpcgnn.comm.halo_cached`.
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ class ReceiverCache:
         self.dev = [torch.zeros((n_dev, w), dtype=torch.float32, device=self.device) for w in widths]
         self.host = [torch.zeros((n_host, w), dtype=torch.float32) for w in widths]
         self.written = np.full((len(widths), self.num_halo), NEVER, dtype=np.int64)
+        self.on_device = False      # the side :meth:`assemble` builds blocks on (set by the caller)
+        self.transfers = {"h2d": 0, "d2h": 0}   # row bytes host -> device / device -> host, cumulative
 
     @property
     def nbytes(self) -> dict:
@@ -69,33 +73,85 @@ class ReceiverCache:
         return {"device": sum(t.numel() * 4 for t in self.dev), "host": sum(t.numel() * 4 for t in self.host)}
 
     def store(self, layer: int, epoch_sent: int, positions: np.ndarray, rows: np.ndarray) -> None:
-        """Write received rows (halo ``positions``, values of ``epoch_sent``) into their tiers."""
+        """Write received host rows (halo ``positions``, values of ``epoch_sent``) into their tiers."""
+        rows_t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+        self._store(layer, epoch_sent, np.asarray(positions, dtype=np.int64), rows_t, rows_t, True, True)
+
+    def _store(self, layer: int, epoch_sent: int, positions: np.ndarray, rows: torch.Tensor,
+               rows_b: torch.Tensor, rows_host: bool, block_host: bool) -> dict:
+        """Write the received rows into their tiers, each tier from the copy on its side (``rows``
+        on the host if ``rows_host``, their block copy ``rows_b`` on the host if ``block_host``);
+        returns the row bytes that crossed between host and device ({"h2d", "d2h"})."""
+        moved = {"h2d": 0, "d2h": 0}
         t = self.tier[positions]
+        row_bytes = 4 * self.widths[layer]
         for tier, bufs in ((TIER_DEVICE, self.dev), (TIER_HOST, self.host)):
             sel = np.flatnonzero(t == tier)
             if sel.size:
-                slots = torch.from_numpy(self.slot[positions[sel]])
-                vals = torch.from_numpy(np.ascontiguousarray(rows[sel]))
-                bufs[layer][slots.to(bufs[layer].device)] = vals.to(bufs[layer].device)
+                on_host = tier == TIER_HOST
+                src = rows_b if (block_host == on_host and rows_host != on_host) else rows
+                if rows_host != on_host and block_host != on_host:   # neither copy is on the tier's side
+                    moved["d2h" if on_host else "h2d"] += int(sel.size) * row_bytes
+                buf = bufs[layer]
+                vals = src.index_select(0, torch.from_numpy(sel).to(src.device))
+                buf[torch.from_numpy(self.slot[positions[sel]]).to(buf.device)] = vals.to(buf.device)
         cached = t != TIER_NONE
         self.written[layer, positions[cached]] = epoch_sent
+        return moved
 
     def assemble(self, layer: int, epoch_used: int, epoch_sent: int, positions: np.ndarray,
-                 rows: np.ndarray, staleness: int | None, constant: bool = False):
+                 rows, staleness: int | None, constant: bool = False):
         """The halo block [num_halo, w] used at ``epoch_used``: the received ``rows`` (written at
         ``epoch_sent``) at their ``positions``, every other row from the cache.
 
-        Stores the received rows first. Returns (block, ages int64 [num_halo], rows from the
-        device tier, rows from the host tier). Raises RuntimeError if a row is neither received
-        nor cached, or (``staleness`` not None, ``constant`` False) older than ``staleness``."""
+        Built on the side :attr:`on_device` names (see :meth:`assemble_tensor`): on the device
+        tier's device, or in host memory. ``rows``: a host numpy array or a tensor (anywhere;
+        in host memory = received through a host data plane). The block is a numpy array when
+        ``rows`` is one and the block is in CPU memory, else a tensor. Stores the received rows
+        first. Returns (block, ages int64 [num_halo], rows from the device tier, rows from the
+        host tier). Raises RuntimeError if a row is neither received nor cached, or
+        (``staleness`` not None, ``constant`` False) older than ``staleness``."""
+        numpy_in = isinstance(rows, np.ndarray)
+        rows_t = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)) if numpy_in else rows
+        device = self.device if self.on_device else torch.device("cpu")
+        block, ages, hit_dev, hit_host = self.assemble_tensor(
+            layer, epoch_used, epoch_sent, positions, rows_t, staleness, constant, device=device,
+            on_device=self.on_device, rows_host=rows_t.device.type == "cpu")
+        if numpy_in and block.device.type == "cpu":
+            block = block.numpy()
+        return block, ages, hit_dev, hit_host
+
+    def assemble_tensor(self, layer: int, epoch_used: int, epoch_sent: int, positions: np.ndarray,
+                        rows: torch.Tensor, staleness: int | None, constant: bool = False,
+                        device=None, on_device: bool = True, rows_host: bool = True):
+        """:meth:`assemble` on tensors: the block [num_halo, w] float32 is built on ``device``
+        (default: the device tier's) from ``rows`` [n, w] (received; any device).
+
+        ``on_device``: the block is on the device side (the training device: device-tier rows
+        are read in place and only host-tier rows are uploaded) or, False, in host memory (the
+        offloaded engine's host buffers: device-tier rows are read back). ``rows_host``: the
+        received rows arrived in host memory (a host data plane: mpi4py, gloo) or, False, on the
+        device (nccl). Fresh rows cross once, to the block's side; each tier is stored from the
+        copy on its side. Returns (block, ages, device-tier rows, host-tier rows) and adds the row
+        bytes that crossed between host memory and the device to :attr:`transfers`, counted by
+        side (so a CPU run, whose device tier is a host buffer, counts what a GPU run moves)."""
         positions = np.asarray(positions, dtype=np.int64)
+        device = self.device if device is None else torch.device(device)
         w = self.widths[layer]
-        self.store(layer, epoch_sent, positions, rows)
-        out = np.empty((self.num_halo, w), dtype=np.float32)
+        row_bytes = 4 * w
+        block_host = not on_device
+        rows = rows.reshape(positions.shape[0], w)
+        rows_b = rows.to(device)
+        moved = {"h2d": 0, "d2h": 0}
+        if bool(rows_host) != block_host:
+            moved["h2d" if rows_host else "d2h"] += int(positions.size) * row_bytes
+        for k, v in self._store(layer, epoch_sent, positions, rows, rows_b, bool(rows_host), block_host).items():
+            moved[k] += v
+        out = torch.empty((self.num_halo, w), dtype=torch.float32, device=device)
         got = np.zeros(self.num_halo, dtype=bool)
         got[positions] = True
         if positions.size:
-            out[positions] = rows
+            out[torch.from_numpy(positions).to(device)] = rows_b
         miss = ~got
         if np.any(miss & (self.tier == TIER_NONE)) or np.any(self.written[layer][miss] == NEVER):
             bad = np.flatnonzero(miss & ((self.tier == TIER_NONE) | (self.written[layer] == NEVER)))
@@ -106,7 +162,9 @@ class ReceiverCache:
             use = pos[miss[pos]]
             if use.size:
                 slots = torch.from_numpy(self.slot[use]).to(bufs[layer].device)
-                out[use] = bufs[layer].index_select(0, slots).cpu().numpy()
+                out[torch.from_numpy(use).to(device)] = bufs[layer].index_select(0, slots).to(device)
+                if (tier == TIER_HOST) != block_host:
+                    moved["d2h" if block_host else "h2d"] += int(use.size) * row_bytes
             hits.append(int(use.size))
         ages = np.empty(self.num_halo, dtype=np.int64)
         if constant:
@@ -117,4 +175,6 @@ class ReceiverCache:
             if staleness is not None and ages.size and int(ages.max()) > staleness:
                 raise RuntimeError(f"halo cache protocol: layer {layer} epoch {epoch_used}: a row of age "
                                    f"{int(ages.max())} > staleness bound {staleness}")
+        for k, v in moved.items():
+            self.transfers[k] += v
         return out, ages, hits[0], hits[1]

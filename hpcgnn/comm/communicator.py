@@ -545,48 +545,54 @@ def _segment_index(counts: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 class _TorchCappedPending(Pending):
-    """Two async all_to_all_single: the row counts, then the rows (bytes of every array side by
-    side) padded to the receiver's cap; the padding is dropped on :meth:`wait`."""
+    """One async all_to_all_single of byte rows: per peer a header (the row count, int64) and the
+    rows padded to the receiver's cap; the header is read and the padding dropped on :meth:`wait`."""
 
-    def __init__(self, channel: "_TorchCappedChannel", works, rcount, recv, keep, like):
-        self.channel, self.works, self.rcount, self.recv = channel, works, rcount, recv
-        self.keep, self.like = keep, like        # send buffers alive until completion
+    def __init__(self, channel: "_TorchCappedChannel", work, recv, width: int, keep, like):
+        self.channel, self.work, self.recv, self.width = channel, work, recv, width
+        self.keep, self.like = keep, like        # the send buffer alive until completion
         self.result = None
 
     def test(self) -> bool:
-        return self.result is not None or all(w is None or w.is_completed() for w in self.works)
+        return self.result is not None or self.work is None or self.work.is_completed()
 
     def wait(self):
         if self.result is None:
-            for w in self.works:
-                if w is not None:
-                    w.wait()
+            if self.work is not None:
+                self.work.wait()
             ch = self.channel
-            counts = self.rcount.cpu().numpy().astype(np.int64)
-            counts[ch.comm.rank] = 0
-            if (counts > ch.recv_caps).any():
+            size, h = ch.comm.size, ch.header_rows(self.width)
+            counts = np.zeros(size, dtype=np.int64)
+            if ch.peers.size:
+                starts = ch.recv_segments(h)[0][ch.peers]
+                head = self.recv.index_select(0, torch.from_numpy(_segment_index(
+                    np.full(ch.peers.size, h, dtype=np.int64), starts)).to(self.recv.device))
+                raw = np.ascontiguousarray(head.reshape(ch.peers.size, -1)[:, :8].cpu().numpy())
+                counts[ch.peers] = raw.view("<i8").reshape(-1)
+            if (counts > ch.recv_caps).any() or (counts < 0).any():
                 raise RuntimeError(f"capped exchange: rows {counts.tolist()} exceed the caps "
                                    f"{ch.recv_caps.tolist()}")
-            idx = _segment_index(counts, ch.recv_starts)
+            idx = _segment_index(counts, ch.recv_segments(h)[0] + h)
             rows = self.recv.index_select(0, torch.from_numpy(idx).to(self.recv.device))
             out, b0 = [], 0
             for t in self.like:
                 nb = int(np.prod(t.shape[1:], dtype=np.int64)) * t.element_size()
                 piece = rows.new_empty((rows.shape[0], nb)).copy_(rows[:, b0:b0 + nb])   # fresh strides
-                a = _from_byte_rows(piece, t)
-                out.append(a.to(t.device))
+                out.append(_from_byte_rows(piece, t).to(t.device))
                 b0 += nb
-            sources = torch.from_numpy(np.repeat(np.arange(ch.comm.size, dtype=np.int32), counts))
+            sources = torch.from_numpy(np.repeat(np.arange(size, dtype=np.int32), counts))
             self.result = (out, sources)
-            self.works, self.rcount, self.recv, self.keep, self.like = (), None, None, None, None
+            self.work, self.recv, self.keep, self.like = None, None, None, None
         return self.result
 
 
 class _TorchCappedChannel(CappedChannel):
     """Capped exchanges as collectives (torch.distributed has no matched point-to-point of
     unknown length): the caps are exchanged once here (blocking, collective), so each sender pads
-    its rows for rank ``q`` to ``q``'s cap for it; starting an exchange posts two async
-    collectives and never waits. The padding travels but is no payload: callers count rows."""
+    its rows for rank ``q`` to ``q``'s cap for it. Starting an exchange posts ONE async
+    all_to_all_single and never waits: per peer a header of ``ceil(8 / row bytes)`` rows holding
+    the row count, then the rows, padded. The header and padding travel but are no payload:
+    callers count rows."""
 
     def __init__(self, comm: TorchCommunicator, recv_caps: np.ndarray):
         self.comm = comm
@@ -595,9 +601,21 @@ class _TorchCappedChannel(CappedChannel):
         self.recv_caps = caps
         self.send_caps = comm.exchange_counts(caps)       # what each receiver accepts from here
         self.send_caps[comm.rank] = 0
-        self.recv_starts = np.cumsum(caps) - caps
-        self.send_starts = np.cumsum(self.send_caps) - self.send_caps
+        self.peers = np.array([q for q in range(comm.size) if q != comm.rank], dtype=np.int64)
         self.closed = False
+
+    @staticmethod
+    def header_rows(width: int) -> int:
+        return -(-8 // max(int(width), 1))
+
+    def _segments(self, caps: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, size) in rows of every rank's segment: header + cap rows for a peer, none for
+        this rank."""
+        size = np.where(np.arange(self.comm.size) == self.comm.rank, 0, caps + h).astype(np.int64)
+        return np.cumsum(size) - size, size
+
+    def recv_segments(self, h: int):
+        return self._segments(self.recv_caps, h)
 
     def start(self, arrays, send_counts, tag, recv_buffers=None) -> Pending:
         import torch.distributed as dist
@@ -616,19 +634,24 @@ class _TorchCappedChannel(CappedChannel):
             raise ValueError(f"capped exchange: rows {sc.tolist()} exceed the receivers' caps "
                              f"{self.send_caps.tolist()}")
         width = sum(int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size() for x in xs)
-        packed = torch.cat([_byte_rows(x) for x in xs], dim=1)
-        send = packed.new_zeros((int(self.send_caps.sum()), width))
-        if n:
-            send.index_copy_(0, torch.from_numpy(_segment_index(sc, self.send_starts)).to(send.device), packed)
-        recv = send.new_empty((int(self.recv_caps.sum()), width))
-        scount = torch.from_numpy(sc).to(c.device)
-        rcount = torch.empty_like(scount)
+        h = self.header_rows(width)
+        s_start, s_size = self._segments(self.send_caps, h)
+        r_start, r_size = self.recv_segments(h)
+        send = torch.zeros((int(s_size.sum()), width), dtype=torch.uint8, device=c.device)
+        recv = send.new_empty((int(r_size.sum()), width))
         if c.size == 1:
-            return _TorchCappedPending(self, (), rcount.zero_(), recv, None, list(arrays))
-        w1 = dist.all_to_all_single(rcount, scount, async_op=True, group=c.group)
-        w2 = dist.all_to_all_single(recv, send, output_split_sizes=self.recv_caps.tolist(),
-                                    input_split_sizes=self.send_caps.tolist(), async_op=True, group=c.group)
-        return _TorchCappedPending(self, (w1, w2), rcount, recv, (send, scount), list(arrays))
+            return _TorchCappedPending(self, None, recv, width, None, list(arrays))
+        head = np.zeros((self.peers.size, h * width), dtype=np.uint8)
+        head[:, :8] = sc[self.peers].astype("<i8").view(np.uint8).reshape(-1, 8)
+        hidx = _segment_index(np.full(self.peers.size, h, dtype=np.int64), s_start[self.peers])
+        send.index_copy_(0, torch.from_numpy(hidx).to(send.device),
+                         torch.from_numpy(head.reshape(-1, width)).to(send.device))
+        if n:
+            packed = torch.cat([_byte_rows(x) for x in xs], dim=1)
+            send.index_copy_(0, torch.from_numpy(_segment_index(sc, s_start + h)).to(send.device), packed)
+        work = dist.all_to_all_single(recv, send, output_split_sizes=r_size.tolist(),
+                                      input_split_sizes=s_size.tolist(), async_op=True, group=c.group)
+        return _TorchCappedPending(self, work, recv, width, send, list(arrays))
 
     def close(self) -> None:
         self.closed = True

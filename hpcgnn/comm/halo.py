@@ -217,6 +217,28 @@ class HaloProvider(ABC):
         their owners; returns the rows received, aligned with ``plan.send_index`` (to be summed
         into the solid gradients there)."""
 
+    # ---- tensors (default: through the host arrays of fetch / adjoint) --------------------------
+    def fetch_tensor(self, layer: int, h_solid: torch.Tensor) -> torch.Tensor:
+        """:meth:`fetch` on tensors: the halo rows [num_halo, ...] of ``h_solid`` [num_solid, ...],
+        on ``h_solid``'s device and dtype. This default goes through the host (only the rows
+        at ``plan.send_index`` of a device tensor are copied); a provider whose exchange runs on
+        tensors (:class:`ExactHalo`) overrides it, so a device data plane (nccl) moves device
+        rows with no host staging."""
+        halo = self.fetch(layer, _host_solid_rows(h_solid, self.plan.send_index))
+        return torch.from_numpy(halo).to(h_solid.device, h_solid.dtype).reshape((-1,) + tuple(h_solid.shape[1:]))
+
+    def adjoint_tensor(self, layer: int, halo_grads: torch.Tensor) -> torch.Tensor:
+        """:meth:`adjoint` on tensors (the default goes through the host)."""
+        return torch.from_numpy(self.adjoint(layer, halo_grads.detach().cpu().contiguous().numpy()))
+
+    def _send_index(self, device: torch.device) -> torch.Tensor:
+        """``plan.send_index`` as an int64 tensor on ``device`` (made once per device)."""
+        cache = self.__dict__.setdefault("_send_index_cache", {})
+        key = str(device)
+        if key not in cache:
+            cache[key] = torch.from_numpy(self.plan.send_index).to(device)
+        return cache[key]
+
     # ---- built on fetch / adjoint --------------------------------------------------------
     def exchange(self, layer: int, h_solid: torch.Tensor) -> torch.Tensor:
         """Differentiable: [num_solid, ...] -> [num_solid + num_halo, ...]; the backward sums the
@@ -239,11 +261,11 @@ class HaloProvider(ABC):
         """``solid_grads[send_index] += adjoint(halo_grads)`` in place (CPU or device tensors)."""
         if not self.distributed:
             return
-        back = self.adjoint(layer, halo_grads.detach().cpu().contiguous().numpy())
+        back = self.adjoint_tensor(layer, halo_grads.detach())
         if back.shape[0]:
-            index = torch.from_numpy(self.plan.send_index).to(solid_grads.device)
-            solid_grads.index_add_(0, index, torch.from_numpy(back).to(solid_grads.device,
-                                                                         solid_grads.dtype))
+            solid_grads.index_add_(0, self._send_index(solid_grads.device),
+                                   back.to(solid_grads.device, solid_grads.dtype).reshape(
+                                       (-1,) + tuple(solid_grads.shape[1:])))
 
     def rounds(self, count: int) -> "HaloRounds":
         """The exact forward exchange in ``count`` collectives of part of the rows each
@@ -274,19 +296,43 @@ class ExactHalo(HaloProvider):
             self._eval = False
 
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
+        return self.fetch_tensor(layer, torch.from_numpy(solid_rows)).numpy()
+
+    def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+        return self.adjoint_tensor(layer, torch.from_numpy(np.ascontiguousarray(halo_grads))).numpy()
+
+    def fetch_tensor(self, layer: int, h_solid: torch.Tensor) -> torch.Tensor:
+        """The exchange on ``h_solid``'s device: its rows at ``send_index`` (float32 rows in the
+        wire format, :func:`to_wire`'s rounding) through the data plane, which stages them
+        through the host only when it is not on that device (mpi4py, gloo)."""
         t0 = time.perf_counter()
         wire = "fp32" if layer == 0 or self._eval else self.precision
-        halo = exchange_rows(self.comm, self.plan, solid_rows, wire)
-        row = solid_rows[0:1].size * (solid_rows.itemsize if wire == "fp32" else WIRE_ITEMSIZE[wire])
-        nbytes = self.plan.rows_sent * row if self.distributed else 0
+        if wire not in WIRE_PRECISIONS:
+            raise ValueError(f"halo wire precision {wire!r}, expected one of {WIRE_PRECISIONS}")
+        rows = h_solid.detach()
+        if not self.distributed:
+            halo = rows[:0]
+        else:
+            send = rows.index_select(0, self._send_index(rows.device)) if self.plan.rows_sent else rows[:0]
+            if wire == "bf16":
+                send = send.float().to(torch.bfloat16)
+            halo = self.comm.alltoallv(send.contiguous(), self.plan.send_counts, self.plan.recv_counts)
+            if wire == "bf16":
+                halo = halo.float()
+        per_row = rows[0:1].numel() * (rows.element_size() if wire == "fp32" else WIRE_ITEMSIZE[wire])
+        nbytes = self.plan.rows_sent * per_row if self.distributed else 0
         self.account(t0, nbytes)
         self.stats["halo_fwd_bytes"] = self.stats.get("halo_fwd_bytes", 0) + nbytes   # forward only
         return halo
 
-    def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+    def adjoint_tensor(self, layer: int, halo_grads: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        back = adjoint_rows(self.comm, self.plan, halo_grads)
-        self.account(t0, halo_grads.nbytes if self.distributed else 0)
+        g = halo_grads.detach().contiguous()
+        if not self.distributed:
+            back = g[:0]
+        else:
+            back = self.comm.alltoallv(g, self.plan.recv_counts, self.plan.send_counts)
+        self.account(t0, g.numel() * g.element_size() if self.distributed else 0)
         return back
 
 
@@ -296,9 +342,9 @@ class HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_solid: torch.Tensor, provider: HaloProvider, layer: int) -> torch.Tensor:
         ctx.provider, ctx.layer = provider, layer
-        halo = provider.fetch(layer, _host_solid_rows(h_solid.detach(), provider.plan.send_index))
-        halo_t = torch.from_numpy(halo).to(h_solid.device, h_solid.dtype)
-        return torch.cat([h_solid, halo_t.reshape((-1,) + tuple(h_solid.shape[1:]))], dim=0)
+        halo = provider.fetch_tensor(layer, h_solid.detach())
+        halo = halo.to(h_solid.device, h_solid.dtype).reshape((-1,) + tuple(h_solid.shape[1:]))
+        return torch.cat([h_solid, halo], dim=0)
 
     @staticmethod
     def backward(ctx, grad_local: torch.Tensor):

@@ -28,7 +28,18 @@ returns; the message travels while the rest of the forward, the backward, the gr
 and the update run. The first epoch (after start-up or a resume: the cache is soft state, never
 checkpointed) fetches blocking (age 0) and starts the pipeline.
 
-Gradients (:meth:`CachedHalo.adjoint`) are always exact: the blocking exact adjoint exchange.
+Where the rows live. :meth:`CachedHalo.fetch_tensor` (the in-memory engine's autograd exchange)
+works on the training device: the rows sent are selected there (with a host data plane,
+mpi4py or gloo, only they are copied to the host; with nccl none), and the halo block is
+assembled there (:meth:`~hpcgnn.cache.halo.ReceiverCache.assemble_tensor`): device-tier rows
+never leave the device, only host-tier rows and, with a host data plane, the received rows are
+uploaded. :meth:`CachedHalo.fetch` (host arrays: the offloaded engine's ``fill``) builds the same
+block in host memory. Both give the same rows, ages and byte counts; the epoch report counts
+the row bytes each moved between host memory and the device (``halo_h2d_bytes`` /
+``halo_d2h_bytes``, by side, so a CPU run counts what a GPU run moves).
+
+Gradients (:meth:`CachedHalo.adjoint_tensor`) are always exact: the blocking exact adjoint
+exchange, on the gradients' device.
 Evaluation (:meth:`CachedHalo.exact_mode`) is exact too: hidden layers use a blocking exact
 exchange that neither reads nor writes the cache; layer 0 reads the cache (exact: features are
 constant).
@@ -54,8 +65,7 @@ import torch
 
 from hpcgnn.cache.halo import NEVER, TIER_NONE, ReceiverCache, admission
 from hpcgnn.comm.communicator import Communicator, Pending
-from hpcgnn.comm.halo import (WIRE_ITEMSIZE, HaloPlan, HaloProvider, adjoint_rows, alltoallv_rows,
-                              exchange_rows, from_wire, to_wire)
+from hpcgnn.comm.halo import WIRE_ITEMSIZE, HaloPlan, HaloProvider, alltoallv_rows, exchange_rows
 
 
 @dataclass(frozen=True)
@@ -188,83 +198,137 @@ class CachedHalo(HaloProvider):
 
     # ---- the provider ----------------------------------------------------------------------
     def fetch(self, layer: int, solid_rows: np.ndarray) -> np.ndarray:
+        """The host path (the offloaded engine's :meth:`fill`): the halo block [num_halo, w] in
+        host memory; device-tier rows are read back from the device."""
         if not self.distributed:
             return np.ascontiguousarray(solid_rows[:0])
-        solid_rows = np.ascontiguousarray(solid_rows, dtype=np.float32).reshape(solid_rows.shape[0], -1)
-        constant = layer == 0
-        if self._exact and not constant:
-            t0 = time.perf_counter()
-            halo = exchange_rows(self.comm, self.plan, solid_rows)
-            self.account(t0, self.plan.rows_sent * solid_rows[0:1].nbytes)
-            return halo
-        s, t = self.settings, self.epoch
-        t0 = time.perf_counter()
-        if constant or not s.pipeline or layer not in self._pending:
-            # blocking: this epoch's rows (the first pipelined epoch too)
-            msg = self._start(layer, solid_rows, lag=0, constant=constant)
-            w0 = time.perf_counter()
-            (idx, rows), src = _host(msg.exchange.wait())
-            wait_s = time.perf_counter() - w0
-            used_sent = msg.epoch
-            if s.pipeline and not constant:
-                self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
-        else:
-            prev = self._pending.pop(layer)
-            w0 = time.perf_counter()
-            (idx, rows), src = _host(prev.exchange.wait())
-            wait_s = time.perf_counter() - w0
-            used_sent = prev.epoch
-            self._pending[layer] = self._start(layer, solid_rows, lag=1, constant=False)
-        wire = "fp32" if constant else s.precision
-        rows = from_wire(rows, wire)
-        positions = self.recv_offsets[src.astype(np.int64)] + idx.astype(np.int64)
-        halo, ages, hit_dev, hit_host = self.cache.assemble(
-            layer, t, used_sent, positions, rows, None if self._exact else s.staleness, constant)
-        self.account(t0, 0)
-        if not self._exact:       # training's figures only (evaluation's layer-0 fetch not counted)
-            self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
-            self._record(layer, ages, hit_dev, hit_host)
-            rep = self._layer_report(layer)
-            rep["rows_received"] += int(positions.size)
-            rep["bytes_nocache"] += self.plan.rows_sent * WIRE_ITEMSIZE[wire] * solid_rows.shape[1]
-        return halo
+        solid = np.ascontiguousarray(solid_rows, dtype=np.float32).reshape(solid_rows.shape[0], -1)
+        return self._fetch(layer, torch.from_numpy(solid), on_device=False).numpy()
+
+    def fetch_tensor(self, layer: int, h_solid: torch.Tensor) -> torch.Tensor:
+        """The device path (autograd :meth:`exchange`): the halo block on ``h_solid``'s device.
+
+        The rows sent are selected there (only they cross to the host, and only with a host data
+        plane: mpi4py, gloo); the block is assembled there: device-tier rows stay on the device,
+        only host-tier rows and received rows of a host data plane are uploaded. The same rows,
+        ages and byte counts as :meth:`fetch`. A subclass that overrides :meth:`fetch` (a
+        reference that transforms the rows) is honoured: its ``fetch`` is called, through the host."""
+        if type(self).fetch is not CachedHalo.fetch:
+            return super().fetch_tensor(layer, h_solid)
+        rows = h_solid.detach()
+        if not self.distributed:
+            return rows[:0]
+        halo = self._fetch(layer, rows.reshape(rows.shape[0], -1), on_device=True)
+        return halo.to(h_solid.dtype).reshape((-1,) + tuple(h_solid.shape[1:]))
 
     def adjoint(self, layer: int, halo_grads: np.ndarray) -> np.ndarray:
+        return self.adjoint_tensor(layer, torch.from_numpy(np.ascontiguousarray(halo_grads))).numpy()
+
+    def adjoint_tensor(self, layer: int, halo_grads: torch.Tensor) -> torch.Tensor:
+        """The exact blocking adjoint exchange on the gradients' device (the data plane stages
+        them through the host only when it is not on that device)."""
         t0 = time.perf_counter()
         self.progress()
-        back = adjoint_rows(self.comm, self.plan, halo_grads)
-        nbytes = halo_grads.nbytes if self.distributed else 0
+        g = halo_grads.detach().contiguous()
+        if self.distributed:
+            back = self.comm.alltoallv(g, self.plan.recv_counts, self.plan.send_counts)
+        else:
+            back = g[:0]
+        nbytes = g.numel() * g.element_size() if self.distributed else 0
         self.account(t0, nbytes)
         self.stats["halo_adjoint_s"] = self.stats.get("halo_adjoint_s", 0.0) + time.perf_counter() - t0
         self.stats["halo_adjoint_bytes"] = self.stats.get("halo_adjoint_bytes", 0) + nbytes
         return back
 
     # ---- internals -----------------------------------------------------------------------
-    def _start(self, layer: int, solid_rows: np.ndarray, lag: int, constant: bool) -> _Message:
-        """Select and start (non-blocking) this epoch's message of ``layer``; count its bytes."""
+    def _host_plane(self) -> bool:
+        """Whether the data plane takes host buffers (mpi4py, gloo, ccl) rather than device ones."""
+        return self.comm.device.type == "cpu"
+
+    def _fetch(self, layer: int, solid: torch.Tensor, on_device: bool) -> torch.Tensor:
+        """The forward halo of ``layer`` from this rank's ``solid`` rows [num_solid, w] (any
+        device): a float32 block [num_halo, w] on ``solid``'s device, built on the device side
+        (``on_device``) or in host memory (the host path; see :meth:`ReceiverCache.assemble_tensor`)."""
+        constant = layer == 0
+        if self._exact and not constant:
+            t0 = time.perf_counter()
+            w = solid.shape[1]
+            send = (solid.index_select(0, self._send_index(solid.device)) if self.plan.rows_sent
+                    else solid[:0]).float()
+            halo = self.comm.alltoallv(send.contiguous(), self.plan.send_counts, self.plan.recv_counts)
+            self.account(t0, self.plan.rows_sent * 4 * w)
+            return halo
+        s, t = self.settings, self.epoch
+        t0 = time.perf_counter()
+        if constant or not s.pipeline or layer not in self._pending:
+            # blocking: this epoch's rows (the first pipelined epoch too)
+            msg = self._start(layer, solid, lag=0, constant=constant, on_device=on_device)
+            w0 = time.perf_counter()
+            (idx, rows), src = msg.exchange.wait()
+            wait_s = time.perf_counter() - w0
+            if s.pipeline and not constant:
+                self._pending[layer] = self._start(layer, solid, lag=1, constant=False, on_device=on_device)
+        else:
+            msg = self._pending.pop(layer)
+            w0 = time.perf_counter()
+            (idx, rows), src = msg.exchange.wait()
+            wait_s = time.perf_counter() - w0
+            self._pending[layer] = self._start(layer, solid, lag=1, constant=False, on_device=on_device)
+        wire = "fp32" if constant else s.precision
+        if wire == "bf16":
+            rows = rows.view(torch.bfloat16).float()     # from_wire on the rows' device
+        positions = self.recv_offsets[src.numpy().astype(np.int64)] + idx.cpu().numpy().astype(np.int64)
+        moved0 = dict(self.cache.transfers)
+        self.cache.on_device = on_device
+        halo, ages, hit_dev, hit_host = self.cache.assemble(
+            layer, t, msg.epoch, positions, rows.numpy() if rows.device.type == "cpu" else rows,
+            None if self._exact else s.staleness, constant)
+        halo = torch.as_tensor(halo).to(solid.device)
+        moved = {k: v - moved0[k] for k, v in self.cache.transfers.items()}
+        self.account(t0, 0)
+        if not self._exact:       # training's figures only (evaluation's layer-0 fetch not counted)
+            self.stats["halo_wait_s"] = self.stats.get("halo_wait_s", 0.0) + wait_s
+            self._record(layer, ages, hit_dev, hit_host)
+            rep = self._layer_report(layer)
+            rep["rows_received"] += int(positions.size)
+            rep["bytes_nocache"] += self.plan.rows_sent * WIRE_ITEMSIZE[wire] * solid.shape[1]
+            rep["h2d_bytes"] += moved["h2d"]
+            rep["d2h_bytes"] += moved["d2h"]
+        return halo
+
+    def _start(self, layer: int, solid: torch.Tensor, lag: int, constant: bool, on_device: bool) -> _Message:
+        """Select and start (non-blocking) this epoch's message of ``layer``; count its bytes.
+
+        The rows are selected on ``solid``'s device; on the device side (``on_device``) with a
+        host data plane only they are copied to the host (counted as d2h bytes)."""
         s, t = self.settings, self.epoch
         mask = self.sender.select(layer, t, s.staleness, lag, constant)
         sel = np.flatnonzero(mask)
-        rows = solid_rows[self.plan.send_index[sel]]
-        if not constant:
-            rows = to_wire(rows, s.precision)      # int16 rows for bf16: half the bytes
+        rows = solid.index_select(0, torch.from_numpy(self.plan.send_index[sel]).to(solid.device)).float()
+        if not constant and s.precision == "bf16":
+            rows = rows.to(torch.bfloat16).view(torch.int16)   # to_wire: half the bytes
+        host_plane = self._host_plane()
+        if host_plane:
+            rows = rows.cpu()          # only the rows that go out cross to the host
         idx = self._seg_pos[sel]
         counts = np.bincount(self._dest[sel], minlength=self.plan.num_parts).astype(np.int64)
-        ex = self._channel.start([torch.from_numpy(idx), torch.from_numpy(np.ascontiguousarray(rows))], counts,
-                                 tag=2 * layer)
-        payload, index = int(rows.nbytes), int(idx.nbytes)
+        ex = self._channel.start([torch.from_numpy(idx), rows.contiguous()], counts, tag=2 * layer)
+        payload, index = int(rows.numel() * rows.element_size()), int(idx.nbytes)
         self.account(time.perf_counter(), payload + index)
         if not self._exact:
             rep = self._layer_report(layer)
             rep["bytes_sent"] += payload + index
             rep["index_bytes"] += index
             rep["rows_sent"] += int(sel.size)
+            if on_device and host_plane:
+                rep["d2h_bytes"] += payload
         return _Message(ex, t)
 
     def _layer_report(self, layer: int) -> dict:
         return self.report.setdefault(layer, {"bytes_sent": 0, "index_bytes": 0, "rows_sent": 0,
                                               "bytes_nocache": 0, "ages": np.zeros(0, np.int64), "rows_received": 0,
-                                              "hits_device": 0, "hits_host": 0, "rows_used": 0})
+                                              "hits_device": 0, "hits_host": 0, "rows_used": 0,
+                                              "h2d_bytes": 0, "d2h_bytes": 0})
 
     def _record(self, layer: int, ages: np.ndarray, hit_dev: int, hit_host: int) -> None:
         rep = self._layer_report(layer)
@@ -283,7 +347,10 @@ class CachedHalo(HaloProvider):
         ``halo_rows_received`` (rows this rank sent / received),
         ``halo_fwd_bytes`` (rows + indices sent, in the wire format) and ``halo_fwd_nocache_bytes``
         (what the uncached exchange of the layer would send in the same wire format). counters: the sums over layers of the last two and of
-        ``halo_index_bytes``, and ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``."""
+        ``halo_index_bytes``, ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``,
+        ``halo_adjoint_bytes``, and ``halo_h2d_bytes`` / ``halo_d2h_bytes``: forward halo row bytes
+        moved host -> device / device -> host (rows sent through a host data plane, received rows,
+        tier reads and stores that cross; counted by side, also on a CPU run)."""
         s, L = self.settings, self.num_layers
         top = max(s.staleness, 1)
         per = {f"halo_age_{a}": np.zeros(L) for a in range(top + 1)}
@@ -312,6 +379,8 @@ class CachedHalo(HaloProvider):
                     "halo_cache_device_bytes": float(nb["device"]),
                     "halo_cache_host_bytes": float(nb["host"])}
         counters["halo_adjoint_bytes"] = float(self.stats.get("halo_adjoint_bytes", 0))
+        counters["halo_h2d_bytes"] = float(sum(r["h2d_bytes"] for r in self.report.values()))
+        counters["halo_d2h_bytes"] = float(sum(r["d2h_bytes"] for r in self.report.values()))
         return counters, per
 
     def timing_report(self) -> dict:
@@ -319,12 +388,6 @@ class CachedHalo(HaloProvider):
         ``halo_adjoint`` (gradient exchanges)."""
         return {**super().timing_report(), "halo_wait": float(self.stats.get("halo_wait_s", 0.0)),
                 "halo_adjoint": float(self.stats.get("halo_adjoint_s", 0.0))}
-
-
-def _host(result) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
-    """A capped exchange's ``(arrays, sources)`` as host numpy arrays."""
-    (idx, rows), src = result
-    return (idx.cpu().numpy(), rows.cpu().numpy()), src.numpy()
 
 
 def _add_hist(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -207,7 +207,14 @@ def _text(s: dict) -> str:
 def memory_estimates(store: Path, config: str, overrides: list[str]) -> dict:
     """Every rank's estimated peak memory (bytes per term) for ``config`` on ``store``; the
     baseline is this process's RSS with torch and the kernels imported."""
-    import hpcgnn.engine.minibatch  # noqa: F401 - the baseline includes what a rank imports
+    # the baseline includes what a rank imports: every engine, the data plane, MPI
+    import torch.distributed  # noqa: F401
+    from mpi4py import MPI  # noqa: F401
+
+    import hpcgnn.comm.communicator  # noqa: F401
+    import hpcgnn.engine.fullgraph  # noqa: F401
+    import hpcgnn.engine.minibatch  # noqa: F401
+    import hpcgnn.engine.tensor  # noqa: F401
     import hpcgnn.native  # noqa: F401
     from hpcgnn.engine.estimate import estimate_rank_memory
     from hpcgnn.partition.store import read_meta

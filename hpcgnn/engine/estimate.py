@@ -40,8 +40,13 @@ store's device rows, the model, per engine activations / HECs / chunks / halo bu
 context), checked before the first epoch by :func:`check_device_memory` against the GPU's free
 memory or ``runtime.device_memory_limit`` (one line naming the largest term and its setting,
 exit 2 on every rank), and sizing ``store.device_memory = 'auto'`` (:func:`store_auto_bytes`).
-On the CPU its terms are what :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts (the
-full graph's within 1 % on Cora; the minibatch frontier and the tensor chunk are upper bounds).
+On the CPU its terms are what :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts; with
+``sample`` (the pre-run check) the minibatch frontiers are those of a few minibatches sampled
+from the partition and the tensor chunk is sized from the real chunks (measured on 2 ranks of
+Cora, tests/engine/test_device_memory.py: full graph GCN/GAT 1.00, minibatch 1.00-1.17, tensor
+1.00 of the meter's peak). Without it (``hpcgnn plan``, no store) the uniform frontier model and
+:func:`tensor_device_bytes` are upper bounds (minibatch up to 2x on clustered graphs, the tensor
+chunk 2-3x); ``tensor.chunks = 'auto'`` sizes with that bound.
 
 This module is the project's one memory estimator, used through its public names:
 ``hpcgnn train``'s pre-run refusal (:func:`check_memory`), ``hpcgnn inspect STORE --config``
@@ -72,6 +77,8 @@ SAVED_PER_LAYER = 6
 MODEL_COPIES = 5
 MODEL_SHRINK = "model.hidden or model.layers (the parameters' count)"
 CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
+SAMPLED_BATCHES = 8            # minibatches the device estimate samples (minibatch_sampled_sizes)
+_ESTIMATE_STREAM = 11          # seed stream of the estimate's own sampling
 
 
 @dataclass
@@ -632,6 +639,107 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     return int(nn_bytes), int(per)
 
 
+def tensor_stage_rows(meta, chunks: int) -> dict:
+    """The staged path's chunks as :class:`hpcgnn.engine.tensor.DeviceStage` cuts them from the
+    store's topology (with self loops, :func:`~hpcgnn.engine.chunk_schedule.chunk_bounds` of
+    ``chunks``, the de-duplicated natural transfer plan): ``capacity`` (rows of the device
+    buffer), per chunk ``dst`` / ``src`` rows and ``identity`` (its sources are the buffer's
+    prefix, no gathered copy), ``enter`` (most rows entering one unit), ``edges`` (per chunk,
+    self loops included). Reads the whole topology (what the engine holds on every rank)."""
+    from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, chunk_bounds, natural_schedule
+    from hpcgnn.nn.decoupled import with_self_loops
+    from hpcgnn.partition.store import read_store_topology
+
+    indptr, indices = read_store_topology(meta.path, meta)
+    bounds = chunk_bounds(indptr, chunks)
+    ip, ix = with_self_loops(indptr, indices)
+    del indices
+    cs = build_chunks(ip, ix, bounds)
+    plan = build_transfer_plan(cs, natural_schedule(len(cs), 1), int(meta.num_nodes), dedup=True)
+    ident = {}
+    for u in plan.units:
+        for c, sl in zip(u.chunks, u.chunk_slots):
+            ident[c] = bool(np.array_equal(sl, np.arange(sl.shape[0])))
+    return {"capacity": int(plan.capacity), "dst": [c.dst_end - c.dst_begin for c in cs],
+            "src": [int(c.src.shape[0]) for c in cs], "identity": [ident[c.index] for c in cs],
+            "edges": [int(c.num_edges) for c in cs],
+            "enter": max((int(u.enter.shape[0]) for u in plan.units), default=0)}
+
+
+def tensor_rank_cols(cfg, meta, parts: int, part_id: int) -> int:
+    """Columns of rank ``part_id``'s feature-layout slice (:func:`_tensor_cols` is the widest)."""
+    from hpcgnn.comm.tensor_parallel import column_bounds
+
+    c, hid = int(meta.num_classes), int(cfg.model.hidden)
+    width = c if cfg.tensor.mode == "decoupled" else max(hid, c)
+    return int(np.diff(column_bounds(width, parts))[part_id])
+
+
+def tensor_stage_bytes(cfg, meta, parts: int, part_id: int, rows: dict, resident: bool) -> int:
+    """Peak bytes of one chunk's working set on the staged path, from the real chunks ``rows``
+    (:func:`tensor_stage_rows`) at rank ``part_id``'s columns; what
+    :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU, in row units of ``cols``
+    float32: forward, the row buffer (``capacity``), the arriving rows, the chunk's output
+    (``dst``) and its gathered sources (``src``, none when they are the buffer's prefix);
+    backward, the gradient buffer, the destinations' gradient rows and their scaled copy
+    (``c != 1``; resident: the whole [V] slice they are read from), ``A^T g`` (``src``) and for
+    GAT the reloaded input rows (buffer and gathered sources)."""
+    t = cfg.tensor
+    cols = tensor_rank_cols(cfg, meta, parts, part_id)
+    v = int(meta.num_nodes)
+    cap = rows["capacity"]
+    scaled = t.gamma * (1.0 - t.alpha) != 1.0
+    gat = cfg.model.arch == "gat" and t.mode == "decoupled"
+    peak = cap + rows["enter"]
+    for dst, src, ident in zip(rows["dst"], rows["src"], rows["identity"]):
+        fwd = cap + dst + (0 if ident else src)
+        g = v if resident else dst
+        bwd = cap + g + (dst if scaled else 0) + src
+        if gat:
+            bwd += cap + (cap if ident else src)
+        peak = max(peak, fwd, bwd)
+    return int(peak * cols * F32)
+
+
+def resident_device_bytes(num_nodes: int, num_edges: int, chunks: int, cols: int, k: int, attention: bool) -> int:
+    """Bytes the tensor engine's staged path keeps on the device when resident
+    (:class:`hpcgnn.engine.tensor.DeviceStage` with ``resident``): the chunks' CSRs, slots and
+    edge weights (``num_edges`` includes the self loops) with room for their transposes, and the
+    ``[V, cols]`` float32 slices (Z_0 and two round buffers, or Z_0..Z_k for GAT's saved rounds;
+    three gradient slices)."""
+    v, ev = int(num_nodes), int(num_edges)
+    topo = (2 * (v + int(chunks)) + 6 * ev) * I64 + ev * F32
+    slices = (k + 1 if attention else 3) + 3
+    return int(topo + slices * v * int(cols) * F32)
+
+
+def tensor_resident_bytes(cfg, meta, parts: int, chunks: int, device: str, part_id: int | None = None) -> int:
+    """Bytes the resident staged path keeps on the device (0 when it streams): the engine is
+    resident when a device budget exists (``tensor.device_memory``) and the NN layers, one chunk
+    (:func:`tensor_device_bytes`) and :func:`hpcgnn.engine.tensor.resident_device_bytes` fit it
+    (``_fits_resident``). On CUDA all of :func:`resident_device_bytes`; on the CPU the ``[V, cols]``
+    slices it holds (the topology stays in the host arrays)."""
+    from hpcgnn.run.engines.tensor import device_budget
+
+    t = cfg.tensor
+    try:
+        budget = device_budget(t.device_memory, device, None)
+    except InputError:
+        return 0
+    if budget is None:
+        return 0
+    k = (t.k or cfg.model.layers) if t.mode == "decoupled" else 1
+    att = cfg.model.arch == "gat" and t.mode == "decoupled"
+    v, ev = int(meta.num_nodes), int(meta.num_edges) + int(meta.num_nodes)
+    res = resident_device_bytes(v, ev, chunks, _tensor_cols(cfg, meta, parts), k, att)
+    if sum(tensor_device_bytes(cfg, meta, parts, chunks, device)) + res > budget:
+        return 0
+    if device == "cuda":
+        return int(res)
+    cols = _tensor_cols(cfg, meta, parts) if part_id is None else tensor_rank_cols(cfg, meta, parts, part_id)
+    return int(((k + 1 if att else 3) + 3) * v * cols * F32)
+
+
 def auto_chunks(cfg, meta, parts: int, budget: int | None, device: str) -> tuple[int, int, int]:
     """``(chunks, nn_bytes, chunk_bytes)``: the smallest chunk count whose device working set
     (:func:`tensor_device_bytes`: the NN part plus one chunk) fits ``budget`` bytes (None: 1
@@ -690,6 +798,7 @@ DEVICE_SHRINK = {
     "topology": "more ranks (hpcgnn partition --parts)",
     "chunks": "more ranks (hpcgnn partition --parts)",
     "chunk": "raise tensor.chunks (or tensor.chunks = 'auto' with tensor.device_memory)",
+    "resident": "lower tensor.device_memory (the staged path streams its slices when they do not fit)",
     "nn": "more ranks (the NN rows are V/P)",
     "halo_cache": "lower fullgraph.cache_memory / fullgraph.cache_device_memory",
     "halo_pipeline": "set fullgraph.pipeline = false",
@@ -708,7 +817,7 @@ def _device_type(cfg) -> str:
 
 
 def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, device: str | None = None,
-                           store_available: int | None = None) -> MemoryEstimate:
+                           store_available: int | None = None, sample: bool = False) -> MemoryEstimate:
     """Peak bytes on rank ``part_id``'s compute device, as named terms (``shrink``: the setting
     that makes each smaller). ``device``: ``cuda`` or ``cpu`` (default ``train.device``); on the
     CPU the terms are the tensors the engine places on its device, what
@@ -723,7 +832,10 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     block's ``topology`` and a cached/pipelined halo's buffers; offloaded ``chunks`` (their
     topology) and ``activations`` (one batch of chunks); tensor ``nn`` (the NN layers on the
     rank's rows) and ``chunk`` (one chunk's working set, :func:`tensor_device_bytes`); on CUDA
-    ``cuda_context``."""
+    ``cuda_context``; when the staged tensor path is resident (:func:`tensor_resident_bytes`)
+    also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
+    frontiers of :func:`minibatch_sampled_sizes`, the tensor chunk of :func:`tensor_stage_rows`
+    (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound)."""
     from hpcgnn.store.budget import resolve_budget
 
     dev = device or _device_type(cfg)
@@ -744,7 +856,12 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["nn"] = int(nn_b - model_state_bytes(sizes, "fp32", MODEL_COPIES - 1))
             out.terms["model_state"] = int(model)
         if staged:
+            resident = tensor_resident_bytes(cfg, meta, parts, chunks, dev, part_id)
+            if sample and dev != "cuda":          # the real chunks (tensor_device_bytes: a bound)
+                chunk_b = tensor_stage_bytes(cfg, meta, parts, part_id, tensor_stage_rows(meta, chunks), resident > 0)
             out.terms["chunk"] = int(chunk_b)
+            if resident:
+                out.terms["resident"] = int(resident)
     else:
         s = shapes or part_shapes(meta.path, part_id)
         host = estimate_rank_memory(cfg, meta, part_id, 0, s)
@@ -758,7 +875,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["model_state"] = model_state_bytes(sizes, cfg.train.precision, MODEL_COPIES - 1)
             out.terms["optimizer_step"] = adam_step_bytes(sizes, cfg.train.weight_decay, "cuda")
         if eng == "minibatch":
-            out.terms["activations"] = minibatch_device_activations(cfg, meta, s)
+            sampled = minibatch_sampled_sizes(cfg, meta, part_id) if sample else None
+            out.terms["activations"] = minibatch_device_activations(cfg, meta, s, sampled)
             if dev == "cuda":
                 if t.get("hec"):
                     out.terms["hec"] = int(t["hec"])
@@ -799,33 +917,78 @@ def minibatch_frontier_rows(cfg, meta, s: dict) -> list[float]:
     return rows[::-1]
 
 
-def minibatch_device_activations(cfg, meta, s: dict) -> int:
+def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATCHES) -> list:
+    """``(rows, edges)`` of up to ``batches`` minibatches of ``minibatch.batch_size`` seeds
+    sampled on rank ``part_id``'s partition with the engine's sampler (:class:`NeighborSampler`,
+    ``minibatch.fanouts``; seeds drawn from the training vertices by a fixed stream of
+    ``train.seed``): ``rows[l]`` input rows of layer ``l`` (``rows[layers]``: the seeds),
+    ``edges[l]`` the sampled edges of layer ``l``'s block. Reads the partition's topology and
+    training mask only (no features); the first ``min(batches, steps of an epoch)`` batches."""
+    from hpcgnn.partition.store import open_partition_file
+    from hpcgnn.sampling.neighbor import NeighborSampler
+    from hpcgnn.seeding import numpy_rng, stream_seed
+
+    b, e = int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])
+    with open_partition_file(meta.path, part_id, meta) as f:
+        indptr = np.asarray(f["indptr"][()], dtype=np.int64)
+        glob = np.asarray(f["indices"][()], dtype=np.int64)
+        halo = np.asarray(f["halo_ids"][()], dtype=np.int64)
+        train = np.flatnonzero(np.asarray(f["train_mask"][()], dtype=bool)).astype(np.int64)
+    ns = e - b
+    solid = (glob >= b) & (glob < e)
+    local = np.searchsorted(halo, glob) + ns
+    local[solid] = glob[solid] - b
+    mb = cfg.minibatch
+    size = min(int(mb.batch_size), int(train.size))
+    if size == 0:
+        return []
+    sampler = NeighborSampler(indptr, local, ns, list(mb.fanouts),
+                              seed=stream_seed(cfg.train.seed, _ESTIMATE_STREAM, part_id), num_local=ns + halo.size)
+    rng = numpy_rng(cfg.train.seed, _ESTIMATE_STREAM, part_id)
+    out = []
+    for i in range(min(int(batches), -(-int(train.size) // size))):
+        seeds = np.sort(rng.choice(train, size=size, replace=False))
+        batch = sampler.sample(seeds, epoch=0, step=i)
+        out.append(([int(x.shape[0]) for x in batch.frontiers], [int(bl.num_edges) for bl in batch.blocks]))
+    return out
+
+
+def minibatch_device_activations(cfg, meta, s: dict, sampled: list | None = None) -> int:
     """Bytes a minibatch step keeps on the device for backward: the gathered input rows and,
     per layer, what it saves: projecting first (:func:`hpcgnn.nn.conv.sage_projects_first`, SAGE)
     the projected sources and two destination tensors at the output width, else the
     aggregate at the input width and two at the output width (GAT: also the projected sources
     and the per-edge logits and attention per head); plus the block's CSR (int64 per edge and
-    destination). What :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU."""
+    destination). What :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU.
+    ``sampled``: :func:`minibatch_sampled_sizes` (the largest of those batches counts), else
+    the expected frontiers of uniform draws (:func:`minibatch_frontier_rows`)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    if not sampled:
+        rows = minibatch_frontier_rows(cfg, meta, s)
+        avg = ne / max(ns, 1)
+        fans = [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
+        sampled = [(rows, [rows[l + 1] * fans[l] for l in range(layers)])]
+    return int(max(_minibatch_step_bytes(cfg, widths, rows, edges) for rows, edges in sampled))
+
+
+def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
+    """:func:`minibatch_device_activations` of one batch: ``rows[l]`` input rows of layer ``l``,
+    ``edges[l]`` its block's edges."""
     from hpcgnn.nn.conv import sage_projects_first
 
-    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    rows = minibatch_frontier_rows(cfg, meta, s)
-    avg = ne / max(ns, 1)
     arch = cfg.model.arch
     total = rows[0] * widths[0] * F32
-    for l in range(layers):
+    for l in range(cfg.model.layers):
         wi, wo = widths[l], widths[l + 1]
-        n_src, n_dst = rows[l], rows[l + 1]
-        fan = cfg.minibatch.fanouts[l]
-        edges = n_dst * (avg if fan < 0 else min(fan, avg))
-        if arch == "sage" and sage_projects_first(wi, wo, int(n_src), int(n_dst), int(edges)):
+        n_src, n_dst, n_e = rows[l], rows[l + 1], edges[l]
+        if arch == "sage" and sage_projects_first(wi, wo, int(n_src), int(n_dst), int(n_e)):
             saved = (n_src + 2 * n_dst) * wo * F32
         elif arch == "gat":
-            saved = (n_src * wo + 2 * n_dst * wo) * F32 + 2 * edges * cfg.model.heads * F32
+            saved = (n_src * wo + 2 * n_dst * wo) * F32 + 2 * n_e * cfg.model.heads * F32
         else:
             saved = n_dst * (wi + 2 * wo) * F32
-        total += saved + (edges + n_dst + 1) * I64
-    return int(total)
+        total += saved + (n_e + n_dst + 1) * I64
+    return total
 
 
 def fullgraph_device_activations(cfg, meta, s: dict) -> int:
@@ -834,7 +997,9 @@ def fullgraph_device_activations(cfg, meta, s: dict) -> int:
     keeps only that ``ns x w0`` aggregate, SAGE also the own rows; else every local row and the
     aggregate), each hidden
     layer's ``ns x w`` output (ReLU + dropout) and each later layer's exchanged ``nl x w`` input,
-    the degree scales; GAT also two per-edge tensors per head and layer. What
+    the degree scales; GAT also two per-edge tensors and two destination logits per head and
+    layer, every layer's projected rows over all ``nl`` local rows and the received halo
+    feature rows (measured: 1.00 of the meter's peak on 2 ranks of Cora). What
     :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     cacheable = cfg.model.arch in ("sage", "gcn") and cfg.fullgraph.halo != "cached"
@@ -847,7 +1012,13 @@ def fullgraph_device_activations(cfg, meta, s: dict) -> int:
     act += sum(nl * widths[l] for l in range(1, layers))
     act = act * F32 + nl * F32
     if cfg.model.arch == "gat":
-        act += 2 * ne * cfg.model.heads * F32 * layers
+        # per layer: two per-edge tensors per head, the projected rows z over every local row
+        # (heads x the layer's output; the last layer's heads x classes) and two per-destination
+        # logits per head; layer 0 also keeps the received halo feature rows
+        h = cfg.model.heads
+        act += 2 * ne * h * F32 * layers + nh * widths[0] * F32
+        act += sum(nl * (widths[l + 1] if l < layers - 1 else h * widths[-1]) + 2 * ns * h
+                   for l in range(layers)) * F32
     return int(act)
 
 
@@ -898,7 +1069,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
                 room = limit + (CUDA_CONTEXT if measured_free else 0)
                 store_avail = store_auto_bytes(cfg, meta, rt.rank, room)
                 set_auto_available(store_avail)
-            est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail)
+            est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)
     except InputError as exc:

@@ -418,18 +418,20 @@ class FullGraphEngine(Engine):
         from hpcgnn.comm.allreduce import allreduce_sum
 
         timer, runner = self.timer, self.runner
-        runner.reset_stats()
-        self.store.reset_counters()
-        runner.begin_epoch(epoch)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.hooks.before_step(epoch, 0)
-        self.reducer.begin()
+        with timer.phase("housekeeping"):     # per-epoch set-up, so the phases cover the epoch
+            runner.reset_stats()
+            self.store.reset_counters()
+            runner.begin_epoch(epoch)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.hooks.before_step(epoch, 0)
+            self.reducer.begin()
         loss_local = runner.train_step(timer, self.n_train)
         with timer.phase("allreduce"):
             self.reducer(loss_local, epoch)     # raises on a non-finite loss or gradient
         with timer.phase("update"):
             self.optimizer.step()
-        loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
+        with timer.phase("housekeeping"):     # the global loss (collective)
+            loss = float(allreduce_sum(self.rt, [loss_local])[0] / self.n_train)
         self.hooks.after_step(epoch, 0, loss_local, int(self.graph.masks["train"].sum()), self.model)
         # gradient buckets whose allreduce started during backward (0 in the first, counting, epoch)
         return EpochResult(loss, counters={"allreduce_buckets_in_backward": float(self.reducer.started_in_backward)})

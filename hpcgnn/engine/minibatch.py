@@ -33,11 +33,14 @@ received within its epoch.
 
 Feature rows and the local topology come from the rank's store (:mod:`hpcgnn.store`, ``[store]``:
 host-only, tiered or device-only; docs/store.md): the sampler reads the graph store's CSR in place,
-the layer-0 input rows are gathered through the feature store, with ``store.overlap`` the next
-minibatch is sampled and its host rows read on a gather thread while the current one computes,
-and each HEC lives on the device or the host as the placement solver decided. Every store layout
-gives the same rows, so the same losses; per-epoch counters ``store_*`` and the timing
-``store_wait``.
+the layer-0 input rows are gathered through the feature store, with ``store.overlap`` (and a
+gather thread, T >= 4) the host rows of minibatch k + 1 are read and minibatch k + 2 is sampled
+(the loader, hec/off modes) on the gather thread while k computes, and each HEC lives on the
+device or the host as the placement solver decided. Every store layout and the loader give the
+same rows, so the same losses; per-epoch counters ``store_*``, the phases ``sample`` (the main
+thread's sampling or wait for the loader) and ``store_wait``, the timing ``sample_loader`` (the
+loader's seconds, parent ``loader``: they overlap the phases). The per-epoch set-up and the
+epoch's totals are the phase ``housekeeping``.
 
 ``minibatch.halo``: ``hec`` (above), ``off`` (edges from halo vertices always dropped, no
 communication), ``exact`` (DistDGL-style distributed sampling and feature pull, see
@@ -59,6 +62,7 @@ HEC contents are not checkpointed, so a resumed run restarts with empty caches (
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -274,113 +278,151 @@ class MinibatchEngine(Engine):
 
     def train_epoch(self, epoch: int) -> EpochResult:
         cfg, rt, timer = self.cfg, self.rt, self.timer
-        if self.aep is not None:
-            self.aep.reset_counters(epoch)
-            for hec in self.hecs:
-                if cfg.minibatch.reset_cache_each_epoch:
-                    hec.clear()
-                hec.reset_stats()
-        if self.fetch is not None:
-            self.fetch.reset_counters()
-        self.store.reset_counters()
-        order = numpy_rng(self.seed, _ORDER, epoch, rt.rank).permutation(self.train_ids)
-        m, sizes = equalised_batches(order.size, cfg.minibatch.batch_size, rt)
-        if m == 0:
-            raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        with timer.phase("housekeeping"):     # per-epoch set-up (collective: equalised_batches)
+            if self.aep is not None:
+                self.aep.reset_counters(epoch)
+                for hec in self.hecs:
+                    if cfg.minibatch.reset_cache_each_epoch:
+                        hec.clear()
+                    hec.reset_stats()
+            if self.fetch is not None:
+                self.fetch.reset_counters()
+            self.store.reset_counters()
+            order = numpy_rng(self.seed, _ORDER, epoch, rt.rank).permutation(self.train_ids)
+            m, sizes = equalised_batches(order.size, cfg.minibatch.batch_size, rt)
+            if m == 0:
+                raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
+            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
         overlapped = 0          # gradient buckets started during backward, over the epoch's steps
         hooks = self.hooks
         overlap = self.store.prefetch.overlap
-        nxt = None
-        for k in range(m):
-            hooks.before_step(epoch, k)
-            seeds = order[bounds[k]:bounds[k + 1]]
-            seed_torch(self.seed, _DROPOUT, epoch, k, rt.rank)
-            with timer.memory.scope():    # the step's tensors kept for backward (CPU: counted)
-                if self.halo_mode == "exact":
-                    logits, y, stats = self._forward_exact(seeds, epoch, k)
-                else:
-                    cur = nxt if k > 0 and overlap else self._prepare(seeds, epoch, k)
-                    # sample minibatch k + 1 and start reading its rows while k computes
-                    nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1) \
-                        if overlap and k + 1 < m else None
-                    logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
-                    cur = None          # the forward holds what backward needs; drop the rest now
-            sampled_edges += stats[0]
-            inputs += stats[1]
-            halo_inputs += stats[2]
-            step_loss, loss = float("nan"), None
-            with timer.phase("backward"):
-                self.optimizer.zero_grad(set_to_none=True)
-                self.reduce_grads.begin(0 if logits is None else int(y.shape[0]))   # this rank's seeds
-                if logits is not None:
-                    loss = F.cross_entropy(logits, y)
-                    loss.backward()
-                    step_loss = loss.detach()     # on the device: read once per epoch, no sync here
-                    loss_sum = step_loss.double() * int(y.shape[0]) + loss_sum
-                    seen += int(y.shape[0])
+        self._loader_seconds = 0.0
+        nxt, loading = None, None
+        try:
+            for k in range(m):
+                with timer.phase("housekeeping"):
+                    hooks.before_step(epoch, k)
+                    seeds = order[bounds[k]:bounds[k + 1]]
+                    seed_torch(self.seed, _DROPOUT, epoch, k, rt.rank)
+                with timer.memory.scope():    # the step's tensors kept for backward (CPU: counted)
+                    if self.halo_mode == "exact":
+                        logits, y, stats = self._forward_exact(seeds, epoch, k)
+                    else:
+                        cur = nxt if k > 0 and overlap else self._prepare(seeds, epoch, k)
+                        # overlap: minibatch k + 1 (sampled by the loader while k - 1 computed) is
+                        # counted and its rows' read submitted, then the loader samples k + 2,
+                        # both on the gather thread while k computes
+                        nxt = self._prepare(order[bounds[k + 1]:bounds[k + 2]], epoch, k + 1, loading) \
+                            if overlap and k + 1 < m else None
+                        loading = self.store.prefetch.run(self._sample, order[bounds[k + 2]:bounds[k + 3]],
+                                                          epoch, k + 2) if overlap and k + 2 < m else None
+                        logits, y, stats = self._forward_local(seeds, epoch, k, m, cur)
+                        cur = None          # the forward holds what backward needs; drop the rest now
+                sampled_edges += stats[0]
+                inputs += stats[1]
+                halo_inputs += stats[2]
+                step_loss, loss = float("nan"), None
+                with timer.phase("backward"):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.reduce_grads.begin(0 if logits is None else int(y.shape[0]))   # this rank's seeds
+                    if logits is not None:
+                        loss = F.cross_entropy(logits, y)
+                        loss.backward()
+                        step_loss = loss.detach()     # on the device: read once per epoch, no sync here
+                        loss_sum = step_loss.double() * int(y.shape[0]) + loss_sum
+                        seen += int(y.shape[0])
+                if self.aep is not None:
+                    with timer.phase("housekeeping"):
+                        self.aep.progress()
+                with timer.phase("allreduce"):
+                    self.reduce_grads(loss, epoch, k, m)     # raises on a non-finite loss or gradient
+                overlapped += self.reduce_grads.started_in_backward
+                with timer.phase("optimizer"):
+                    self.optimizer.step()
+                with timer.phase("housekeeping"):
+                    hooks.after_step(epoch, k, step_loss, seeds.size, self.model)
+        finally:
+            if loading is not None:       # an exception left the loader's sampling uncollected
+                try:
+                    self.store.prefetch.wait(loading)
+                except Exception:         # the exception in flight is the one to report
+                    pass
+        with timer.phase("housekeeping"):     # the epoch's totals (collective) and statistics
             if self.aep is not None:
-                self.aep.progress()
-            with timer.phase("allreduce"):
-                self.reduce_grads(loss, epoch, k, m)     # raises on a non-finite loss or gradient
-            overlapped += self.reduce_grads.started_in_backward
-            with timer.phase("optimizer"):
-                self.optimizer.step()
-            hooks.after_step(epoch, k, step_loss, seeds.size, self.model)
-        if self.aep is not None:
-            self.aep.assert_drained()
-        timings = {}
-        tot = allreduce_sum(rt, [float(loss_sum), seen])
-        loss = tot[0] / tot[1] if tot[1] else float("nan")
-        counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
-                    "input_vertices": inputs, "halo_inputs": halo_inputs,
-                    "allreduce_bytes": m * self.reduce_grads.bytes_per_call,
-                    "allreduce_buckets_in_backward": overlapped}
-        per_layer = {}
-        if self.aep is not None:
-            c = self.aep.counters
-            timings["comm_wait"] = c.wait_seconds       # AEP receives and pushes run in the
-            timings["push"] = c.push_seconds            # halo hooks, inside forward
-            counters.update(aep_bytes_sent=c.bytes_sent, aep_bytes_received=c.bytes_received,
-                            bytes_sent=c.bytes_sent, bytes_received=c.bytes_received)
-            stats = [h.stats() for h in self.hecs]
-            per_layer = {
-                "hec_hit_rate": np.array([s["hit_rate"] for s in stats]),
-                "hec_lookups": np.array([s["lookups"] for s in stats], dtype=np.float64),
-                "hec_hits": np.array([s["hits"] for s in stats], dtype=np.float64),
-                "hec_occupancy": np.array([s["occupancy"] / s["capacity"] for s in stats]),
-                "hec_age_mean": np.array([s["age_mean"] for s in stats]),
-                "hec_age_max": np.array([s["age_max"] for s in stats], dtype=np.float64),
-                "hec_rows_allocated": np.array([s["rows_allocated"] for s in stats], dtype=np.float64),
-                "aep_rows_sent": c.rows_sent.astype(np.float64),
-                "aep_rows_received": c.rows_received.astype(np.float64),
-                "aep_candidates": c.candidates.astype(np.float64),
-                "aep_max_rows_to_one_rank": c.max_rows_to_one_rank.astype(np.float64),
-            }
-        if self.fetch is not None and self.halo_mode == "exact":
-            c = self.fetch.counters
-            counters.update(bytes_sent=c.bytes_sent, bytes_received=c.bytes_received,
-                            exact_sample_bytes_sent=c.sample_bytes_sent,
-                            exact_feature_bytes_sent=c.feature_bytes_sent,
-                            remote_inputs=c.remote_inputs)
-        counters.setdefault("bytes_sent", 0)
-        counters.setdefault("bytes_received", 0)
-        counters.update(self.store.counters.as_dict())
-        counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
-        counters["peak_device_bytes"] = float(timer.memory.peak_bytes)
+                self.aep.assert_drained()
+            timings = {}
+            tot = allreduce_sum(rt, [float(loss_sum), seen])
+            loss = tot[0] / tot[1] if tot[1] else float("nan")
+            counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
+                        "input_vertices": inputs, "halo_inputs": halo_inputs,
+                        "allreduce_bytes": m * self.reduce_grads.bytes_per_call,
+                        "allreduce_buckets_in_backward": overlapped}
+            per_layer = {}
+            if self.aep is not None:
+                c = self.aep.counters
+                timings["comm_wait"] = c.wait_seconds       # AEP receives and pushes run in the
+                timings["push"] = c.push_seconds            # halo hooks, inside forward
+                counters.update(aep_bytes_sent=c.bytes_sent, aep_bytes_received=c.bytes_received,
+                                bytes_sent=c.bytes_sent, bytes_received=c.bytes_received)
+                stats = [h.stats() for h in self.hecs]
+                per_layer = {
+                    "hec_hit_rate": np.array([s["hit_rate"] for s in stats]),
+                    "hec_lookups": np.array([s["lookups"] for s in stats], dtype=np.float64),
+                    "hec_hits": np.array([s["hits"] for s in stats], dtype=np.float64),
+                    "hec_occupancy": np.array([s["occupancy"] / s["capacity"] for s in stats]),
+                    "hec_age_mean": np.array([s["age_mean"] for s in stats]),
+                    "hec_age_max": np.array([s["age_max"] for s in stats], dtype=np.float64),
+                    "hec_rows_allocated": np.array([s["rows_allocated"] for s in stats], dtype=np.float64),
+                    "aep_rows_sent": c.rows_sent.astype(np.float64),
+                    "aep_rows_received": c.rows_received.astype(np.float64),
+                    "aep_candidates": c.candidates.astype(np.float64),
+                    "aep_max_rows_to_one_rank": c.max_rows_to_one_rank.astype(np.float64),
+                }
+            if self.fetch is not None and self.halo_mode == "exact":
+                c = self.fetch.counters
+                counters.update(bytes_sent=c.bytes_sent, bytes_received=c.bytes_received,
+                                exact_sample_bytes_sent=c.sample_bytes_sent,
+                                exact_feature_bytes_sent=c.feature_bytes_sent,
+                                remote_inputs=c.remote_inputs)
+            counters.setdefault("bytes_sent", 0)
+            counters.setdefault("bytes_received", 0)
+            counters.update(self.store.counters.as_dict())
+            counters["store_predicted_feature_hit_rate"] = self.store.predicted_hit_rate
+            counters["peak_device_bytes"] = float(timer.memory.peak_bytes)
+        if overlap and self.halo_mode != "exact":
+            timings["sample_loader"] = self._loader_seconds    # on the loader (gather) thread
         return EpochResult(loss, counters, timings, per_layer,
-                           timing_parents={"comm_wait": "forward", "push": "forward"})
+                           timing_parents={"comm_wait": "forward", "push": "forward", "sample_loader": "loader"})
 
-    def _prepare(self, seeds: np.ndarray, epoch: int, k: int):
-        """Sample minibatch ``k`` and submit its input rows to the store's prefetcher:
-        (batch, read handle), or None for an empty minibatch."""
+    def _sample(self, seeds: np.ndarray, epoch: int, k: int):
+        """Minibatch ``k`` sampled (halo-last in hec/off mode), or None for an empty one, and the
+        seconds it took: (batch, seconds). Runs on the loader (gather) thread too: the native
+        sampler releases the GIL and serialises its calls, and its draws depend on
+        ``(epoch, k)`` only."""
         if seeds.size == 0:
+            return None, 0.0
+        t0 = time.perf_counter()
+        batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
+        if self.halo_mode in ("hec", "off"):
+            batch = batch.halo_last(self.num_solid)
+        return batch, time.perf_counter() - t0
+
+    def _prepare(self, seeds: np.ndarray, epoch: int, k: int, loading=None):
+        """Minibatch ``k`` sampled, counted, and its input rows submitted to the store's
+        prefetcher: (batch, read handle), or None for an empty minibatch. ``loading``: the
+        loader's :meth:`_sample` of it (:meth:`Prefetcher.run`), waited for in phase ``sample``;
+        None: sampled here. Counting and submitting stay on the main thread, in minibatch order."""
+        if loading is None and seeds.size == 0:
             return None
         with self.timer.phase("sample"):
-            batch = self.sampler.sample(torch.from_numpy(seeds), epoch=epoch, step=k)
-            if self.halo_mode in ("hec", "off"):
-                batch = batch.halo_last(self.num_solid)
+            if loading is None:
+                batch, _ = self._sample(seeds, epoch, k)
+            else:
+                batch, seconds = self.store.prefetch.wait(loading)
+                self._loader_seconds += seconds
+            if batch is None:
+                return None
             self.graph.account(self.store.counters, batch, True)
         with self.timer.phase("store_wait"):     # planning the gather is store time too
             handle = self.store.prefetch.submit(batch.frontiers[0]) if self.num_solid else None
@@ -405,7 +447,7 @@ class MinibatchEngine(Engine):
         with timer.phase("forward"):
             blocks = [b.to(self.device) for b in batch.blocks]
             logits = self.model(blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
-        y = self.labels[batch.seeds.to(self.device)]
+            y = self.labels[batch.seeds.to(self.device)]
         f0 = frontiers[0]
         return logits, y, (batch.num_sampled_edges, f0.size, int((f0 >= self.num_solid).sum()))
 

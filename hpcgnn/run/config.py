@@ -145,7 +145,8 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "presample": Key(int, 16, "minibatches per pre-sampling pass of the minibatch engine (the "
                          "solver runs two: ranking and hit-rate prediction)", positive, "> 0"),
         "overlap": Key(bool, True, "minibatch engine: read the next minibatch's rows on a gather "
-                       "thread (GPU: pinned staging and a side-stream copy) while the current one computes"),
+                       "thread (GPU: pinned staging and a side-stream copy) and sample the one after it "
+                       "there (the loader) while the current one computes (from 4 threads a rank)"),
     },
 }
 

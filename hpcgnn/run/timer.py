@@ -17,8 +17,9 @@ import torch
 class PhaseTimer:
     """Accumulated wall-clock seconds per named phase (``with timer.phase('forward'): ...``),
     and the epoch's peak memory with the phase in which it was reached (``timer.memory``, a
-    :class:`~hpcgnn.run.memory.DeviceMemoryMeter` read at the end of every phase; :meth:`reset`
-    starts a new epoch for both).
+    :class:`~hpcgnn.run.memory.DeviceMemoryMeter` read at the end of every phase, inside the
+    phase's seconds, so that the phases of an epoch cover it; :meth:`reset` starts a new epoch
+    for both).
 
     Nesting is recorded, not declared: ``parents[name]`` is the phase that was open when
     ``name`` first started (a stack of open phases; None at the top level), in the order the
@@ -63,18 +64,18 @@ class PhaseTimer:
                 yield
             finally:
                 self._open.pop()
+                self.memory.after(name)
                 end = self._cuda.Event(enable_timing=True)
                 end.record()
                 self._pending.append((name, start, end))
-                self.memory.after(name)
             return
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self._open.pop()
-            self._seconds[name] = self._seconds.get(name, 0.0) + (time.perf_counter() - t0)
             self.memory.after(name)
+            self._seconds[name] = self._seconds.get(name, 0.0) + (time.perf_counter() - t0)
 
     def resolve(self) -> None:
         """Wait for the device (one ``synchronize()``) and add the recorded event pairs' seconds."""

@@ -5,7 +5,8 @@ on a side stream (GPU).
 thread while the main thread computes the current one (the native row gather and torch's
 ``index_select`` release the GIL). Only reads happen on the thread; planning, counting and
 assembling stay on the main thread, in minibatch order, so results and counters do not depend
-on thread timing. ``submit`` (planning) and ``get`` (blocked until the rows are there) add their time to
+on thread timing. The same thread runs the minibatch engine's loader (:meth:`run`: the
+sampling of a later minibatch, queued behind the reads). ``submit`` (planning) and ``get`` (blocked until the rows are there) add their time to
 ``store.counters.wait_seconds`` (with ``overlap = False`` the whole read happens in ``get``).
 
 Thread teams: the rank has ``threads`` = T threads (:meth:`hpcgnn.runtime.Runtime.set_threads`).
@@ -119,6 +120,24 @@ class Prefetcher:
         rows = self.store.assemble(plan, misses)
         self.store.counters.wait_seconds += time.perf_counter() - t0
         return rows
+
+    def run(self, fn, *args) -> Future:
+        """Run ``fn(*args)`` on the gather thread, after the reads submitted before it (the
+        minibatch engine's loader: the sampling of a later minibatch); the main thread's teams
+        are T - g until :meth:`wait` collects it. Needs ``overlap`` (a gather thread)."""
+        if self._pool is None:
+            raise RuntimeError("Prefetcher.run needs a gather thread (overlap)")
+        if self._pending == 0:
+            set_calling_thread_team(self.compute_threads)
+        self._pending += 1
+        return self._pool.submit(fn, *args)
+
+    def wait(self, fut: Future):
+        """The result of a :meth:`run` (blocks until it is there; re-raises its exception)."""
+        try:
+            return fut.result()
+        finally:
+            self._collected()
 
     def _collected(self) -> None:
         self._pending -= 1

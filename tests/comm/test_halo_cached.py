@@ -1,14 +1,27 @@
 """The halo cache's admission and its sender/receiver protocol, without MPI: K simulated ranks
 exchange messages (rows + positions) delivered in a random order, late within the pipeline's
 window; every assembled halo block equals the block built independently from (rows sent) U
-(rows cached), every row's value is its owner's value of epoch t - age, and age <= S."""
+(rows cached), every row's value is its owner's value of epoch t - age, and age <= S.
+The device path (``assemble_tensor``, ``CachedHalo.fetch_tensor``) builds the same blocks as the
+host path, with the device tier's rows never crossing to the host (counted by side: on a CPU run
+the device tier is a separately budgeted host buffer), also on 2 real MPI ranks."""
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from hpcgnn.cache.halo import TIER_DEVICE, TIER_HOST, TIER_NONE, ReceiverCache, admission
-from hpcgnn.comm.halo_cached import SenderState
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mpiutil import run_mpi  # noqa: E402
+
+from hpcgnn.cache.halo import TIER_DEVICE, TIER_HOST, TIER_NONE, ReceiverCache, admission  # noqa: E402
+from hpcgnn.comm.halo_cached import SenderState  # noqa: E402
 
 
 def test_admission_by_duplication_count_with_tier_budgets():
@@ -154,3 +167,129 @@ def test_sender_resends_exactly_when_the_copy_would_be_too_old():
     st = SenderState(np.array([True, False]), 1)
     sent = [st.select(0, t, staleness=0, lag=0, constant=True).tolist() for t in range(1, 4)]
     assert sent == [[True, True], [False, True], [False, True]]
+
+
+def test_device_assembly_equals_host_and_keeps_device_tier_rows_on_the_device():
+    # 10 halo rows: 3 device tier, 3 host tier, 4 never cached; width 3 (12 bytes a row)
+    tier = np.array([1, 2, 0, 1, 2, 0, 1, 2, 0, 0], np.int8)
+    slot = np.array([0, 0, -1, 1, 1, -1, 2, 2, -1, -1])
+    rb, w = 12, 3
+    rng = np.random.default_rng(5)
+    caches = {name: ReceiverCache(tier, slot, [w]) for name in ("host", "dev-hostplane", "dev-deviceplane")}
+    n_dev, n_host, n_none = 3, 3, 4
+    for t in (1, 2, 3):
+        # epoch 1 sends every row, later epochs the uncached rows and one device-tier row (6)
+        positions = np.arange(10) if t == 1 else np.array([8, 2, 6, 5, 9])
+        rows = rng.standard_normal((positions.size, w)).astype(np.float32)
+        ref, ages, hd, hh = caches["host"].assemble(0, t, t, positions, rows, staleness=2)
+        assert hd + hh + positions.size == 10
+        for name, rows_host in (("dev-hostplane", True), ("dev-deviceplane", False)):
+            before = dict(caches[name].transfers)
+            block, a2, hd2, hh2 = caches[name].assemble_tensor(
+                0, t, t, positions, torch.from_numpy(rows), staleness=2, on_device=True, rows_host=rows_host)
+            moved = {k: v - before[k] for k, v in caches[name].transfers.items()}
+            assert torch.equal(block, torch.from_numpy(ref)) and np.array_equal(a2, ages)
+            assert (hd2, hh2) == (hd, hh)
+            fresh_host = int((tier[positions] == TIER_HOST).sum())
+            if rows_host:    # mpi4py / gloo: fresh rows and host-tier hits are uploaded, nothing else
+                assert moved == {"h2d": (positions.size + hh) * rb, "d2h": 0}
+            else:            # nccl: only host-tier hits come up; fresh host-tier rows go down
+                assert moved == {"h2d": hh * rb, "d2h": fresh_host * rb}
+            if t > 1:
+                assert hd == n_dev - 1 and hh == n_host   # device-tier hits really happened
+    # the host path reads the device tier back instead
+    c = ReceiverCache(tier, slot, [w])
+    c.assemble(0, 1, 1, np.arange(10), np.ones((10, w), np.float32), staleness=1)
+    assert c.transfers == {"h2d": n_dev * rb, "d2h": 0}     # the fresh device-tier rows went up
+    _, _, hd, hh = c.assemble(0, 2, 2, np.array([2, 5, 8, 9]), np.zeros((n_none, w), np.float32), staleness=1)
+    assert (hd, hh) == (n_dev, n_host) and c.transfers == {"h2d": n_dev * rb, "d2h": n_dev * rb}
+    assert torch.equal(c.dev[0], torch.ones((n_dev, w)))
+
+
+DEVICE_PATH_SCRIPT = r'''
+import json, sys
+import numpy as np, torch
+from mpi4py import MPI
+sys.path.insert(0, sys.argv[2])
+from planes import close_planes, data_plane
+from hpcgnn.comm.halo import HaloPlan
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+
+world = MPI.COMM_WORLD
+r, k = world.Get_rank(), world.Get_size()
+torch.set_num_threads(1)
+rng = np.random.default_rng(7)                 # the same plan on every rank
+n_solid = [40, 31]
+sends = {(q, p): np.sort(rng.choice(n_solid[q], 8 + 5 * q + 3 * p, replace=False))
+         for q in range(k) for p in range(k) if p != q}
+send_index = np.concatenate([sends[(r, p)] for p in range(k) if p != r]).astype(np.int64)
+send_counts = np.array([0 if p == r else sends[(r, p)].size for p in range(k)], np.int64)
+recv_counts = np.array([0 if q == r else sends[(q, r)].size for q in range(k)], np.int64)
+plan = HaloPlan(n_solid[r], int(recv_counts.sum()), send_index, send_counts, recv_counts)
+widths = [5, 4]
+res = {}
+for backend in ("mpi4py", "gloo"):
+    comm = data_plane(backend)
+    for name, st in {"S2-pipe": CacheSettings(True, 2, True, budget_bytes=(plan.num_halo * 2 // 3) * 4 * 9,
+                                              device_bytes=(plan.num_halo // 3) * 4 * 9),
+                     "S1-bf16": CacheSettings(True, 1, False, budget_bytes=(plan.num_halo // 2) * 4 * 9,
+                                              device_bytes=(plan.num_halo // 4) * 4 * 9, precision="bf16")}.items():
+        host, dev = CachedHalo(comm, plan, st, widths), CachedHalo(comm, plan, st, widths)
+        same, reps, grads_same = True, [], True
+        for t in range(1, 6):
+            host.begin_epoch(t)
+            dev.begin_epoch(t)
+            for layer, w in enumerate(widths):
+                x = np.random.default_rng(100 * t + layer + 10 * r).standard_normal((plan.num_solid, w)).astype(np.float32)
+                if layer == 0:
+                    x = np.random.default_rng(10 * r).standard_normal((plan.num_solid, w)).astype(np.float32)
+                a = host.fetch(layer, x)
+                b = dev.fetch_tensor(layer, torch.from_numpy(x))
+                same = same and a.tobytes() == b.numpy().tobytes()
+                g = np.random.default_rng(7 * t + layer).standard_normal((plan.num_halo, w)).astype(np.float32)
+                grads_same = grads_same and host.adjoint(layer, g).tobytes() == \
+                    dev.adjoint_tensor(layer, torch.from_numpy(g)).numpy().tobytes()
+            reps.append([{kk: {n: (v.tolist() if hasattr(v, "tolist") else v) for n, v in rep.items()}
+                          for kk, rep in zip(("counters", "per_layer"), p.epoch_report())} for p in (host, dev)])
+        with host.exact_mode(), dev.exact_mode():
+            ev = host.fetch(1, x[:, :4]).tobytes() == dev.fetch_tensor(1, torch.from_numpy(x[:, :4])).numpy().tobytes()
+        host.close()
+        dev.close()
+        res[f"{backend}/{name}"] = dict(same=same, grads_same=grads_same, eval_same=ev, reps=reps)
+close_planes()
+res = world.gather(res, root=0)
+if r == 0:
+    json.dump(res, open(sys.argv[1], "w"))
+'''
+
+
+def test_fetch_tensor_equals_fetch_and_uploads_only_host_tier_and_fresh_rows(tmp_path):
+    script = tmp_path / "devpath.py"
+    script.write_text(DEVICE_PATH_SCRIPT)
+    out = tmp_path / "out.json"
+    proc = run_mpi(2, [script, out, Path(__file__).resolve().parent], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    hits_dev = 0
+    for per_rank in res:
+        assert len(per_rank) == 4
+        for case, r in per_rank.items():
+            assert r["same"] and r["grads_same"] and r["eval_same"], case
+            for h, d in r["reps"]:
+                hc, hp, dc, dp = h["counters"], h["per_layer"], d["counters"], d["per_layer"]
+                assert hp == dp, case                                 # ages, hits, rows, bytes: identical
+                assert {n: v for n, v in hc.items() if n not in ("halo_h2d_bytes", "halo_d2h_bytes")} == \
+                    {n: v for n, v in dc.items() if n not in ("halo_h2d_bytes", "halo_d2h_bytes")}, case
+                row_bytes = 4 * np.array([5, 4])
+                used = np.array(dp["halo_rows_received"]) + np.array(dp["halo_hits_host"])
+                # the device path uploads the fresh rows (host data plane) and the host-tier hits
+                # only: device-tier hits never cross; it downloads just the rows it sends
+                assert dc["halo_h2d_bytes"] == float((used * row_bytes).sum()), case
+                payload = np.array(dp["halo_fwd_bytes"]) - 4 * np.array(dp["halo_rows_sent"])
+                assert dc["halo_d2h_bytes"] == float(payload.sum()), case
+                # the host path reads every device-tier hit back
+                assert hc["halo_d2h_bytes"] == float((np.array(hp["halo_hits_device"]) * row_bytes).sum()), case
+                hits_dev += sum(dp["halo_hits_device"])
+        assert per_rank["mpi4py/S2-pipe"] == per_rank["gloo/S2-pipe"]
+        assert per_rank["mpi4py/S1-bf16"] == per_rank["gloo/S1-bf16"]
+    assert hits_dev > 0        # the device tier was used

@@ -52,7 +52,8 @@ def test_estimate_within_25_percent_of_measured_peak(cora_parts, tmp_path, confi
     # store_wait: with fewer than 4 threads the store reads a minibatch's rows inline there
     assert set(np.unique(run["labels"]["peak_rss_phase"])) <= {"start", "sample", "forward", "backward",
                                                               "cache", "allreduce", "optimizer", "eval",
-                                                              "epoch", "update", "fetch", "store_wait"}
+                                                              "epoch", "update", "fetch", "store_wait",
+                                                              "housekeeping"}
     got = run_cli(["inspect", str(parts), "--config", str(cfg), "--json", *extra], timeout=120)
     assert got.returncode == 0, got.stderr
     est = json.loads(got.stdout)["memory_estimate"]

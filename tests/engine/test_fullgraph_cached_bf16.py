@@ -54,10 +54,10 @@ def round_bf16(x):
 
 class RefExact(ExactHalo):
     """float32 wire; the owner rounds its hidden-layer training rows to bfloat16 values first."""
-    def fetch(self, layer, solid_rows):
+    def fetch_tensor(self, layer, h_solid):
         if layer > 0 and not self._eval:
-            solid_rows = round_bf16(solid_rows)
-        return super().fetch(layer, solid_rows)
+            h_solid = torch.from_numpy(round_bf16(h_solid.numpy()))
+        return super().fetch_tensor(layer, h_solid)
 
 
 class RefCached(CachedHalo):

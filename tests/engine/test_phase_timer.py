@@ -139,11 +139,23 @@ def test_device_phases_use_events_and_one_synchronize_when_read(clock):
     assert cuda.syncs == 1 and t.seconds == {"epoch": 1.0} and cuda.syncs == 2
 
 
-def test_device_run_synchronizes_only_at_the_epoch_end_and_phases_cover_the_epoch(cora_parts, tmp_path):
-    """A real CPU training run (full graph, GCN, 1 rank) whose timers time every phase through
-    CUDA events (a counting stand-in, tests/engine/timer_events_driver.py): synchronize() is
-    called once per epoch with no phase open, and the recorded phases inside ``epoch`` sum to at
-    most, and most of, the epoch's seconds."""
+# (config, ranks, threads per rank, extra settings, top-level phases the run must have)
+DEVICE_RUNS = {
+    "fullgraph": ("cora-gcn-fullgraph.toml", 1, 1, [], {"housekeeping", "forward", "backward", "allreduce", "update"}),
+    # 4 threads: the gather thread runs the loader (minibatch k + 2 sampled while k computes)
+    "minibatch-hec": ("cora-sage.toml", 2, 4, ["minibatch.halo=hec", "minibatch.batch_size=32"],
+                      {"housekeeping", "sample", "store_wait", "forward", "backward", "allreduce", "optimizer"}),
+    "tensor": ("cora-tensor.toml", 1, 1, [], {"housekeeping", "nn", "split", "gather", "aggregate", "allreduce",
+                                              "optimizer"}),
+}
+
+
+@pytest.mark.parametrize("name", list(DEVICE_RUNS))
+def test_device_run_synchronizes_only_at_the_epoch_end_and_phases_cover_the_epoch(cora_parts, tmp_path, name):
+    """A real CPU training run whose timers time every phase through CUDA events (a counting
+    stand-in, tests/engine/timer_events_driver.py): synchronize() is called once per epoch with
+    no phase open, and the recorded top-level phases of ``epoch`` sum to it within 5 % (the
+    issue's bound) on every rank, over the run's epochs."""
     import json
     import sys
     from pathlib import Path
@@ -154,22 +166,33 @@ def test_device_run_synchronizes_only_at_the_epoch_end_and_phases_cover_the_epoc
     from mpiutil import ROOT, run_mpi
     from hpcgnn.run.output import read_run, timing_parents
 
+    config, ranks, threads, extra, phases = DEVICE_RUNS[name]
     epochs = 4
-    proc = run_mpi(1, [Path(__file__).parent / "timer_events_driver.py", "train", "--config",
-                       ROOT / "inputs" / "cora-gcn-fullgraph.toml", "--set", f"data.partitions={cora_parts(1)}",
-                       "--set", f"output.dir={tmp_path / 'run'}", "--set", f"train.epochs={epochs}",
-                       "--set", "train.eval_every=2"], timeout=180, cwd=ROOT, env={"HPCGNN_THREADS": "1"})
+    sets = [a for kv in extra for a in ("--set", kv)]
+    proc = run_mpi(ranks, [Path(__file__).parent / "timer_events_driver.py", "train", "--config",
+                           ROOT / "inputs" / config, "--set", f"data.partitions={cora_parts(ranks)}",
+                           "--set", f"output.dir={tmp_path / 'run'}", "--set", f"train.epochs={epochs}",
+                           "--set", "train.eval_every=2", *sets], timeout=240, cwd=ROOT,
+                   env={"HPCGNN_THREADS": str(threads)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    syncs = json.loads(proc.stdout.split("SYNCS ", 1)[1].splitlines()[0])
-    assert len(syncs) == epochs                                   # one per epoch ...
-    assert all(open_phases == [[]] for open_phases in syncs)      # ... with no phase open
+    dec = json.JSONDecoder()         # (not per line: mpiexec may join the ranks' last lines)
+    for piece in proc.stdout.split("SYNCS ")[1:]:                 # one per rank
+        syncs = dec.raw_decode(piece)[0]
+        assert len(syncs) == epochs                               # one per epoch ...
+        assert all(open_phases == [[]] for open_phases in syncs)  # ... with no phase open
+    assert proc.stdout.count("SYNCS ") == ranks
     run = read_run(tmp_path / "run")
     t, parents = run["timings"], timing_parents(run)
     inside = [k for k, p in parents.items() if p == "epoch"]
-    assert {"forward", "backward", "allreduce", "update"} <= set(inside)
-    total = sum(t[k] for k in inside)[:, 0]
-    epoch = t["epoch"][:, 0]
-    # nested phases stay inside their parent; the epoch's code outside any phase (counter
-    # resets, the loss allreduce) is a few % of it: measured 80-98 % covered per epoch on a
-    # loaded 2-core machine, the same with perf_counter timing (the events change no figure)
-    assert np.all(total <= epoch) and total.sum() >= 0.75 * epoch.sum(), (total, epoch)
+    assert phases <= set(inside), inside
+    total = sum(t[k] for k in inside)                              # [epoch, rank]
+    epoch = t["epoch"]
+    # nested phases stay inside their parent; the per-epoch housekeeping (counter resets, the
+    # loss allreduce, the minibatch order) is a phase too, so what is outside any phase is the
+    # loop's own few lines: measured 98-99.8 % covered over 4 epochs on a loaded 2-core
+    # machine (single epochs down to 92 % when a rank is descheduled between two phases)
+    assert np.all(total <= epoch * (1 + 1e-9)), (total, epoch)
+    assert np.all(total.sum(axis=0) >= 0.95 * epoch.sum(axis=0)), (total, epoch)
+    if name == "minibatch-hec":
+        # the loader's sampling overlaps the epoch's phases: its own timing, outside the total
+        assert parents["sample_loader"] == "loader" and (t["sample_loader"] > 0).all()

@@ -108,10 +108,10 @@ def test_runs_record_the_nesting_and_report_sums_top_level_phases_within_the_epo
     assert set(parents) == set(run["timings"]) and parents["epoch"] == "" and parents["eval"] == ""
     if name == "mb-hec":
         inner = {"cache": "forward", "comm_wait": "forward", "push": "forward"}
-        top = {"sample", "store_wait", "forward", "backward", "allreduce", "optimizer"}
+        top = {"housekeeping", "sample", "store_wait", "forward", "backward", "allreduce", "optimizer"}
     else:
         inner = {"halo": "forward+backward+eval"}
-        top = {"forward", "backward", "allreduce", "update"}
+        top = {"housekeeping", "forward", "backward", "allreduce", "update"}
     assert {k: parents[k] for k in inner} == inner
     assert {k for k, parent in parents.items() if parent == "epoch"} == top
     t = run["timings"]
