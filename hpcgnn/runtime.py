@@ -490,17 +490,24 @@ class Runtime:
                 raise InputError("init_torch_distributed: 'mpi4py' is not a torch.distributed backend "
                                  "(expected auto, gloo, nccl or ccl)")
             backend = "gloo"
+        from datetime import timedelta
+
+        # Rank 0 starts the rendezvous store (listening on a free port) BEFORE the others
+        # learn its address, so no rank connects early and waits out a connect-retry back-off.
+        store = None
         if self.is_root:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
             # Debian maps the host name to 127.0.1.1 in /etc/hosts: resolving it here
             # would hand other nodes a loopback address. They resolve the name themselves.
             addr = os.environ.get("MASTER_ADDR") or (
                 "127.0.0.1" if self.local_size == self.size else socket.gethostname())
+            store = dist.TCPStore(addr if addr == "127.0.0.1" else "0.0.0.0", 0, self.size, True,
+                                  timedelta(seconds=300), wait_for_workers=False)
+            port = store.port
         else:
             port, addr = None, None
         addr, port = self.comm.bcast((addr, port), root=0)
+        if store is None:
+            store = dist.TCPStore(addr, port, self.size, False, timedelta(seconds=300))
         os.environ.update(MASTER_ADDR=str(addr), MASTER_PORT=str(port),
                           RANK=str(self.rank), WORLD_SIZE=str(self.size))
         if backend == "nccl":
@@ -511,7 +518,7 @@ class Runtime:
             else:
                 torch.cuda.set_device(choose_cuda_device(
                     self.local_rank, self.local_size, torch.cuda.device_count(), os.environ).index)
-        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.size)
+        dist.init_process_group(backend=backend, store=store, rank=self.rank, world_size=self.size)
         return backend
 
     def finish(self) -> None:

@@ -157,8 +157,8 @@ def test_install_with_the_site_mpi_builds_mpi4py_from_source_without_the_mpich_w
     assert any(line.startswith("mpiexec -n 2 .venv/bin/python -m hpcgnn train") for line in demo)
     assert not any(".venv/bin/mpiexec" in line for line in demo)
     # another value: make stops before doing anything
-    proc = subprocess.run(["make", "-n", "install", "MPI=bogus"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "install", "MPI=bogus"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)   # (under `make test` too)
     assert proc.returncode == 2 and "MPI=bogus: expected wheel" in proc.stderr and proc.stdout == ""
 
 
