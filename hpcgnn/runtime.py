@@ -234,6 +234,10 @@ class Runtime:
     # The data plane (hpcgnn.comm.communicator.make_communicator): one per job, made by the
     # engine from runtime.backend; None until then.
     data_plane: object = field(default=None, repr=False)
+    # Device bytes ``store.device_memory = 'auto'`` may give the rank's feature store on a GPU,
+    # stated by the pre-run device check (hpcgnn.engine.estimate.check_device_memory); None:
+    # no figure (every row on the device).
+    store_device_available: int | None = field(default=None, repr=False)
 
     @property
     def is_root(self) -> bool:

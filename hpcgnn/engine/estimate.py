@@ -1052,9 +1052,8 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     estimated device peak (:func:`estimate_device_memory`) exceeds what its device offers
     (:func:`device_limit`); ``runtime.memory_check = false`` skips the refusal. On CUDA with
     ``store.device_memory = 'auto'`` also states the store's share
-    (:func:`hpcgnn.store.budget.set_auto_available`). Returns this rank's estimate (None when
+    (``rt.store_device_available``, read when the engine builds its store). Returns this rank's estimate (None when
     no limit applies)."""
-    from hpcgnn.store.budget import set_auto_available
     from hpcgnn.units import fmt_bytes
 
     error, est, limit, source = None, None, None, ""
@@ -1068,7 +1067,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
             if dev == "cuda" and auto:
                 room = limit + (CUDA_CONTEXT if measured_free else 0)
                 store_avail = store_auto_bytes(cfg, meta, rt.rank, room)
-                set_auto_available(store_avail)
+                rt.store_device_available = store_avail
             est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)

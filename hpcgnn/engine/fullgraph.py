@@ -366,7 +366,8 @@ class FullGraphEngine(Engine):
             device = resolve_device(cfg, rt)
             # the rank's vertex data store: every row is read in every pass (no sampler)
             store = build_rank_store(cfg, part, HostGraphStore(*part.local_csr(), part.num_solid, part.num_local),
-                                     None, device, None, 0, 0, [], 0, rt.rank, threads=rt.threads)
+                                     None, device, None, 0, 0, [], 0, rt.rank, threads=rt.threads,
+                                     available=rt.store_device_available)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)

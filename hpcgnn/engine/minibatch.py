@@ -261,7 +261,8 @@ class MinibatchEngine(Engine):
         store, error = None, None
         try:
             store = build_rank_store(cfg, self.part, self.graph, self.sampler, self.device, self.train_ids,
-                                     batch, m, self.dims, hec_lines, rt.rank, threads=rt.threads)
+                                     batch, m, self.dims, hec_lines, rt.rank, threads=rt.threads,
+                                     available=rt.store_device_available)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)

@@ -703,7 +703,7 @@ class TensorEngine(Engine):
             from hpcgnn.store.rank import full_pass_features
 
             features = full_pass_features(cfg.store.device_memory, data["features"],
-                                          np.diff(indptr)[layout.own_ids], device)
+                                          np.diff(indptr)[layout.own_ids], device, rt.store_device_available)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)

@@ -1,10 +1,11 @@
 """``store.device_memory`` -> a device budget in bytes (torch-free: the config checks it).
 
 ``'auto'`` on a GPU is sized from the device memory the rank has left for the store: the
-pre-run device check (:func:`hpcgnn.engine.estimate.check_device_memory`) states it with
-:func:`set_auto_available` (the GPU's free memory from ``torch.cuda.mem_get_info``, or
-``runtime.device_memory_limit``, minus the engine's other device terms) before the engine builds
-its store; until then (or without a GPU check) ``'auto'`` keeps every row on the GPU."""
+pre-run device check (:func:`hpcgnn.engine.estimate.check_device_memory`) states it on the
+runtime (``Runtime.store_device_available``: the GPU's free memory from
+``torch.cuda.mem_get_info``, or ``runtime.device_memory_limit``, minus the engine's other device
+terms), and the engine passes it here as ``available``; without a figure ``'auto'`` keeps every
+row on the GPU."""
 from __future__ import annotations
 
 import math
@@ -16,29 +17,13 @@ HELP = ("device memory per rank for the feature store of every engine: 'auto' (o
         "fit in the device memory left by the engine's other terms, host-only on the CPU), 0 "
         "(host-only), a fraction in (0, 1] of the rank's feature bytes, or a size such as '6GiB'")
 
-_auto_available: int | None = None
-
-
-def set_auto_available(nbytes: int | None) -> None:
-    """State the device bytes ``'auto'`` may give the store in this process (None: no figure)."""
-    global _auto_available
-    _auto_available = None if nbytes is None else max(int(nbytes), 0)
-
-
-def auto_available() -> int | None:
-    """What :func:`set_auto_available` stated (None: nothing)."""
-    return _auto_available
-
-
 def resolve_budget(value, feature_bytes: int, device_type: str, available: int | None = None) -> int | None:
     """Budget in bytes; None = unlimited; InputError for a bad value. ``'auto'``: 0 on the CPU;
-    on a GPU ``min(feature_bytes, available)`` with ``available`` (default: the figure stated
-    by :func:`set_auto_available`), None (all rows) when no figure is known."""
+    on a GPU ``min(feature_bytes, available)``, None (all rows) when ``available`` is None."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         if device_type != "cuda":
             return 0
-        avail = _auto_available if available is None else max(int(available), 0)
-        return None if avail is None else int(min(int(feature_bytes), avail))
+        return None if available is None else int(min(int(feature_bytes), max(int(available), 0)))
     if isinstance(value, bool):
         raise InputError(f"store.device_memory = {value!r}: expected {HELP}")
     if isinstance(value, (int, float)):

@@ -81,18 +81,20 @@ class RankStore:
         self.prefetch.close()
 
 
-def full_pass_features(device_memory, features, degree: np.ndarray, device: torch.device):
+def full_pass_features(device_memory, features, degree: np.ndarray, device: torch.device,
+                       available: int | None = None):
     """Feature store of ``features`` [n, F] for an engine that reads every row in every pass
     (no hotness to measure): host-only for a zero budget, device-only when every row fits,
     else tiered with the highest-degree rows (ties: lower id) on the device.
-    ``device_memory``: a ``store.device_memory`` value (:func:`resolve_budget`)."""
+    ``device_memory``: a ``store.device_memory`` value; ``available``: the device bytes
+    ``'auto'`` may use (:func:`resolve_budget`)."""
     from hpcgnn.store.device import DeviceFeatureStore
     from hpcgnn.store.host import HostFeatureStore
     from hpcgnn.store.hotness import degree_order
     from hpcgnn.store.tiered import TieredFeatureStore
 
     row_bytes = int(features.shape[1]) * features.dtype.itemsize
-    budget = resolve_budget(device_memory, int(features.shape[0]) * row_bytes, device.type)
+    budget = resolve_budget(device_memory, int(features.shape[0]) * row_bytes, device.type, available)
     if budget == 0:
         return HostFeatureStore(features, device)
     rows = int(features.shape[0]) if budget is None else min(int(features.shape[0]), budget // max(1, row_bytes))
@@ -103,10 +105,11 @@ def full_pass_features(device_memory, features, degree: np.ndarray, device: torc
 
 def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.device, train_ids: np.ndarray,
                      batch_size: int, batches_per_epoch: int, dims: list[int], hec_lines: int,
-                     rank: int, threads: int | None = None) -> RankStore:
+                     rank: int, threads: int | None = None, available: int | None = None) -> RankStore:
     """The rank's store for ``cfg.store`` (not collective; an InputError is the rank's);
     ``threads``: the rank's thread count, split between the gather thread and compute while
-    a gather is in flight (:class:`~hpcgnn.store.prefetch.Prefetcher`). ``sampler`` None: a
+    a gather is in flight (:class:`~hpcgnn.store.prefetch.Prefetcher`); ``available``: the device
+    bytes ``store.device_memory = 'auto'`` may use (:func:`resolve_budget`). ``sampler`` None: a
     full-pass engine (every row read every pass; no HEC, no gather thread): the static
     placement of :func:`full_pass_features` (``train_ids``, ``batch_size``,
     ``batches_per_epoch`` unused)."""
@@ -118,10 +121,10 @@ def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.de
     feats = part.features
     row_bytes = int(feats.shape[1]) * feats.dtype.itemsize
     feature_bytes = int(feats.shape[0]) * row_bytes
-    budget = resolve_budget(st.device_memory, feature_bytes, device.type)
+    budget = resolve_budget(st.device_memory, feature_bytes, device.type, available)
     layers = len(dims)
     if sampler is None:
-        return RankStore(graph, full_pass_features(st.device_memory, feats, part.degree, device), None,
+        return RankStore(graph, full_pass_features(st.device_memory, feats, part.degree, device, available), None,
                          [False] * layers, device, False, budget, threads)
     hec_bytes = [hec_lines * int(d) * F32 for d in dims] if hec_lines else [0] * layers
     if budget == 0:
