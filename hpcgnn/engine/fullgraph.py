@@ -393,12 +393,10 @@ class FullGraphEngine(Engine):
         self.runner = runner
         self.timer.memory = runner.meter     # the rank's one meter: the runner counts its device tensors
         runner.release_graph_inputs(graph)
-        from hpcgnn.comm.communicator import make_communicator
-
         # sum of the partial gradients of the global mean loss; buckets start during backward on
         # a duplicate of the data plane (the halo adjoints are collectives of their own), once
         # each gradient has had the accumulations the first step counted (offloaded: per chunk)
-        self.reducer = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, device).duplicate(),
+        self.reducer = GradientAllreduce(self.model, self.data_plane.duplicate(),
                                          op="sum", accumulations="learn")
         self.n_train = float(allreduce_sum(rt, [int(graph.masks["train"].sum())])[0])
         if self.n_train == 0:

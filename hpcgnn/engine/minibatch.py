@@ -197,11 +197,8 @@ class MinibatchEngine(Engine):
 
         self.model = build_model_from_config(cfg, self.in_dim, self.num_classes, rt, self.device)
         self.optimizer = build_optimizer(cfg, self.model)
-        from hpcgnn.comm.communicator import make_communicator
-
         # buckets started during backward (which runs no collective here), mean weighted by seeds
-        self.reduce_grads = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, self.device),
-                                              cfg.train.grad_reduce)
+        self.reduce_grads = GradientAllreduce(self.model, self.data_plane, cfg.train.grad_reduce)
         self.dims = [int(d) for d in self.model.in_dims]      # width of each layer's input h_l
 
         self.aep = None

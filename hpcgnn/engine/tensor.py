@@ -718,7 +718,8 @@ class TensorEngine(Engine):
         self.stats = CommStats()
         from hpcgnn.comm.communicator import make_communicator
 
-        self.tp = TPComm(make_communicator(rt, cfg.runtime.backend, device), layout, self.stats)
+        self.data_plane = make_communicator(rt, cfg.runtime.backend, device)
+        self.tp = TPComm(self.data_plane, layout, self.stats)
         # resident when the slices and the topology fit the device budget (streamed otherwise)
         self.resident = bool(staged) and self._fits_resident(cfg, meta, rt.size, layout.num_chunks, device)
         self.stage = DeviceStage(self.prop, device, meter=self.timer.memory, backend=kernels,   # the rank's one meter
@@ -743,12 +744,10 @@ class TensorEngine(Engine):
         if rt.size > 1:
             broadcast_parameters(self.model, rt)
         self.optimizer = build_optimizer(cfg, self.model)
-        from hpcgnn.comm.communicator import make_communicator
-
         # sum of the partial gradients of the global mean loss; buckets start during backward on
         # a duplicate of the data plane (its gathers are collectives of their own), once each
         # gradient has had the accumulations the first step counted (chunked: per chunk)
-        self.reducer = GradientAllreduce(self.model, make_communicator(rt, cfg.runtime.backend, device).duplicate(),
+        self.reducer = GradientAllreduce(self.model, self.data_plane.duplicate(),
                                          op="sum", accumulations="learn")
         self.n_train = float(allreduce_sum(rt, [int(self.masks["train"].sum())])[0])
         if self.n_train == 0:
