@@ -178,10 +178,12 @@ bench-plan: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.plan --out $(RUNS)/bench/plan.h5
 
 # Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
-# make bench-scale [SCALE=0.25]
-SCALE ?= 1.0
+# make bench-scale [SCALE=0.25] [DEVICE=cuda] [SCALE_ARGS="--ranks 2 --engines minibatch,fullgraph,tensor"]
+SCALE      ?= 1.0
+DEVICE     ?=
+SCALE_ARGS ?=
 bench-scale: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5
+	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
 
 # hpcgnn against DGL at issue 13's targets (full graph <= 0.67x, minibatch <= 0.5x of DGL's epoch),
 # products-like scales 0.04 and 0.25, 1 process, back to back; needs `make peer-dgl` (about 25 min).

@@ -199,10 +199,12 @@ def choose_cuda_device(local_rank: int, local_size: int, visible: int,
 def mpi_library() -> str:
     """The MPI library this process runs on, for the record: the first line of
     ``MPI_Get_library_version`` (whitespace collapsed) and mpi4py's vendor, e.g.
-    ``MPICH Version: 5.0.2 (mpi4py vendor MPICH 5.0.2)``."""
+    ``MPICH Version: 5.0.2 (mpi4py vendor MPICH 5.0.2)``. NUL characters are dropped (Open MPI
+    4.1's string ends in one, which an HDF5 string attribute refuses)."""
     from mpi4py import MPI
 
-    first = " ".join((MPI.Get_library_version().strip().splitlines() or [""])[0].split())
+    text = MPI.Get_library_version().replace("\x00", " ")
+    first = " ".join((text.strip().splitlines() or [""])[0].split())
     name, version = MPI.get_vendor()
     return f"{first} (mpi4py vendor {name} {'.'.join(str(v) for v in version)})"
 

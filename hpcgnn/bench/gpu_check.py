@@ -37,18 +37,17 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcgnn.bench.launch import child_env, find_mpiexec
+
 ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-4
 FORMAT = "hpcgnn-bench-gpu-check"
-# launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
-STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
 
 
 @dataclass(frozen=True)
@@ -115,34 +114,10 @@ def no_cuda_reason() -> str:
     return ""
 
 
-def find_mpiexec() -> str | None:
-    """The launcher of this interpreter's MPI: beside the interpreter (a venv with the MPICH
-    wheel), the MPICH wheel's own, then ``mpiexec`` on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    try:
-        from importlib import metadata
-        for f in metadata.distribution("mpich").files or ():
-            if f.name == "mpiexec":
-                return str(f.locate())
-    except Exception:  # noqa: BLE001 - no MPICH wheel: PATH decides
-        pass
-    return shutil.which("mpiexec")
-
-
-def child_env() -> dict:
-    """The children's environment: no surrounding MPI job, no progress bars, TF32 off."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIP_PREFIXES)}
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(HPCGNN_PROGRESS="0", NVIDIA_TF32_OVERRIDE="0")
-    return env
-
-
 def error_line(text: str) -> str:
     """The one line that says why a child failed: hpcgnn's own error line, else the last
     exception line, else the last non-empty line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if re.search(r"\w", ln)]
     for pat in (r"^hpcgnn: error: ", r"^hpcgnn: rank \d+/\d+ .*failed: ", r"^[A-Za-z_.]*(Error|Exception)\b.*"):
         hits = [ln for ln in lines if re.match(pat, ln)]
         if hits:
@@ -160,7 +135,7 @@ def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str 
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(NVIDIA_TF32_OVERRIDE="0"), cwd=ROOT,
                                 start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)

@@ -4,12 +4,16 @@ Steps (each a child process, timed, with the child's peak RSS from ``wait4``):
 prepare products-like at ``--scale`` (default 1.0) -> partition into ``--ranks`` METIS parts
 (the store records its own per-step peaks) -> ``--epochs`` minibatch epochs on ``--ranks`` ranks
 with ``inputs/products-sage.toml`` and a full evaluation at the end -> one full-graph epoch on
-``--ranks`` ranks (``inputs/products-fullgraph.toml``: in memory on the CPU). A step that the
+``--ranks`` ranks (``inputs/products-fullgraph.toml``: in memory on the CPU); with ``--engines``
+also ``tensor`` (one epoch of the same configuration with ``train.engine = "tensor"``, decoupled GCN,
+``tensor.chunks = "auto"``). ``--device cuda`` trains on the GPU (``train.device``), ``--set KEY=VALUE``
+passes settings to every training step; the per-rank peak device memory is recorded then. A step that the
 pre-run memory check refuses is recorded with its one-line reason instead of being run into the
 OOM killer. Prints a table; writes ``--out`` (HDF5: one group per step with wall seconds, peak
 RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
 
     python -m hpcgnn.bench.scale [--scale 1.0] [--ranks 4] [--epochs 3] [--out runs/bench/scale.h5]
+        [--engines minibatch,fullgraph,tensor] [--device cuda] [--set KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench.launch import child_env, find_mpiexec
 from hpcgnn.bench.workdir import ROOT
 
 WHO = "bench-scale"
@@ -32,7 +37,7 @@ def run_step(cmd: list[str], log: Path, timeout: float) -> dict:
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "HPCGNN_PROGRESS": "0"}, start_new_session=True)
+                                env=child_env(), start_new_session=True)
         deadline = t0 + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -58,12 +63,22 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/bench/scale.h5")
     p.add_argument("--work", default=None, help="work directory (default: beside --out)")
     p.add_argument("--timeout", type=float, default=5400, help="seconds per step")
+    p.add_argument("--engines", default="minibatch,fullgraph",
+                   help="training steps, comma-separated: minibatch, fullgraph, tensor")
+    p.add_argument("--device", default=None, help="train.device of every training step (default: the configs')")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every training step (repeatable)")
     args = p.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = sorted(set(engines) - {"minibatch", "fullgraph", "tensor"})
+    if unknown:
+        p.error(f"--engines: unknown {', '.join(unknown)} (expected minibatch, fullgraph, tensor)")
+    extra = [a for kv in args.sets + ([f"train.device={args.device}"] if args.device else []) for a in ("--set", kv)]
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_name(out.stem + f"-work-s{args.scale:g}")
     work.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "hpcgnn"]
-    mpi = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.ranks), sys.executable, "-m", "hpcgnn"]
+    mpi = [find_mpiexec() or "mpiexec", "-n", str(args.ranks), sys.executable, "-m", "hpcgnn"]
     graph = work / "products-like.h5"
     store = work / f"products-like-metis-{args.ranks}"
     steps: dict[str, dict] = {}
@@ -82,15 +97,17 @@ def main(argv=None) -> int:
                                          str(args.seed), "--out", str(store), "--force"])
     runs = {}
     if ok:
-        runs["minibatch"] = work / "run-minibatch"
-        step("minibatch", mpi + ["train", "--config", str(ROOT / "inputs" / "products-sage.toml"),
-                                 "--set", f"data.partitions={store}", "--set", f"output.dir={runs['minibatch']}",
-                                 "--set", f"train.epochs={args.epochs}", "--set", f"train.eval_every={args.epochs}",
-                                 "--force"])
-        runs["fullgraph"] = work / "run-fullgraph"
-        step("fullgraph", mpi + ["train", "--config", str(ROOT / "inputs" / "products-fullgraph.toml"),
-                                 "--set", f"data.partitions={store}", "--set", f"output.dir={runs['fullgraph']}",
-                                 "--set", "train.epochs=1", "--force"])
+        configs = {"minibatch": ("products-sage.toml", [f"train.epochs={args.epochs}",
+                                                        f"train.eval_every={args.epochs}"]),
+                   "fullgraph": ("products-fullgraph.toml", ["train.epochs=1"]),
+                   "tensor": ("products-fullgraph.toml", ["train.epochs=1", "train.engine=tensor", "model.arch=gcn",
+                                                          "tensor.mode=decoupled", "tensor.chunks=auto"])}
+        for name in engines:
+            toml, sets = configs[name]
+            runs[name] = work / f"run-{name}"
+            step(name, mpi + ["train", "--config", str(ROOT / "inputs" / toml), "--set", f"data.partitions={store}",
+                              "--set", f"output.dir={runs[name]}", "--force"]
+                 + [a for kv in sets for a in ("--set", kv)] + extra)
     write_and_print(out, args, steps, runs)
     return 0 if all(s["rc"] == 0 for s in steps.values()) else 1
 
@@ -105,6 +122,7 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as tmp, h5py.File(tmp, "w") as f:
         f.attrs.update(scale=args.scale, ranks=args.ranks, epochs=args.epochs, seed=args.seed,
+                       device=args.device or "", sets=" ".join(args.sets),
                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
         for name, s in steps.items():
             g = f.create_group(name)
@@ -125,6 +143,10 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                 if peaks is not None:
                     g.create_dataset("peak_rss_bytes_per_rank", data=peaks)
                     row["rank_peaks"] = np.nanmax(peaks, axis=0)
+                dev = r["counters"].get("peak_device_bytes")
+                if dev is not None and np.isfinite(dev).any() and np.nanmax(dev) > 0:
+                    g.create_dataset("peak_device_bytes_per_rank", data=dev)
+                    row["dev_peaks"] = np.nanmax(dev, axis=0)
                 row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))
                 acc = r["metrics"].get("test_acc")
                 if acc is not None and np.isfinite(acc).any():
@@ -139,6 +161,9 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
         print(f"{r['step']:<10} {r['wall']:>8.1f} {r['peak'] / 2**30:>9.2f} "
               f"{r.get('epoch_s', float('nan')):>8.2f} {100 * r.get('test_acc', float('nan')):>7.2f}  {ranks}"
               + (f"  exit {r['rc']} {r['note']}" if r["rc"] else ""))
+        if r.get("dev_peaks") is not None:
+            print(f"{'':<10} {'':>8} {'':>9} {'':>8} {'':>7}  per-rank peak device GiB: "
+                  + " ".join(f"{x / 2**30:.2f}" for x in r["dev_peaks"]))
     print("peak GiB: the step's largest process (for training: the largest rank); epoch s: fastest epoch")
 
 

@@ -16,7 +16,8 @@ def resolve_device(cfg, rt=None) -> torch.device:
     (``torch.cuda.set_device``) so that ``torch.cuda.synchronize()`` (PhaseTimer), NCCL and
     every allocation without an explicit index use it. With ``rt`` the choice is kept on
     ``rt.device`` / ``rt.device_choice`` (the run file records it per rank and epoch,
-    ``labels/device``); when the ranks of rank 0's node share GPUs, rank 0 says so once.
+    ``labels/device``); when the ranks of rank 0's node share GPUs, rank 0 says so (once per run, however often
+    this is called).
     Not collective: an InputError here is the calling rank's.
     """
     import os
@@ -39,8 +40,9 @@ def resolve_device(cfg, rt=None) -> torch.device:
     else:
         device = torch.device("cpu")
     if rt is not None:
+        said = getattr(rt, "device_choice", None) is not None   # the check before the engine chose already
         rt.device, rt.device_choice = str(device), choice
-        if choice is not None and choice.shared and rt.rank == 0:
+        if choice is not None and choice.shared and rt.rank == 0 and not said:
             from hpcgnn.run.output import warn
 
             warn(f"{choice.how} (rank 0 uses {device}): give each rank its own GPU for full speed")

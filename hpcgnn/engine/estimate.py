@@ -564,8 +564,8 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     topo = (v + 1 + e) * I64                       # the CSR read from the store
     topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
     if staged:                                     # the chunks' CSRs (local sources), source
-        topo += (4 + (2 if cfg.train.device != "cuda" else 0)) * ev * I64   # slots, transfer rows
-                                                   # and slots, on the CPU their transposes
+        topo += 6 * ev * I64                       # slots, transfer rows and their transposes
+                                                   # (streamed on CUDA: copied, not sorted, per round)
     elif chunks > 1:                               # the chunks' own transposes ...
         topo += 4 * ev * I64
     else:                                          # ... or the transpose (one chunk)
@@ -1047,18 +1047,66 @@ def device_limit(cfg, device: str, torch_device=None) -> tuple[int | None, str]:
     return None, ""
 
 
+def gpu_identity(torch_device) -> str:
+    """The physical GPU behind ``torch_device``: ``host:uuid`` (the same GPU under different
+    ``CUDA_VISIBLE_DEVICES`` of two ranks is one identity), ``host:cuda:i`` where torch gives no
+    UUID; ``""`` off CUDA."""
+    import socket
+
+    import torch
+
+    torch_device = torch.device(torch_device)
+    if torch_device.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"{socket.gethostname()}:{uuid if uuid is not None else f'cuda:{index}'}"
+
+
+def device_overcommit(rows: list[tuple]) -> tuple | None:
+    """The worst over-committed device of ``rows`` (one per rank: ``(rank, need, largest,
+    shrink, limit, gpu)``, ``gpu`` from :func:`gpu_identity` when ``limit`` is the GPU's measured
+    free memory, else ``""``): ranks that name the same GPU share its free memory, so their needs
+    add up (the free memory was measured after every rank's CUDA context existed); every other
+    rank stands alone against its own limit. Returns ``(ranks, need, limit, row of the neediest
+    rank)`` of the device with the largest excess, None when every device holds its ranks."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(r[5] or ("rank", r[0]), []).append(r)
+    worst = None
+    for members in groups.values():
+        need = sum(r[1] for r in members)
+        limit = min(r[4] for r in members)
+        if need > limit and (worst is None or need - limit > worst[1] - worst[2]):
+            worst = ([r[0] for r in members], need, limit, max(members, key=lambda r: r[1]))
+    return worst
+
+
 def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | None:
     """Collective: refuse (InputError, exit 2 on every rank) before the first epoch when a rank's
     estimated device peak (:func:`estimate_device_memory`) exceeds what its device offers
-    (:func:`device_limit`); ``runtime.memory_check = false`` skips the refusal. On CUDA with
-    ``store.device_memory = 'auto'`` also states the store's share
-    (``rt.store_device_available``, read when the engine builds its store). Returns this rank's estimate (None when
-    no limit applies)."""
+    (:func:`device_limit`), or, on CUDA, when the ranks sharing one GPU (:func:`gpu_identity`)
+    need more together than its free memory (:func:`device_overcommit`); ``runtime.memory_check
+    = false`` skips the refusal. On CUDA each rank first picks its GPU (:func:`resolve_device`) and
+    creates its context, and the free memory is read after every rank has done so. With
+    ``store.device_memory = 'auto'`` also states the store's share (``rt.store_device_available``,
+    read when the engine builds its store). Returns this rank's estimate (None when no limit
+    applies)."""
+    from hpcgnn.engine.device import resolve_device
+    from hpcgnn.run.memory import device_free_bytes
     from hpcgnn.units import fmt_bytes
 
-    error, est, limit, source = None, None, None, ""
+    error, est, limit, source, gpu = None, None, None, "", ""
     try:
         dev = _device_type(cfg)
+        if dev == "cuda" and not cfg.runtime.device_memory_limit:
+            if torch_device is None:
+                torch_device = resolve_device(cfg, rt)
+            device_free_bytes(torch_device)   # this rank's CUDA context, before any rank measures
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)                           # collective: every context exists from here on
+    try:
         limit, source = device_limit(cfg, dev, torch_device)
         if limit is not None:
             measured_free = dev == "cuda" and source != "runtime.device_memory_limit"
@@ -1071,18 +1119,24 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
             est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)
+                gpu = gpu_identity(torch_device)
     except InputError as exc:
         error = str(exc)
     rt.agree(error)
     if limit is None:
         return None
-    rows = rt.comm.allgather((rt.rank, est.total, est.largest(), est.shrink.get(est.largest()[0], ""), limit))
+    rows = rt.comm.allgather((rt.rank, est.total, est.largest(), est.shrink.get(est.largest()[0], ""), limit, gpu))
     error = None
-    over = [r for r in rows if r[1] > r[4]]
-    if cfg.runtime.memory_check and over:
-        rank, need, (name, size), shrink, lim = max(over, key=lambda r: r[1] - r[4])
+    worst = device_overcommit(rows)
+    if cfg.runtime.memory_check and worst is not None:
+        ranks, need, lim, (rank, own, (name, size), shrink, _, _) = worst
         where = source if source == "runtime.device_memory_limit" else f"{source} (rank {rank})"
-        error = (f"train: the device needs {fmt_bytes(need)} per rank (rank {rank}; largest: "
-                 f"{name.replace('_', ' ')} {fmt_bytes(size)}: {shrink}) but {where} is {fmt_bytes(lim)}")
+        if len(ranks) == 1:
+            error = (f"train: the device needs {fmt_bytes(need)} per rank (rank {rank}; largest: "
+                     f"{name.replace('_', ' ')} {fmt_bytes(size)}: {shrink}) but {where} is {fmt_bytes(lim)}")
+        else:
+            error = (f"train: ranks {', '.join(map(str, ranks))} share one GPU and need {fmt_bytes(need)} on it "
+                     f"together (rank {rank}: {fmt_bytes(own)}; largest: {name.replace('_', ' ')} "
+                     f"{fmt_bytes(size)}: {shrink}) but {where} is {fmt_bytes(lim)} (give each rank its own GPU)")
     rt.agree(error)
     return est

@@ -62,6 +62,7 @@ columns x rounds of the forward). Checkpoints and ``--resume`` through the share
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -197,7 +198,7 @@ class DeviceStage:
     def _inputs(self, j: int, weight):
         """Chunk ``j``'s block and edge weights on the device (streamed on CUDA: copied from
         host memory with the chunk's slots, counted as h2d ``topo``)."""
-        from hpcgnn.sampling.block import Block
+        from hpcgnn.sampling.block import TRANSPOSE_FROM, Block
 
         e0, e1 = self.edges[j]
         w = self._weight(weight)
@@ -211,8 +212,21 @@ class DeviceStage:
         slots = self.stream.chunk_slots[j][0]
         self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes + slots.nbytes
                              + (0 if w is None else w.nbytes))
-        return Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)), \
-            None if w is None else dev(w)
+        db = Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices))
+        db._cache[TRANSPOSE_FROM] = functools.partial(self._transpose_to, j)   # backward: copied, not sorted
+        return db, None if w is None else dev(w)
+
+    def _transpose_to(self, j: int, device) -> tuple:
+        """Chunk ``j``'s transposed CSR on ``device``: built once in host memory (the native
+        counting sort, page-locked on CUDA, cached on the host block) and copied per use (h2d
+        ``topo``), so a streamed backward round sorts nothing on the device."""
+        block = self.blocks[j]
+        fresh = "transpose" not in block._cache
+        parts = block.transpose()
+        if fresh and self.pin:
+            parts = block._cache["transpose"] = tuple(t.pin_memory() for t in parts)
+        self.counter.add_h2d("topo", sum(int(t.nbytes) for t in parts))
+        return tuple(t.to(device, non_blocking=True) for t in parts)
 
     def _index(self, rows) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)

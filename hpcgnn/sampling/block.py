@@ -17,6 +17,11 @@ import torch
 from hpcgnn.native import spmm as _spmm
 
 
+# key of a Block's cache entry: a loader of its transpose from a host block (Block.transpose);
+# not a str, so Block.to() leaves it behind like the other per-device entries
+TRANSPOSE_FROM = ("transpose_from",)
+
+
 @dataclass(eq=False)
 class Block:
     """CSR over destinations of one layer; see the module docstring for the conventions."""
@@ -61,9 +66,15 @@ class Block:
         Rows are sources; within a row, edges in increasing edge id (a stable sort by
         source), so ``t_indices == edge_dst()[t_eid]`` and ``indices[t_eid]`` is sorted.
         CPU blocks use the OpenMP counting sort ``spmm.csr_transpose``; other devices use torch ops (same result).
+        A device copy of a host block that was given a loader (``_cache[TRANSPOSE_FROM]``: a callable
+        of the device returning the three tensors there) takes the host block's transpose,
+        built once there, instead of sorting again (the tensor engine's streamed chunks).
         """
         if "transpose" not in self._cache:
-            if self.device.type == "cpu":
+            load = self._cache.get(TRANSPOSE_FROM)
+            if load is not None:
+                out = tuple(load(self.device))
+            elif self.device.type == "cpu":
                 t_indptr, t_indices, t_eid = _spmm.csr_transpose(
                     self.indptr.contiguous().numpy(), self.indices.contiguous().numpy(), int(self.num_src))
                 out = (torch.from_numpy(t_indptr), torch.from_numpy(t_indices), torch.from_numpy(t_eid))

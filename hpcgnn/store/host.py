@@ -21,7 +21,7 @@ _EMPTY = torch.zeros(0, dtype=torch.int64)
 def pin_in_place(rows: torch.Tensor) -> torch.Tensor:
     """``rows`` page-locked for fast, asynchronous host -> device copies: registered in place
     with ``cudaHostRegister`` (no second copy), else a pinned copy (the caller drops the
-    original). Identity without CUDA. Untested on a GPU in this repository."""
+    original). Identity without CUDA."""
     if not torch.cuda.is_available() or rows.numel() == 0 or rows.is_pinned():
         return rows
     try:

@@ -3,7 +3,7 @@ the HDF5 file holds each step's wall time and peak memory, and per-rank peaks pe
 
 import h5py
 import numpy as np
-
+import pytest
 
 
 def test_bench_scale_smoke(tmp_path, monkeypatch):
@@ -12,13 +12,26 @@ def test_bench_scale_smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCGNN_THREADS", "1")
     out = tmp_path / "scale.h5"
     rc = scale.main(["--scale", "0.01", "--ranks", "2", "--epochs", "1", "--out", str(out),
-                     "--timeout", "240"])
+                     "--timeout", "240", "--engines", "minibatch,fullgraph,tensor", "--device", "cpu",
+                     "--set", "model.hidden=24"])
     assert rc == 0
     with h5py.File(out, "r") as f:
-        assert set(f) == {"prepare", "partition", "minibatch", "fullgraph"}
+        assert set(f) == {"prepare", "partition", "minibatch", "fullgraph", "tensor"}
+        assert f.attrs["device"] == "cpu" and f.attrs["sets"] == "model.hidden=24"
+        # the compute device's peak per rank (on the CPU: the meter of device-placed tensors)
+        assert np.all(f["minibatch/peak_device_bytes_per_rank"][()] > 0)
         for name in f:
             assert f[name].attrs["rc"] == 0 and f[name].attrs["wall_s"] > 0
             assert f[name].attrs["peak_rss_bytes"] > 50e6
         peaks = f["minibatch/peak_rss_bytes_per_rank"][()]
         assert peaks.shape == (1, 2) and np.all(peaks > 50e6)
         assert 0 <= f["minibatch"].attrs["test_acc"] <= 1
+
+
+def test_bench_scale_names_an_unknown_engine(capsys):
+    from hpcgnn.bench import scale
+
+    with pytest.raises(SystemExit) as exc:
+        scale.main(["--engines", "minibatch,graphsaint"])
+    assert exc.value.code == 2
+    assert "--engines: unknown graphsaint (expected minibatch, fullgraph, tensor)" in capsys.readouterr().err

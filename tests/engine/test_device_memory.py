@@ -124,3 +124,35 @@ def test_device_estimate_within_25_percent_of_the_meters_peak_on_the_cpu(cora_pa
                 assert estimate_device_memory(cfg, meta, rank, device="cpu").total >= measured[rank], name
     bad = {k: round(r, 3) for k, r in ratios.items() if abs(r - 1) > 0.25}
     assert not bad, (bad, ratios)
+
+
+# --- ranks sharing one GPU: their needs add up against its free memory ----------------------
+
+def _row(rank, need, limit, gpu):
+    return (rank, need, ("activations", need // 2), "lower the batch size", limit, gpu)
+
+
+def test_ranks_on_one_gpu_add_up_and_ranks_on_their_own_gpus_do_not():
+    from hpcgnn.engine.estimate import device_overcommit
+
+    gib = 2**30
+    # two ranks, 6 GiB each, on GPUs with 10 GiB free: fine apart, refused together
+    apart = [_row(0, 6 * gib, 10 * gib, "n0:GPU-a"), _row(1, 6 * gib, 10 * gib, "n0:GPU-b")]
+    assert device_overcommit(apart) is None
+    together = [_row(0, 6 * gib, 10 * gib, "n0:GPU-a"), _row(1, 6 * gib, 10 * gib, "n0:GPU-a")]
+    ranks, need, limit, worst = device_overcommit(together)
+    assert (ranks, need, limit, worst[0]) == ([0, 1], 12 * gib, 10 * gib, 0)
+    # the same UUID on another node is another GPU; a stated limit ("" identity) is per rank
+    assert device_overcommit([_row(0, 6 * gib, 10 * gib, "n0:GPU-a"), _row(1, 6 * gib, 10 * gib, "n1:GPU-a")]) is None
+    assert device_overcommit([_row(0, 6 * gib, 10 * gib, ""), _row(1, 6 * gib, 10 * gib, "")]) is None
+    # the group with the largest excess is named, with its neediest rank and the smallest free figure
+    rows = [_row(0, 3 * gib, 8 * gib, "n0:GPU-a"), _row(1, 7 * gib, 9 * gib, "n0:GPU-a"),
+            _row(2, 11 * gib, 10 * gib, "")]
+    ranks, need, limit, worst = device_overcommit(rows)
+    assert (ranks, need, limit, worst[0]) == ([0, 1], 10 * gib, 8 * gib, 1)
+
+
+def test_gpu_identity_is_empty_off_cuda():
+    from hpcgnn.engine.estimate import gpu_identity
+
+    assert gpu_identity("cpu") == ""

@@ -269,3 +269,58 @@ def test_resident_stage_is_bit_identical_and_moves_fewer_bytes(kind, chunks):
         assert r["h2d_bytes"] < s["h2d_bytes"] and r["d2h_bytes"] < s["d2h_bytes"]
     # the device slices are allocated once and kept: the same buffers in every epoch
     assert resident[0][4] and resident[0][4] == resident[1][4] and not streamed[0][4]
+
+
+@pytest.mark.parametrize("kind", ["gcn", "attention"])
+def test_streamed_chunks_copy_the_host_transpose_instead_of_sorting_each_round(kind):
+    """Streamed on CUDA, every round copies a chunk's CSR to the device as a fresh block; its
+    backward takes the chunk's transpose built once on the host (not a device sort per round).
+    Played on the CPU with the stage told it streams to a GPU (copies are then no-ops): same
+    results bit for bit as the CPU path, each host transpose built once and kept across epochs,
+    and its bytes counted as h2d ``topo``."""
+    import torch
+
+    from hpcgnn.sampling.block import TRANSPOSE_FROM, Block
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    from toygraph import toy_graph
+
+    graph = toy_graph(150, 5.0, num_features=6, num_classes=5, seed=11)
+    sorts, loads = [], []
+    real = Block.transpose
+
+    def counting(self):
+        if "transpose" not in self._cache:
+            (loads if TRANSPOSE_FROM in self._cache else sorts).append(self.device.type)
+        return real(self)
+
+    Block.transpose = counting
+    try:
+        _, plain = _propagate_epochs(graph, kind, 4, resident=False)
+        plain_sorts = len(sorts)
+        sorts.clear(), loads.clear()
+        from hpcgnn.engine import tensor as tensor_mod
+
+        orig_init = tensor_mod.DeviceStage.__init__
+
+        def as_if_cuda(self, *a, **kw):
+            orig_init(self, *a, **kw)
+            self.cuda = True            # stream as on a GPU: a fresh device block per chunk per round
+        tensor_mod.DeviceStage.__init__ = as_if_cuda
+        try:
+            stage, streamed = _propagate_epochs(graph, kind, 4, resident=False)
+        finally:
+            tensor_mod.DeviceStage.__init__ = orig_init
+    finally:
+        Block.transpose = real
+    for (o1, h1, e1, _, _), (o2, h2, e2, _, _) in zip(plain, streamed):
+        assert torch.equal(o1, o2) and torch.equal(h1, h2)
+        assert all(torch.equal(a, b) for a, b in zip(e1, e2))
+    # the CPU path sorts each chunk once; streamed "to a GPU", still once per chunk (on the host
+    # blocks), however many rounds and epochs ran; every backward round's fresh device block loads
+    # the host transpose instead (3 rounds x 4 chunks x 2 epochs)
+    assert plain_sorts >= stage.num_chunks and sorts == ["cpu"] * plain_sorts
+    assert len(loads) == 3 * stage.num_chunks * 2
+    t_bytes = sum(int(t.nbytes) for b in stage.blocks for t in b._cache["transpose"])
+    plain_topo, streamed_topo = plain[1][3].get("h2d_topo_bytes", 0), streamed[1][3]["h2d_topo_bytes"]
+    assert streamed_topo - plain_topo >= 3 * t_bytes   # each backward round copies every chunk's transpose
