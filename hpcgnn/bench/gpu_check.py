@@ -149,9 +149,12 @@ def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str 
 
 def train_sets(mode: Mode, store: Path, run: Path, device: str, backend: str, epochs: int,
                extra: list[str]) -> list[str]:
-    """The ``--set`` arguments of one training run."""
+    """The ``--set`` arguments of one training run. On the CPU a stated device size of 1 TiB, so
+    that the pre-run device estimate is made and recorded there too (on CUDA it always is, against
+    the GPU's free memory): the table's ``est/peak``."""
+    stated = ["runtime.device_memory_limit=1TiB"] if device == "cpu" else []
     sets = [*COMMON, *mode.sets, f"data.partitions={store}", f"output.dir={run}", f"train.device={device}",
-            f"runtime.backend={backend}", f"train.epochs={epochs}", *extra]
+            f"runtime.backend={backend}", f"train.epochs={epochs}", *stated, *extra]
     return [a for s in sets for a in ("--set", s)]
 
 
@@ -175,11 +178,28 @@ def run_figures(run_dir: Path) -> dict:
         keys = [k for k in c if re.fullmatch(r"h2d_\w+_bytes", k) and "nodedup" not in k]
         h2d = sum(c[k] for k in keys) if keys else None
     labels = r.get("labels", {})
-    return {"loss": np.asarray(r["metrics"]["loss"], dtype=np.float64),
+    return {"estimate_ratio": estimate_ratio(r["attrs"].get("estimated_peak_device_bytes"), peak),
+            "loss": np.asarray(r["metrics"]["loss"], dtype=np.float64),
             "epoch_s": float(np.median(np.nanmax(steady, axis=1))),
             "peak_device_bytes": None if peak is None else float(np.nanmax(peak)),
             "h2d_bytes_per_epoch": None if h2d is None else float(np.nanmean(np.nansum(h2d, axis=1))),
             "devices": sorted({str(d) for d in np.asarray(labels["device"]).ravel()}) if "device" in labels else []}
+
+
+def estimate_ratio(estimates, peaks) -> float | None:
+    """The pre-run device estimate over the measured peak, for the rank where it is furthest from 1
+    (a ratio below 1: the estimate fell short). ``estimates``: the run file's
+    ``estimated_peak_device_bytes`` (JSON list per rank, None where none was made); ``peaks``:
+    ``[epochs, ranks]`` measured device peaks. None when either is missing."""
+    import math
+
+    import numpy as np
+
+    if not estimates or peaks is None:
+        return None
+    measured = np.nanmax(np.asarray(peaks, dtype=np.float64), axis=0)
+    ratios = [e / m for e, m in zip(json.loads(estimates), measured) if e is not None and m > 0]
+    return max(ratios, key=lambda x: abs(math.log(x)), default=None) if ratios else None
 
 
 def deviation(got, ref) -> float:
@@ -289,7 +309,8 @@ def check(args) -> tuple[list[dict], dict]:
                 err = f"the run's labels/device say {', '.join(wrong)}, expected {args.device}"
             if not err:
                 dev = deviation(got.extra["loss"], ref.extra["loss"])
-                row.update({key: got.extra[key] for key in ("epoch_s", "peak_device_bytes", "h2d_bytes_per_epoch")},
+                row.update({key: got.extra[key] for key in ("epoch_s", "peak_device_bytes", "h2d_bytes_per_epoch",
+                                                            "estimate_ratio")},
                            loss_max_dev=dev, loss_device=got.extra["loss"].tolist(),
                            loss_cpu=ref.extra["loss"].tolist(), devices=", ".join(got.extra["devices"]))
         return dev, err
@@ -300,7 +321,8 @@ def check(args) -> tuple[list[dict], dict]:
         mode = MODES[name]
         for k in args.ranks:
             row = {"mode": name, "ranks": k, "backend": mode.backend, "device": args.device, "summary": mode.summary,
-                   "epoch_s": None, "peak_device_bytes": None, "h2d_bytes_per_epoch": None, "loss_max_dev": None,
+                   "epoch_s": None, "peak_device_bytes": None, "estimate_ratio": None, "h2d_bytes_per_epoch": None,
+                   "loss_max_dev": None,
                    "status": "skipped", "error": ""}
             rows.append(row)
             if mode.ranks and k not in mode.ranks:
@@ -332,13 +354,13 @@ def format_table(rows: list[dict]) -> str:
     from hpcgnn.bench.table import cell
 
     mib = 2.0 ** 20
-    head = (f"{'mode':<28} {'ranks':>5} {'backend':<7} {'epoch s':>8} {'peak dev MiB':>12} "
+    head = (f"{'mode':<28} {'ranks':>5} {'backend':<7} {'epoch s':>8} {'peak dev MiB':>12} {'est/peak':>8} "
             f"{'H2D MiB/ep':>10} {'loss dev':>9}  status")
     lines = [head, "-" * len(head)]
     for r in rows:
         peak, h2d = r["peak_device_bytes"], r["h2d_bytes_per_epoch"]
         lines.append(f"{r['mode']:<28} {r['ranks']:>5} {r['backend']:<7} {cell(r['epoch_s'], '.3f'):>8} "
-                     f"{cell(None if peak is None else peak / mib, '.1f'):>12} "
+                     f"{cell(None if peak is None else peak / mib, '.1f'):>12} {cell(r.get('estimate_ratio'), '.2f'):>8} "
                      f"{cell(None if h2d is None else h2d / mib, '.2f'):>10} {cell(r['loss_max_dev'], '.2e'):>9}  "
                      f"{r['status']}")
         if r["error"]:

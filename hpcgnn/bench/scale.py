@@ -18,6 +18,7 @@ RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -147,6 +148,10 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                 if dev is not None and np.isfinite(dev).any() and np.nanmax(dev) > 0:
                     g.create_dataset("peak_device_bytes_per_rank", data=dev)
                     row["dev_peaks"] = np.nanmax(dev, axis=0)
+                est = json.loads(r["attrs"].get("estimated_peak_device_bytes") or "null")
+                if est and all(x is not None for x in est):   # the pre-run device estimate per rank
+                    g.create_dataset("estimated_peak_device_bytes_per_rank", data=np.asarray(est, dtype=np.float64))
+                    row["dev_est"] = est
                 row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))
                 acc = r["metrics"].get("test_acc")
                 if acc is not None and np.isfinite(acc).any():
@@ -163,7 +168,9 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
               + (f"  exit {r['rc']} {r['note']}" if r["rc"] else ""))
         if r.get("dev_peaks") is not None:
             print(f"{'':<10} {'':>8} {'':>9} {'':>8} {'':>7}  per-rank peak device GiB: "
-                  + " ".join(f"{x / 2**30:.2f}" for x in r["dev_peaks"]))
+                  + " ".join(f"{x / 2**30:.2f}" for x in r["dev_peaks"])
+                  + ("" if r.get("dev_est") is None else "; estimated: "
+                     + " ".join(f"{x / 2**30:.2f}" for x in r["dev_est"])))
     print("peak GiB: the step's largest process (for training: the largest rank); epoch s: fastest epoch")
 
 

@@ -56,12 +56,13 @@ def _train(args) -> int:
                      f"mpiexec -n {meta.num_parts})")
         from hpcgnn.engine.estimate import check_memory
 
-        check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
-        from hpcgnn.engine.estimate import check_device_memory
+        host_est = check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
+        from hpcgnn.engine.estimate import check_device_memory, estimate_attrs
 
-        check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
+        dev_est = check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
         out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
-        out.set_attrs(rank_threads=rt.comm.allgather(rt.threads))   # per rank, as they ran
+        out.set_attrs(rank_threads=rt.comm.allgather(rt.threads),   # per rank, as they ran
+                      **estimate_attrs(rt, host_est, dev_est))     # the estimates, beside the measured peaks
         from hpcgnn.engine.hooks import make_hooks
         from hpcgnn.engine.loop import fit
         from hpcgnn.run.engines.registry import engine_spec, resolve

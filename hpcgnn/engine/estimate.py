@@ -604,7 +604,14 @@ def _tensor_cols(cfg, meta, parts: int) -> int:
     return -(-c // parts) if cfg.tensor.mode == "decoupled" else -(-max(hid, c) // parts)
 
 
-def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tuple[int, int]:
+# Bytes per edge that the torch aggregation path (hpcgnn.nn.aggregate, CUDA's) adds to a block's
+# own CSR on the device: the edge-to-destination map (int64), the transpose's destinations and
+# edge ids (2 x int64), the values of the forward and transposed sparse tensors (2 x float32) and,
+# while the transpose is built (a stable sort), the sort's values and indices (2 x int64).
+TORCH_CSR_EDGE_BYTES = 5 * 8 + 2 * 4
+
+
+def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str, resident: bool = False) -> tuple[int, int]:
     """``(nn, chunk)``: bytes on the compute device of the tensor engine's staged path
     (:class:`hpcgnn.engine.tensor.DeviceStage`) with ``chunks`` chunks on ``parts`` ranks.
 
@@ -615,8 +622,12 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     in-neighbours of (E+V)/chunks edge draws, all V with one chunk) x C/P columns three times
     (row buffer, prefetched rows, gathered rows; backward: gradient buffer, A^T g, flushed
     rows; GAT twice more) and five destination-row temporaries; off the CPU also the chunk's
-    CSR, weights and slots (copied to the device) and the torch backend's edge-to-destination
-    map and two edge-message tensors [edges, C/P]."""
+    CSR, weights and slots (copied to the device) and the torch backend's per-edge tensors
+    (:data:`TORCH_CSR_EDGE_BYTES`: the edge-to-destination map, the transpose, the sparse
+    tensors' values and the transient of the transpose's sort; CSR SpMM makes no
+    ``[edges, C/P]`` message rows). ``resident``: the chunks' CSRs, slots and transposes are
+    the resident term's (:func:`resident_device_bytes`), not the chunk's: only the sparse
+    tensors' values, made per use, remain per edge."""
     m = cfg.model
     v, e = int(meta.num_nodes), int(meta.num_edges)
     f, c, hid = int(meta.num_features), int(meta.num_classes), int(m.hidden)
@@ -633,9 +644,11 @@ def tensor_device_bytes(cfg, meta, parts: int, chunks: int, device: str) -> tupl
     per = cols * F32 * (3 * src + 5 * dst)
     if m.arch == "gat":
         per += 2 * src * cols * F32 + 2 * edges * F32
-    if device != "cpu":                 # copied to the device (the CPU uses the host arrays)
+    if device != "cpu" and resident:    # the topology is the resident term's
+        per += 2 * edges * F32
+    elif device != "cpu":               # copied to the device (the CPU uses the host arrays)
         per += edges * (2 * I64 + F32) + (dst + 1) * I64 + src * I64
-        per += edges * I64 + 2 * edges * cols * F32
+        per += edges * TORCH_CSR_EDGE_BYTES + (src + 1) * I64
     return int(nn_bytes), int(per)
 
 
@@ -857,6 +870,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["model_state"] = int(model)
         if staged:
             resident = tensor_resident_bytes(cfg, meta, parts, chunks, dev, part_id)
+            if resident and dev == "cuda":        # the chunks' topology is counted as resident
+                chunk_b = tensor_device_bytes(cfg, meta, parts, chunks, dev, resident=True)[1]
             if sample and dev != "cuda":          # the real chunks (tensor_device_bytes: a bound)
                 chunk_b = tensor_stage_bytes(cfg, meta, parts, part_id, tensor_stage_rows(meta, chunks), resident > 0)
             out.terms["chunk"] = int(chunk_b)
@@ -892,8 +907,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
         else:
             out.terms["activations"] = fullgraph_device_activations(cfg, meta, s)
             out.shrink["activations"] = "set fullgraph.offload = true with fullgraph.chunks, or more ranks"
-            if dev == "cuda":
-                out.terms["topology"] = int((nl + 1 + ne) * I64)
+            if dev == "cuda":       # the block's CSR and the torch path's per-edge tensors
+                out.terms["topology"] = int((nl + 1 + ne) * I64 + ne * TORCH_CSR_EDGE_BYTES + (nl + 1) * I64)
                 for k in ("halo_cache", "halo_pipeline"):
                     if t.get(k):
                         out.terms[k] = int(t[k])
@@ -1045,6 +1060,22 @@ def device_limit(cfg, device: str, torch_device=None) -> tuple[int | None, str]:
         if got is not None:
             return got[0], "the GPU's free memory"
     return None, ""
+
+
+def estimate_attrs(rt, host: MemoryEstimate | None, device: MemoryEstimate | None) -> dict:
+    """Collective: the run file's record of the pre-run estimates, per rank (lists indexed by
+    rank; None where none was made): ``estimated_peak_rss_bytes`` (:func:`check_memory`'s total)
+    and ``estimated_peak_device_bytes`` (:func:`check_device_memory`'s, without the CUDA context
+    term: comparable with the measured ``counters/peak_device_bytes``, which on CUDA is
+    ``max_memory_allocated``), and ``estimated_device_terms`` ({term: bytes} per rank), so that
+    every run shows how far the estimate is from what it measured (``make check-gpu``,
+    ``bench-scale``)."""
+    dev_total = None if device is None else int(device.total - device.terms.get("cuda_context", 0))
+    dev_terms = None if device is None else {k: int(v) for k, v in device.terms.items() if k != "cuda_context"}
+    rows = rt.comm.allgather((None if host is None else int(host.total), dev_total, dev_terms))
+    return {"estimated_peak_rss_bytes": [r[0] for r in rows],
+            "estimated_peak_device_bytes": [r[1] for r in rows],
+            "estimated_device_terms": [r[2] for r in rows]}
 
 
 def gpu_identity(torch_device) -> str:

@@ -8,6 +8,7 @@ tests run each engine and mode for real on a GPU (pytest -m cuda) and are skippe
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import shutil
 import subprocess
 import sys
@@ -79,11 +80,16 @@ def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
         assert cpu.shape == (2,) and np.all(np.isfinite(cpu))
         assert np.array_equal(cpu, dev) and r.attrs["loss_max_dev"] == 0.0   # CPU against CPU: bitwise
         assert r.attrs["h2d_bytes_per_epoch"] > 0 and r.attrs["peak_device_bytes"] > 0 and r.attrs["epoch_s"] > 0
+        ratio = r.attrs["estimate_ratio"]
         assert s.attrs["status"] == "skipped" and "loss_max_dev" not in s.attrs
     # the run files the row came from
     from hpcgnn.run.output import read_run
     ref = read_run(tmp_path / "work" / "ref-fullgraph-offload-dedup-cpu-mpi4py-1")
     assert np.array_equal(ref["metrics"]["loss"], cpu) and ref["attrs"]["fullgraph_mode"] == "offload"
+    # est/peak: the device run's recorded pre-run estimate over its measured peak
+    dev_run = read_run(tmp_path / "work" / "dev-fullgraph-offload-dedup-cpu-mpi4py-1")
+    est = json.loads(dev_run["attrs"]["estimated_peak_device_bytes"])[0]
+    assert ratio == pytest.approx(est / np.nanmax(dev_run["counters"]["peak_device_bytes"]))
 
 
 def test_a_failing_run_is_failed_with_its_error_and_exit_1(tmp_path):
@@ -127,8 +133,18 @@ def test_logits_deviation_and_table(tmp_path):
     rows = [{"mode": "fullgraph-memory", "ranks": 2, "backend": "gloo", "epoch_s": 0.5, "peak_device_bytes": 3 * 2 ** 20,
              "h2d_bytes_per_epoch": None, "loss_max_dev": 2e-4, "status": "DEVIATES", "error": "loss deviates"}]
     lines = gc.format_table(rows).splitlines()
-    assert lines[2].split() == ["fullgraph-memory", "2", "gloo", "0.500", "3.0", "-", "2.00e-04", "DEVIATES"]
+    assert lines[2].split() == ["fullgraph-memory", "2", "gloo", "0.500", "3.0", "-", "-", "2.00e-04", "DEVIATES"]
     assert lines[3] == "    loss deviates"
+    rows[0]["estimate_ratio"] = 1.234
+    assert gc.format_table(rows).splitlines()[2].split()[5] == "1.23"
+
+
+def test_estimate_ratio_names_the_rank_furthest_from_one():
+    peaks = np.array([[100.0, 400.0], [120.0, 380.0]])          # epochs x ranks: rank peaks 120, 400
+    assert gc.estimate_ratio("[150, 380]", peaks) == pytest.approx(1.25)   # 1.25 beats 0.95
+    assert gc.estimate_ratio("[126, 200]", peaks) == pytest.approx(0.5)    # an estimate that fell short
+    assert gc.estimate_ratio("[null, 200]", peaks) == pytest.approx(0.5)
+    assert gc.estimate_ratio(None, peaks) is None and gc.estimate_ratio("[1, 2]", None) is None
 
 
 # --- the wheels for a machine without a package index --------------------------------------

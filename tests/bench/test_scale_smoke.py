@@ -13,13 +13,16 @@ def test_bench_scale_smoke(tmp_path, monkeypatch):
     out = tmp_path / "scale.h5"
     rc = scale.main(["--scale", "0.01", "--ranks", "2", "--epochs", "1", "--out", str(out),
                      "--timeout", "240", "--engines", "minibatch,fullgraph,tensor", "--device", "cpu",
-                     "--set", "model.hidden=24"])
+                     "--set", "model.hidden=24", "--set", "runtime.device_memory_limit=1TiB"])
     assert rc == 0
     with h5py.File(out, "r") as f:
         assert set(f) == {"prepare", "partition", "minibatch", "fullgraph", "tensor"}
-        assert f.attrs["device"] == "cpu" and f.attrs["sets"] == "model.hidden=24"
-        # the compute device's peak per rank (on the CPU: the meter of device-placed tensors)
+        assert f.attrs["device"] == "cpu" and f.attrs["sets"] == "model.hidden=24 runtime.device_memory_limit=1TiB"
+        # the compute device's peak per rank (on the CPU: the meter of device-placed tensors) and
+        # the pre-run estimate of it (made against the stated device size)
         assert np.all(f["minibatch/peak_device_bytes_per_rank"][()] > 0)
+        assert f["minibatch/estimated_peak_device_bytes_per_rank"].shape == (2,)
+        assert np.all(f["minibatch/estimated_peak_device_bytes_per_rank"][()] > 0)
         for name in f:
             assert f[name].attrs["rc"] == 0 and f[name].attrs["wall_s"] > 0
             assert f[name].attrs["peak_rss_bytes"] > 50e6

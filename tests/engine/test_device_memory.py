@@ -14,6 +14,7 @@ the one DeviceMemoryMeter).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -116,6 +117,10 @@ def test_device_estimate_within_25_percent_of_the_meters_peak_on_the_cpu(cora_pa
         for rank in (0, 1):
             est = estimate_device_memory(cfg, meta, rank, device="cpu", sample=True)
             assert measured[rank] > 0, (name, measured)
+            # the run file records the pre-run check's estimate beside the measured peak
+            assert json.loads(run["attrs"]["estimated_peak_device_bytes"])[rank] == est.total, name
+            assert json.loads(run["attrs"]["estimated_device_terms"])[rank] == est.terms, name
+            assert json.loads(run["attrs"]["estimated_peak_rss_bytes"])[rank] > 0, name
             ratios[name, rank] = est.total / measured[rank]
             if name.startswith("tp-"):
                 assert ("resident" in est.terms) == name.endswith("resident"), (name, est.terms)
