@@ -82,6 +82,11 @@ MODES: dict[str, Mode] = {
                                      ("train.engine=tensor", "model.arch=gcn", "tensor.mode=decoupled",
                                       "tensor.k=4", "tensor.alpha=0.1", "tensor.chunks=4", "tensor.staged=true",
                                       "tensor.pipeline=true")),
+    "tensor-decoupled-streamed": Mode("the same with a 1 KiB device budget: not resident, every round "
+                                      "streams its chunks, their CSRs and host-built transposes",
+                                      ("train.engine=tensor", "model.arch=gcn", "tensor.mode=decoupled",
+                                       "tensor.k=4", "tensor.alpha=0.1", "tensor.chunks=4", "tensor.staged=true",
+                                       "tensor.pipeline=true", "tensor.device_memory=1KiB")),
     "infer": Mode("hpcgnn infer (logits) from the minibatch run's CPU checkpoint",
                   ref="minibatch-hec-aep-tiered", infer=True),
     "comm-nccl": Mode("full graph in memory, runtime.backend = nccl", FULLGRAPH, ref="fullgraph-memory",
