@@ -1121,7 +1121,8 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     = false`` skips the refusal. On CUDA each rank first picks its GPU (:func:`resolve_device`) and
     creates its context, and the free memory is read after every rank has done so. With
     ``store.device_memory = 'auto'`` also states the store's share (``rt.store_device_available``,
-    read when the engine builds its store). Returns this rank's estimate (None when no limit
+    read when the engine builds its store; ``k`` ranks on one GPU share its free memory in ``k``
+    equal parts). Returns this rank's estimate (None when no limit
     applies)."""
     from hpcgnn.engine.device import resolve_device
     from hpcgnn.run.memory import device_free_bytes
@@ -1134,23 +1135,27 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
             if torch_device is None:
                 torch_device = resolve_device(cfg, rt)
             device_free_bytes(torch_device)   # this rank's CUDA context, before any rank measures
+            gpu = gpu_identity(torch_device)
     except InputError as exc:
         error = str(exc)
     rt.agree(error)                           # collective: every context exists from here on
+    gpus = rt.comm.allgather(gpu)
+    sharers = gpus.count(gpu) if gpu else 1   # ranks whose free memory is this same GPU's
     try:
         limit, source = device_limit(cfg, dev, torch_device)
         if limit is not None:
             measured_free = dev == "cuda" and source != "runtime.device_memory_limit"
             auto = isinstance(cfg.store.device_memory, str) and cfg.store.device_memory.strip().lower() == "auto"
             store_avail = None
-            if dev == "cuda" and auto:
-                room = limit + (CUDA_CONTEXT if measured_free else 0)
+            if dev == "cuda" and auto:        # a GPU shared by k ranks: each store gets a k-th
+                room = limit // sharers + (CUDA_CONTEXT if measured_free else 0)
                 store_avail = store_auto_bytes(cfg, meta, rt.rank, room)
                 rt.store_device_available = store_avail
             est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)
-                gpu = gpu_identity(torch_device)
+            else:
+                gpu = ""                      # a stated limit is per rank
     except InputError as exc:
         error = str(exc)
     rt.agree(error)
