@@ -819,6 +819,14 @@ DEVICE_SHRINK = {
 }
 
 
+def _cuda_available() -> bool:
+    """Whether torch sees a GPU (without one, ``train.device = 'cuda'`` is the engine's error,
+    raised once the run has started and recorded in its run file)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _device_type(cfg) -> str:
     """``train.device`` as ``cuda`` / ``cpu`` (``auto``: cuda when torch sees a GPU)."""
     dev = cfg.train.device
@@ -1131,7 +1139,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     error, est, limit, source, gpu = None, None, None, "", ""
     try:
         dev = _device_type(cfg)
-        if dev == "cuda" and not cfg.runtime.device_memory_limit:
+        if dev == "cuda" and not cfg.runtime.device_memory_limit and _cuda_available():
             if torch_device is None:
                 torch_device = resolve_device(cfg, rt)
             device_free_bytes(torch_device)   # this rank's CUDA context, before any rank measures
