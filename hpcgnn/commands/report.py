@@ -118,6 +118,7 @@ def summarise(run: dict) -> dict:
                                              "test_acc": evaluated[-1].get("test_acc")},
         "mean_epoch_time_s": float(np.mean(times)) if times else None,
         "memory_per_rank": _memory_per_rank(run),
+        "memory_estimates": _memory_estimates(run),
         "comm_backend": _label_values(run, "comm_backend"),
         "mpi_library": _label_values(run, "mpi_library"),
     }
@@ -178,6 +179,29 @@ def _memory_per_rank(run: dict) -> list[dict]:
         i = int(np.nanargmax(col))
         out.append({"rank": r, "peak_rss_bytes": _clean(float(col[i])), "epoch": int(epochs[i]),
                     "phase": None if phases is None else str(phases[i, r])})
+    return out
+
+
+def _memory_estimates(run: dict) -> dict:
+    """The pre-run estimates the run recorded (``estimated_peak_rss_bytes`` /
+    ``estimated_peak_device_bytes``, per rank) beside the measured peaks (the largest epoch's
+    ``counters/peak_rss_bytes`` / ``peak_device_bytes``): {"host"|"device": [{rank, estimated,
+    measured, ratio}]}; a kind without an estimate or a measurement is left out."""
+    out = {}
+    for kind, est_key, counter in (("host", "estimated_peak_rss_bytes", "peak_rss_bytes"),
+                                   ("device", "estimated_peak_device_bytes", "peak_device_bytes")):
+        raw, c = run["attrs"].get(est_key), run["counters"].get(counter)
+        if not raw or c is None or c.size == 0:
+            continue
+        rows = []
+        for r, est in enumerate(json.loads(raw)):
+            if est is None or r >= c.shape[1] or not np.isfinite(c[:, r]).any():
+                continue
+            measured = float(np.nanmax(c[:, r]))
+            rows.append({"rank": r, "estimated": int(est), "measured": _clean(measured),
+                         "ratio": _clean(est / measured) if measured > 0 else None})
+        if rows:
+            out[kind] = rows
     return out
 
 
@@ -267,6 +291,10 @@ def format_table(s: dict) -> str:
         lines.append("peak RSS   " + ", ".join(
             f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
             for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
+    for kind, rows in s.get("memory_estimates", {}).items():
+        lines.append(f"estimate   {kind} peak estimated before the run / measured: " + ", ".join(
+            f"rank {m['rank']} {m['estimated'] / 2**30:.2f} / {m['measured'] / 2**30:.2f} GiB"
+            + ("" if m["ratio"] is None else f" ({m['ratio']:.2f}x)") for m in rows))
     if phases:
         line = "phases: mean over ranks in seconds"
         if top:

@@ -19,12 +19,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
 from mpiutil import ROOT, run_mpi  # noqa: E402
 
+from hpcgnn.commands.report import format_table, summarise  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
 
 
@@ -121,12 +123,20 @@ def test_device_estimate_within_25_percent_of_the_meters_peak_on_the_cpu(cora_pa
             assert json.loads(run["attrs"]["estimated_peak_device_bytes"])[rank] == est.total, name
             assert json.loads(run["attrs"]["estimated_device_terms"])[rank] == est.terms, name
             assert json.loads(run["attrs"]["estimated_peak_rss_bytes"])[rank] > 0, name
+            # `hpcgnn report` shows both, per rank
+            shown = summarise(run)["memory_estimates"]["device"][rank]
+            assert shown["estimated"] == est.total and shown["measured"] == measured[rank]
+            assert shown["ratio"] == pytest.approx(est.total / measured[rank]), name
+            assert summarise(run)["memory_estimates"]["host"][rank]["ratio"] > 0, name
             ratios[name, rank] = est.total / measured[rank]
             if name.startswith("tp-"):
                 assert ("resident" in est.terms) == name.endswith("resident"), (name, est.terms)
                 assert bool(run["attrs"]["tensor_resident"]) == name.endswith("resident")
             if name.startswith(("mb-", "tp-")):         # the model alone: an upper bound
                 assert estimate_device_memory(cfg, meta, rank, device="cpu").total >= measured[rank], name
+        table = format_table(summarise(run)).splitlines()
+        line = next(ln for ln in table if ln.startswith("estimate   device peak estimated before the run / measured: "))
+        assert f"rank 1 {est.total / 2**30:.2f} / {measured[1] / 2**30:.2f} GiB ({est.total / measured[1]:.2f}x)" in line
     bad = {k: round(r, 3) for k, r in ratios.items() if abs(r - 1) > 0.25}
     assert not bad, (bad, ratios)
 
