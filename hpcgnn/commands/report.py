@@ -291,10 +291,10 @@ def format_table(s: dict) -> str:
         lines.append("peak RSS   " + ", ".join(
             f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
             for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
-    for kind, rows in s.get("memory_estimates", {}).items():
+    for kind, per_rank in s.get("memory_estimates", {}).items():
         lines.append(f"estimate   {kind} peak estimated before the run / measured: " + ", ".join(
             f"rank {m['rank']} {m['estimated'] / 2**30:.2f} / {m['measured'] / 2**30:.2f} GiB"
-            + ("" if m["ratio"] is None else f" ({m['ratio']:.2f}x)") for m in rows))
+            + ("" if m["ratio"] is None else f" ({m['ratio']:.2f}x)") for m in per_rank))
     if phases:
         line = "phases: mean over ranks in seconds"
         if top:
