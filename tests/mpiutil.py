@@ -1,8 +1,8 @@
 """Run real MPI jobs from tests: `.venv/bin/mpiexec -n N python ...` with a timeout.
 
-The child's environment is stripped of the launcher variables of any
-surrounding MPI job (PMI_*, HYDRA_*, OMPI_*, MPI_LOCALNRANKS) so a test run
-inside mpiexec or srun still starts a fresh world. A job that outlives its
+The child's environment is the benches' (hpcgnn/bench/launch.py): stripped of the
+launcher variables of any surrounding MPI job (PMI_*, HYDRA_*, OMPI_*, SLURM_*, ...)
+so a test run inside mpiexec or srun still starts a fresh world. A job that outlives its
 timeout is killed with its whole process group and the test fails: no test can
 hang.
 """
@@ -16,13 +16,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
-STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
 
 
 def clean_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIP_PREFIXES)}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("HPCGNN_PROGRESS", "0")
+    """The benches' child environment (:func:`hpcgnn.bench.launch.child_env`: a fresh MPI world,
+    this checkout first on PYTHONPATH, no progress bars, Open MPI as root), one OpenMP thread
+    unless set, then ``extra``."""
+    from hpcgnn.bench.launch import child_env
+
+    env = child_env()
     env.setdefault("OMP_NUM_THREADS", "1")
     if extra:
         env.update(extra)

@@ -195,16 +195,14 @@ def estimate_ratio(estimates, peaks) -> float | None:
     """The pre-run device estimate over the measured peak, for the rank where it is furthest from 1
     (a ratio below 1: the estimate fell short). ``estimates``: the run file's
     ``estimated_peak_device_bytes`` (JSON list per rank, None where none was made); ``peaks``:
-    ``[epochs, ranks]`` measured device peaks. None when either is missing."""
+    ``[epochs, ranks]`` measured device peaks (:func:`hpcgnn.run.memory.estimate_against_peak`).
+    None when either is missing."""
     import math
 
-    import numpy as np
+    from hpcgnn.run.memory import estimate_against_peak
 
-    if not estimates or peaks is None:
-        return None
-    measured = np.nanmax(np.asarray(peaks, dtype=np.float64), axis=0)
-    ratios = [e / m for e, m in zip(json.loads(estimates), measured) if e is not None and m > 0]
-    return max(ratios, key=lambda x: abs(math.log(x)), default=None) if ratios else None
+    ratios = [r["ratio"] for r in estimate_against_peak(estimates, peaks) if r["ratio"]]
+    return max(ratios, key=lambda x: abs(math.log(x))) if ratios else None
 
 
 def deviation(got, ref) -> float:

@@ -18,7 +18,6 @@ RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -117,6 +116,7 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
     import h5py
 
     from hpcgnn.fileio import atomic_file
+    from hpcgnn.run.memory import estimate_against_peak
     from hpcgnn.run.output import read_run
 
     rows = []
@@ -148,8 +148,8 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                 if dev is not None and np.isfinite(dev).any() and np.nanmax(dev) > 0:
                     g.create_dataset("peak_device_bytes_per_rank", data=dev)
                     row["dev_peaks"] = np.nanmax(dev, axis=0)
-                est = json.loads(r["attrs"].get("estimated_peak_device_bytes") or "null")
-                if est and all(x is not None for x in est):   # the pre-run device estimate per rank
+                est = [e["estimated"] for e in estimate_against_peak(r["attrs"].get("estimated_peak_device_bytes"), dev)]
+                if est and len(est) == args.ranks:   # the pre-run device estimate of every rank
                     g.create_dataset("estimated_peak_device_bytes_per_rank", data=np.asarray(est, dtype=np.float64))
                     row["dev_est"] = est
                 row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))

@@ -186,22 +186,16 @@ def _memory_estimates(run: dict) -> dict:
     """The pre-run estimates the run recorded (``estimated_peak_rss_bytes`` /
     ``estimated_peak_device_bytes``, per rank) beside the measured peaks (the largest epoch's
     ``counters/peak_rss_bytes`` / ``peak_device_bytes``): {"host"|"device": [{rank, estimated,
-    measured, ratio}]}; a kind without an estimate or a measurement is left out."""
+    measured, ratio}]} (:func:`hpcgnn.run.memory.estimate_against_peak`); a kind without an
+    estimate or a measurement is left out."""
+    from hpcgnn.run.memory import estimate_against_peak
+
     out = {}
     for kind, est_key, counter in (("host", "estimated_peak_rss_bytes", "peak_rss_bytes"),
                                    ("device", "estimated_peak_device_bytes", "peak_device_bytes")):
-        raw, c = run["attrs"].get(est_key), run["counters"].get(counter)
-        if not raw or c is None or c.size == 0:
-            continue
-        rows = []
-        for r, est in enumerate(json.loads(raw)):
-            if est is None or r >= c.shape[1] or not np.isfinite(c[:, r]).any():
-                continue
-            measured = float(np.nanmax(c[:, r]))
-            rows.append({"rank": r, "estimated": int(est), "measured": _clean(measured),
-                         "ratio": _clean(est / measured) if measured > 0 else None})
+        rows = estimate_against_peak(run["attrs"].get(est_key), run["counters"].get(counter))
         if rows:
-            out[kind] = rows
+            out[kind] = [{k: _clean(v) for k, v in row.items()} for row in rows]
     return out
 
 

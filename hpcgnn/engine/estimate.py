@@ -1162,8 +1162,6 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
             est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)
-            else:
-                gpu = ""                      # a stated limit is per rank
     except InputError as exc:
         error = str(exc)
     rt.agree(error)

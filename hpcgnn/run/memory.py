@@ -259,3 +259,28 @@ def device_free_bytes(device) -> tuple[int, int] | None:
         return None
     free, total = torch.cuda.mem_get_info(device)
     return int(free), int(total)
+
+
+def estimate_against_peak(estimates: str | None, peaks) -> list[dict]:
+    """Each rank's pre-run estimate beside its measured peak: ``estimates`` is a run file's
+    ``estimated_peak_*_bytes`` attribute (a JSON list per rank, None where none was made),
+    ``peaks`` the matching ``[epochs, ranks]`` counter. One ``{rank, estimated, measured, ratio}``
+    (bytes; ``ratio`` = estimated / measured, None without a positive measurement) per rank that
+    has both; ``[]`` when either is missing."""
+    import json
+
+    import numpy as np
+
+    if not estimates or peaks is None:
+        return []
+    peaks = np.asarray(peaks, dtype=np.float64)
+    if peaks.ndim != 2 or peaks.size == 0:
+        return []
+    rows = []
+    for r, est in enumerate(json.loads(estimates)):
+        if est is None or r >= peaks.shape[1] or not np.isfinite(peaks[:, r]).any():
+            continue
+        measured = float(np.nanmax(peaks[:, r]))
+        rows.append({"rank": r, "estimated": int(est), "measured": measured,
+                     "ratio": est / measured if measured > 0 else None})
+    return rows
