@@ -61,7 +61,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale bench-dgl peer-dgl clean distclean
+.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale bench-aggregate bench-dgl peer-dgl clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -185,6 +185,12 @@ SCALE_ARGS ?=
 bench-scale: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
 
+# The aggregation paths (native, torch, torch under train.deterministic), time per forward +
+# backward and, on CUDA, device memory: make bench-aggregate [DEVICE=cuda] [AGG_ARGS="--widths 64"]
+AGG_ARGS   ?=
+bench-aggregate: $(NATIVE_STAMP)
+	$(PY) -m hpcgnn.bench.aggregate --out $(RUNS)/bench/aggregate.h5 $(if $(DEVICE),--device $(DEVICE)) $(AGG_ARGS)
+
 # hpcgnn against DGL at issue 13's targets (full graph <= 0.67x, minibatch <= 0.5x of DGL's epoch),
 # products-like scales 0.04 and 0.25, 1 process, back to back; needs `make peer-dgl` (about 25 min).
 # hpcgnn runs with train.precision=$(DGL_PRECISION) (DGL in float32) and, in the minibatch runs,
@@ -230,29 +236,38 @@ $(DGL_STAMP):
 # $(WHEELS) (no package index is contacted; `python3 scripts/gpu_wheels.py download` prepares
 # them where PyPI is reachable), and native/ is built in place for it.
 # GPU_CHECK_ARGS: options of the driver, e.g. GPU_CHECK_ARGS="--ranks 1 --modes fullgraph-memory".
+# make check-gpu-all: the same set-up, then every GPU check within a time budget
+# (hpcgnn/bench/gpu_session.py: check-gpu, pytest -m cuda, bench-aggregate and bench-scale at
+# products-like 0.25 on the GPU; GPU_CHECK_ARGS="--budget 540 --work DIR" for instance), in
+# $(RUNS)/gpu-session: for a GPU machine lent for minutes (docs/gpu.md).
 PYTHON         :=# on the command line only (an environment PYTHON is not this one)
 WHEELS         ?= .whl
 GPU_VENV       ?= .venv-gpu
 GPU_CHECK_ARGS ?=
 GPU_PROBE      := $(if $(PYTHON),$(PYTHON),$(PY))
-.PHONY: check-gpu check-gpu-run
+GPU_DRIVER     ?= gpu_check
+.PHONY: check-gpu check-gpu-all check-gpu-run
 
 check-gpu:
 	@if command -v $(GPU_PROBE) >/dev/null 2>&1; then $(GPU_PROBE) -m hpcgnn.bench.gpu_check --probe || exit 0; \
 	elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
 	    echo "check-gpu: no CUDA GPU (nvidia-smi lists none; $(GPU_PROBE) is not set up); nothing to check"; exit 0; fi; \
-	$(MAKE) --no-print-directory check-gpu-run
+	$(MAKE) --no-print-directory check-gpu-run GPU_DRIVER=$(GPU_DRIVER)
 
+check-gpu-all:
+	@$(MAKE) --no-print-directory check-gpu GPU_DRIVER=gpu_session
+
+GPU_OUT = $(RUNS)/$(subst _,-,$(GPU_DRIVER))
 ifeq ($(strip $(PYTHON)),)
 check-gpu-run: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.gpu_check --out $(RUNS)/gpu-check $(GPU_CHECK_ARGS)
+	$(PY) -m hpcgnn.bench.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 else
 check-gpu-run:
 	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv --without-pip --system-site-packages $(GPU_VENV)
 	$(GPU_VENV)/bin/python scripts/gpu_wheels.py link --base-python $(PYTHON)
 	$(GPU_VENV)/bin/python scripts/gpu_wheels.py install --wheels $(WHEELS)
-	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(GPU_VENV)/bin/python setup.py -q build_ext --inplace --parallel 2
-	$(GPU_VENV)/bin/python -m hpcgnn.bench.gpu_check --out $(RUNS)/gpu-check $(GPU_CHECK_ARGS)
+	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(GPU_VENV)/bin/python setup.py -q build_ext --inplace --parallel $$(nproc)
+	$(GPU_VENV)/bin/python -m hpcgnn.bench.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 endif
 
 clean:

@@ -51,9 +51,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hpcgnn.runtime import prefer_huge_pages
+    from hpcgnn.runtime import prefer_huge_pages, yield_when_oversubscribed
 
     prefer_huge_pages()  # before any subcommand allocates a tensor
+    yield_when_oversubscribed()  # before any subcommand starts MPI
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         command = next((a for a in argv if not a.startswith("-")), None)

@@ -107,6 +107,35 @@ def prefer_huge_pages() -> bool:
     return os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
 
 
+# MPICH's control variable for its busy-wait loops: 1 = sleep (nanosleep) where they would
+# otherwise call sched_yield, which under Linux's scheduler barely gives the core away to the
+# process that must progress.
+HEAVY_YIELD_VAR = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+# Hydra's (MPICH's mpiexec) count of this job's ranks on this node; set before MPI_Init.
+HYDRA_LOCAL_SIZE_VAR = "MPI_LOCALNRANKS"
+
+
+def yield_when_oversubscribed(environ: dict | None = None, cpus: int | None = None) -> bool:
+    """Make MPICH's waiting ranks sleep instead of spin when the node has more ranks than CPUs.
+
+    Under MPICH's ``mpiexec`` (Hydra states the node's rank count in ``MPI_LOCALNRANKS``) with
+    more ranks on the node than this process may run on (``cpus``, default its affinity mask),
+    sets ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` unless the user set it (``=0`` keeps spinning).
+    MPICH reads it in ``MPI_Init``: call before mpi4py's ``MPI`` is imported (the CLI does, and
+    :meth:`Runtime.start`). Spinning ranks otherwise take the cores the working ranks need:
+    the 20 training jobs of tests/engine/test_backend_parity.py on 4 ranks of 2 cores took
+    348 s spinning and 68 s sleeping (docs/benchmarks.md). Other launchers are left alone
+    (srun binds ranks to their own cores; Open MPI yields by itself when oversubscribed).
+    Returns whether the variable is 1 afterwards."""
+    env = os.environ if environ is None else environ
+    local = env.get(HYDRA_LOCAL_SIZE_VAR, "").strip()
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if local.isdigit() and int(local) > max(int(cpus), 1):
+        env.setdefault(HEAVY_YIELD_VAR, "1")
+    return env.get(HEAVY_YIELD_VAR, "").strip() == "1"
+
+
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 RETAIN_TOP_PAD = 512 << 20
@@ -252,8 +281,11 @@ class Runtime:
         ``threads`` = 0 means: the CPUs this job's ranks on the node may use (the
         union of their affinity masks) // ranks on the node, at most this rank's own
         mask, at least 1. HPCGNN_THREADS (an integer >= 1) overrides ``threads``.
-        Collective over ``comm``.
+        Collective over ``comm``. Before MPI starts, oversubscribed MPICH ranks are told to
+        sleep while they wait (:func:`yield_when_oversubscribed`).
         """
+        if "mpi4py.MPI" not in sys.modules:
+            yield_when_oversubscribed()
         from mpi4py import MPI
 
         comm = comm if comm is not None else MPI.COMM_WORLD

@@ -2,6 +2,7 @@
 
     python -m hpcgnn.bench.gpu_check [--out runs/gpu-check] [--ranks 1,2] [--modes M,...]
         [--epochs 4] [--graph cora|sbm:N] [--rtol 1e-4] [--set key=value ...] [--device cuda|cpu]
+        [--jobs J]
 
 For each mode (:data:`MODES`) and rank count, ``hpcgnn train`` runs under ``mpiexec -n K`` twice
 on the same partition store (Cora imported from ``inputs/data/cora``, or a small synthetic SBM
@@ -28,6 +29,12 @@ to ``OUT/gpu-check.h5`` (:mod:`hpcgnn.bench.results_file`, format ``hpcgnn-bench
 each run's log and run directory stay in ``OUT/work``. Exit 0 when every row is ``ok`` or
 ``skipped``, 1 otherwise. Without a CUDA GPU (``--device cuda``) one line, exit 0.
 
+**Concurrency** (``--jobs J``, default one per 4 usable cores, at most 4): the CPU reference
+runs need no GPU, so with ``J > 1`` they all start at once on ``J - 1`` workers while the device
+runs go one after another; every run then gets ``cores / (2 J)`` threads a rank
+(``HPCGNN_THREADS``), the same for a row's two runs. On a 16-core GPU node this about halves the
+check's wall time (the device time a lent machine is charged for); on 2 cores it stays serial.
+
 ``--device cpu`` is a self-check of this driver on a machine without a GPU: the "device" runs are
 CPU runs too (identical curves expected), ``comm-nccl`` is skipped.
 """
@@ -37,13 +44,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcgnn.bench.launch import child_env, find_mpiexec
+from hpcgnn.bench.launch import child_env, find_mpiexec, run_logged
 
 ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-4
@@ -130,25 +137,37 @@ def error_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str | None) -> tuple[float, str]:
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:          # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def default_jobs(cores: int) -> int:
+    """``--jobs`` when not given: one per 4 cores, 1 to 4 (serial on a 2-core machine)."""
+    return max(1, min(4, cores // 4))
+
+
+def run_threads(jobs: int, cores: int) -> int:
+    """Threads a rank of every run gets with ``jobs`` concurrent runs of up to 2 ranks on
+    ``cores`` CPUs; 0 (the runtime's own choice) when the check is serial."""
+    return 0 if jobs <= 1 else max(1, cores // (2 * jobs))
+
+
+def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str | None,
+           threads: int = 0) -> tuple[float, str]:
     """Run ``python -m hpcgnn ARGS`` on ``ranks`` ranks from the repository root with its output
-    in ``log``: (wall seconds, '' or the one-line error)."""
+    in ``log`` (``threads`` > 0: that many a rank, ``HPCGNN_THREADS``): (wall seconds, '' or the
+    one-line error)."""
     if mpiexec is None and ranks > 1:
         return 0.0, "no mpiexec found (beside the interpreter, in the MPICH wheel or on PATH)"
     cmd = ([mpiexec, "-n", str(ranks)] if mpiexec else []) + [sys.executable, "-m", "hpcgnn", *args]
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(NVIDIA_TF32_OVERRIDE="0"), cwd=ROOT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            return time.perf_counter() - t0, f"timed out after {timeout:g} s (log {log})"
-    wall = time.perf_counter() - t0
+    env = child_env(NVIDIA_TF32_OVERRIDE="0", **({"HPCGNN_THREADS": str(threads)} if threads > 0 else {}))
+    rc, wall = run_logged(cmd, log, timeout, env)
+    if rc is None:
+        return wall, f"timed out after {timeout:g} s (log {log})"
     return wall, "" if rc == 0 else f"exit {rc}: {error_line(log.read_text())}"
 
 
@@ -267,14 +286,16 @@ def check(args) -> tuple[list[dict], dict]:
     work.mkdir(parents=True, exist_ok=True)
     mpiexec = find_mpiexec()
     stores = prepare_graph(args.graph, work, args.ranks, args.timeout, mpiexec)
-    refs: dict[tuple[str, int], Run] = {}
+    threads = run_threads(args.jobs, usable_cores())
+    pool = ThreadPoolExecutor(max_workers=args.jobs - 1) if args.jobs > 1 else None
+    refs: dict[tuple[str, int], Future] = {}
 
     def train(name: str, k: int, device: str, backend: str, role: str) -> Run:
         tag = f"{role}-{name}-{device}-{backend}-{k}"
         path = work / tag
         wall, err = launch(["train", "--config", str(work / "base.toml"), "--force",
                             *train_sets(MODES[name], stores[k], path, device, backend, args.epochs, args.set)],
-                           k, work / f"{tag}.log", args.timeout, mpiexec)
+                           k, work / f"{tag}.log", args.timeout, mpiexec, threads)
         run = Run(path, wall, err)
         if not err:
             try:
@@ -283,10 +304,18 @@ def check(args) -> tuple[list[dict], dict]:
                 run.error = f"{type(exc).__name__}: {exc}"
         return run
 
-    def reference(name: str, k: int) -> Run:
+    def start_reference(name: str, k: int) -> Future:
+        """The CPU reference run of (name, k), started once (on the pool when there is one)."""
         if (name, k) not in refs:
-            refs[(name, k)] = train(name, k, "cpu", "mpi4py", "ref")
+            if pool is None:
+                refs[(name, k)] = Future()
+                refs[(name, k)].set_result(train(name, k, "cpu", "mpi4py", "ref"))
+            else:
+                refs[(name, k)] = pool.submit(train, name, k, "cpu", "mpi4py", "ref")
         return refs[(name, k)]
+
+    def reference(name: str, k: int) -> Run:
+        return start_reference(name, k).result()
 
     def measure(name: str, k: int, row: dict) -> tuple[float | None, str]:
         """(deviation, error) of one row; fills the row's figures."""
@@ -299,7 +328,8 @@ def check(args) -> tuple[list[dict], dict]:
             for role, device in (("ref", "cpu"), ("dev", args.device)):   # the device's wall time is kept
                 files[role] = work / f"{role}-{name}-{device}-{k}.h5"
                 wall, err = launch(["infer", str(ref.path), "--out", str(files[role]), "--device", device,
-                                    "--force"], k, work / f"{role}-{name}-{device}-{k}.log", args.timeout, mpiexec)
+                                    "--force"], k, work / f"{role}-{name}-{device}-{k}.log", args.timeout, mpiexec,
+                                   threads)
                 if err:
                     break
             dev = None if err else logits_deviation(files["dev"], files["ref"])
@@ -319,28 +349,17 @@ def check(args) -> tuple[list[dict], dict]:
         return dev, err
 
     (work / "base.toml").write_text("# gpu-check: every key is passed with --set (hpcgnn/bench/gpu_check.py)\n")
+    planned = [(name, k) for name in args.modes for k in args.ranks if skip_reason(MODES[name], k, args.device) == ""]
+    if pool is not None:            # every CPU reference starts now; the device rows wait for theirs
+        for name, k in planned:
+            start_reference(MODES[name].ref or name, k)
     rows = []
-    for name in args.modes:
-        mode = MODES[name]
-        for k in args.ranks:
-            row = {"mode": name, "ranks": k, "backend": mode.backend, "device": args.device, "summary": mode.summary,
-                   "epoch_s": None, "peak_device_bytes": None, "estimate_ratio": None, "h2d_bytes_per_epoch": None,
-                   "loss_max_dev": None,
-                   "status": "skipped", "error": ""}
-            rows.append(row)
-            if mode.ranks and k not in mode.ranks:
-                row["error"] = f"runs at {', '.join(map(str, mode.ranks))} rank(s) only"
-                continue
-            if mode.backend == "nccl" and args.device != "cuda":
-                row["error"] = "nccl needs CUDA"
-                continue
-            print(f"gpu-check: {name} on {k} rank(s) ...", flush=True)
-            try:
-                dev, err = measure(name, k, row)
-            except Exception as exc:  # noqa: BLE001 - one row fails, the check goes on
-                dev, err = None, f"{type(exc).__name__}: {exc}"
-            row["status"], row["error"] = row_status(dev, args.rtol, err)
-    attrs = {"rtol": args.rtol, "epochs": args.epochs, "graph": args.graph, "device": args.device,
+    try:
+        rows = _rows(args, planned, measure)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    attrs = {"rtol": args.rtol, "epochs": args.epochs, "graph": args.graph, "device": args.device, "jobs": args.jobs,
              "python": sys.version.split()[0], "mpiexec": mpiexec or "", "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         import torch
@@ -350,6 +369,38 @@ def check(args) -> tuple[list[dict], dict]:
     except Exception:  # noqa: BLE001 - the attributes are informative only
         pass
     return rows, attrs
+
+
+def skip_reason(mode: Mode, k: int, device: str) -> str:
+    """Why the row (mode, k ranks) is skipped on ``device``; '' when it runs."""
+    if mode.ranks and k not in mode.ranks:
+        return f"runs at {', '.join(map(str, mode.ranks))} rank(s) only"
+    if mode.backend == "nccl" and device != "cuda":
+        return "nccl needs CUDA"
+    return ""
+
+
+def _rows(args, planned: list, measure) -> list[dict]:
+    """The table's rows in order, the planned ones measured (``measure(name, k, row)``)."""
+    rows = []
+    for name in args.modes:
+        mode = MODES[name]
+        for k in args.ranks:
+            row = {"mode": name, "ranks": k, "backend": mode.backend, "device": args.device, "summary": mode.summary,
+                   "epoch_s": None, "peak_device_bytes": None, "estimate_ratio": None, "h2d_bytes_per_epoch": None,
+                   "loss_max_dev": None,
+                   "status": "skipped", "error": ""}
+            rows.append(row)
+            if (name, k) not in planned:
+                row["error"] = skip_reason(mode, k, args.device)
+                continue
+            print(f"gpu-check: {name} on {k} rank(s) ...", flush=True)
+            try:
+                dev, err = measure(name, k, row)
+            except Exception as exc:  # noqa: BLE001 - one row fails, the check goes on
+                dev, err = None, f"{type(exc).__name__}: {exc}"
+            row["status"], row["error"] = row_status(dev, args.rtol, err)
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
@@ -392,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graph", default="cora", help="cora (inputs/data/cora) or sbm:N (synthetic, N vertices)")
     p.add_argument("--rtol", type=float, default=RTOL, help="largest relative loss deviation allowed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="concurrent runs: the device rows one at a time beside J - 1 CPU references "
+                        "(default: one per 4 usable cores, 1 to 4)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override of every run")
     p.add_argument("--probe", action="store_true", help="exit 0 when CUDA is usable, else print why and exit 1")
     args = p.parse_args(argv)
@@ -418,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--graph {args.graph!r}: expected cora or sbm:N")
     if args.epochs < 1 or not args.rtol > 0:
         p.error("--epochs must be >= 1 and --rtol > 0")
+    if args.jobs is None:
+        args.jobs = default_jobs(usable_cores())
+    elif args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: expected an integer >= 1")
     rows, attrs = check(args)
     path = write(args.out, rows, attrs)
     print()

@@ -1,6 +1,7 @@
 """Starting ``hpcgnn`` under this interpreter's MPI launcher from a bench driver (gpu_check, scale).
 
-:func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`child_env`
+:func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`run_logged`
+runs a child with its output in a log file and a timeout; :func:`child_env`
 is the environment of such a child: a fresh MPI world (no variables of a surrounding job or SLURM
 step), this checkout on ``PYTHONPATH``, no progress bars; for Open MPI in a container: as root,
 told that root is meant (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,3 +52,22 @@ def child_env(**extra: str) -> dict:
         env["OMPI_MCA_plm_rsh_agent"] = "false"
     env.update(extra)
     return env
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, float]:
+    """Run ``cmd`` from the repository root in a session of its own, its command line and output
+    in ``log``: (exit code, wall seconds); exit code None when it outlived ``timeout`` seconds
+    and was killed with its whole process group (an ``mpiexec`` and its ranks)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env=child_env() if env is None else env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    return rc, time.perf_counter() - t0

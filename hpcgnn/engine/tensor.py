@@ -220,11 +220,7 @@ class DeviceStage:
         """Chunk ``j``'s transposed CSR on ``device``: built once in host memory (the native
         counting sort, page-locked on CUDA, cached on the host block) and copied per use (h2d
         ``topo``), so a streamed backward round sorts nothing on the device."""
-        block = self.blocks[j]
-        fresh = "transpose" not in block._cache
-        parts = block.transpose()
-        if fresh and self.pin:
-            parts = block._cache["transpose"] = tuple(t.pin_memory() for t in parts)
+        parts = self.blocks[j].transpose(pin=self.pin)
         self.counter.add_h2d("topo", sum(int(t.nbytes) for t in parts))
         return tuple(t.to(device, non_blocking=True) for t in parts)
 

@@ -60,7 +60,7 @@ class Block:
                 output_size=self.num_edges)
         return self._cache["edge_dst"]
 
-    def transpose(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def transpose(self, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(t_indptr [num_src+1], t_indices [nnz] destination positions, t_eid [nnz]) (cached).
 
         Rows are sources; within a row, edges in increasing edge id (a stable sort by
@@ -69,6 +69,8 @@ class Block:
         A device copy of a host block that was given a loader (``_cache[TRANSPOSE_FROM]``: a callable
         of the device returning the three tensors there) takes the host block's transpose,
         built once there, instead of sorting again (the tensor engine's streamed chunks).
+        ``pin`` (a host block, CUDA available): the cached transpose is page-locked (once), so
+        that its copies to the device can be asynchronous.
         """
         if "transpose" not in self._cache:
             load = self._cache.get(TRANSPOSE_FROM)
@@ -81,6 +83,8 @@ class Block:
             else:
                 out = _transpose_torch(self.indptr, self.indices, self.num_src, self.edge_dst())
             self._cache["transpose"] = out
+        if pin and self.device.type == "cpu" and not self._cache["transpose"][0].is_pinned():
+            self._cache["transpose"] = tuple(t.pin_memory() for t in self._cache["transpose"])
         return self._cache["transpose"]
 
     def device_csr(self, device, transpose: bool = False) -> tuple:

@@ -54,6 +54,28 @@ def test_make_check_gpu_without_a_gpu_is_one_line_and_exit_0(tmp_path):
         assert "no CUDA GPU (nvidia-smi lists none" in proc.stdout and not (tmp_path / "venv").exists()
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_check_gpu_all_without_a_gpu_is_one_line_and_exit_0(tmp_path):
+    if _cuda():
+        pytest.skip("a CUDA GPU is visible: make check-gpu-all would run the session")
+    proc = subprocess.run(["make", "--no-print-directory", "check-gpu-all", f"RUNS={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("check-gpu: no CUDA GPU visible to PyTorch"), lines
+    assert not any(tmp_path.iterdir())
+    proc = subprocess.run([sys.executable, "-m", "hpcgnn.bench.gpu_session", "--out", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=clean_env())
+    assert proc.returncode == 0 and proc.stdout.startswith("gpu-session: no CUDA GPU visible"), proc.stdout
+    assert proc.stdout.count("\n") == 1 and not (tmp_path / "s").exists()
+
+
+def test_concurrency_defaults():
+    assert [gc.default_jobs(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+    assert gc.run_threads(1, 16) == 0                       # serial: the runtime's own choice
+    assert gc.run_threads(4, 16) == 2 and gc.run_threads(4, 2) == 1
+
+
 def test_driver_without_a_gpu_is_one_line_and_exit_0(tmp_path):
     if _cuda():
         pytest.skip("a CUDA GPU is visible")
@@ -63,8 +85,10 @@ def test_driver_without_a_gpu_is_one_line_and_exit_0(tmp_path):
 
 
 def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
+    """Also the concurrent path (--jobs 2: the CPU reference beside the device run, each with the
+    threads of run_threads)."""
     proc = _driver(tmp_path, "--device", "cpu", "--graph", "sbm:200", "--epochs", "2", "--ranks", "1",
-                   "--modes", "fullgraph-offload-dedup,comm-nccl", "--set", "runtime.threads=1")
+                   "--modes", "fullgraph-offload-dedup,comm-nccl", "--jobs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = proc.stdout[proc.stdout.index("mode "):].splitlines()
     assert table[2].split()[:3] == ["fullgraph-offload-dedup", "1", "mpi4py"] and table[2].split()[-2:] == [
@@ -86,8 +110,11 @@ def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
     from hpcgnn.run.output import read_run
     ref = read_run(tmp_path / "work" / "ref-fullgraph-offload-dedup-cpu-mpi4py-1")
     assert np.array_equal(ref["metrics"]["loss"], cpu) and ref["attrs"]["fullgraph_mode"] == "offload"
+    threads = gc.run_threads(2, gc.usable_cores())
+    assert threads >= 1 and json.loads(ref["attrs"]["rank_threads"]) == [threads]
     # est/peak: the device run's recorded pre-run estimate over its measured peak
     dev_run = read_run(tmp_path / "work" / "dev-fullgraph-offload-dedup-cpu-mpi4py-1")
+    assert json.loads(dev_run["attrs"]["rank_threads"]) == [threads]
     est = json.loads(dev_run["attrs"]["estimated_peak_device_bytes"])[0]
     assert ratio == pytest.approx(est / np.nanmax(dev_run["counters"]["peak_device_bytes"]))
 

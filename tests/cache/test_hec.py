@@ -253,6 +253,7 @@ def test_dtype_conversion_and_errors():
             HistoricalEmbeddingCache(**bad)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_rows_with_host_directory():
     hec = HistoricalEmbeddingCache(capacity=16, dim=4, life_span=1, device="cuda")

@@ -289,10 +289,10 @@ def test_streamed_chunks_copy_the_host_transpose_instead_of_sorting_each_round(k
     sorts, loads = [], []
     real = Block.transpose
 
-    def counting(self):
+    def counting(self, pin=False):
         if "transpose" not in self._cache:
             (loads if TRANSPOSE_FROM in self._cache else sorts).append(self.device.type)
-        return real(self)
+        return real(self, pin)
 
     Block.transpose = counting
     try:

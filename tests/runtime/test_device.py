@@ -106,6 +106,7 @@ def test_resolve_device_cuda_without_cuda_is_an_input_error(rt):
         resolve_device(_cfg("cuda"), rt)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_resolve_device_cuda_sets_the_current_device(rt):
     from hpcgnn.engine.device import resolve_device

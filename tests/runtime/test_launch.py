@@ -100,3 +100,31 @@ def test_backend_resolution_on_a_cpu_only_torch():
             choose_backend("nccl", "cuda:0")
     with pytest.raises(InputError, match="expected one of auto, mpi4py"):
         choose_backend("mpi", "cpu")
+
+
+def test_oversubscribed_mpich_ranks_sleep_while_they_wait():
+    """More ranks on the node than CPUs under MPICH's mpiexec: every rank starts MPI with
+    MPIR_CVAR_ENABLE_HEAVY_YIELD=1 (waiting ranks sleep instead of spinning on the cores the
+    working ranks need); as many ranks as CPUs or fewer: unset; a user's own value is kept."""
+    over = CORES + 1
+    proc = run_mpi(over, ["-m", "hpcgnn.demos.hello"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    lines = parse(proc.stdout)
+    assert len(lines) == over and {ln["mpi_yield"] for ln in lines} == {1}, proc.stdout
+    proc = run_mpi(1, ["-m", "hpcgnn.demos.hello"], timeout=90)
+    assert [ln["mpi_yield"] for ln in parse(proc.stdout)] == ["-"], proc.stdout
+    proc = run_mpi(over, ["-m", "hpcgnn.demos.hello"], timeout=180, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "0"})
+    assert {ln["mpi_yield"] for ln in parse(proc.stdout)} == {0}, proc.stdout
+
+
+def test_yield_when_oversubscribed_reads_hydras_local_rank_count():
+    from hpcgnn.runtime import HEAVY_YIELD_VAR, yield_when_oversubscribed
+
+    env = {"MPI_LOCALNRANKS": "4"}
+    assert yield_when_oversubscribed(env, cpus=2) and env[HEAVY_YIELD_VAR] == "1"
+    env = {"MPI_LOCALNRANKS": "2"}
+    assert not yield_when_oversubscribed(env, cpus=2) and HEAVY_YIELD_VAR not in env
+    env = {}                                        # not under Hydra (srun, Open MPI, no launcher)
+    assert not yield_when_oversubscribed(env, cpus=1) and env == {}
+    env = {"MPI_LOCALNRANKS": "8", HEAVY_YIELD_VAR: "0"}
+    assert not yield_when_oversubscribed(env, cpus=2) and env[HEAVY_YIELD_VAR] == "0"

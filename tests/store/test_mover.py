@@ -74,6 +74,7 @@ def test_cpu_mover_copies_and_counts_by_kind():
     assert torch.equal(m.receive(moved), host[:3]) and m.receive(None) is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_mover_round_trip_reuses_staging():
     dev = torch.device("cuda")

@@ -1,0 +1,40 @@
+"""`make check-gpu-all` (hpcgnn/bench/gpu_session.py): its steps' commands, and the budget: a step
+that outlives what is left is killed as TIMED OUT, a step with too little time left is skipped,
+and the whole session ends within its budget. (Without a GPU the command itself is one line:
+tests/bench/test_gpu_check.py.)"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from hpcgnn.bench import gpu_session as gs
+
+
+def test_steps_run_in_order_within_the_budget(tmp_path, monkeypatch):
+    sleeps = {"check": 0.1, "units": 30.0, "aggregate": 0.1, "scale": 0.1}
+    monkeypatch.setattr(gs, "step_command",
+                        lambda step, args, out, work: [sys.executable, "-c",
+                                                       f"import time; print('{step} ran'); time.sleep({sleeps[step]})"])
+    monkeypatch.setattr(gs, "MIN_S", {"check": 1.0, "units": 1.0, "aggregate": 1.0, "scale": 1.0})
+    args = argparse.Namespace(out=str(tmp_path), work=None, budget=6.0, steps=list(gs.STEPS), scale=0.25)
+    t0 = time.monotonic()
+    rows = gs.session(args)
+    wall = time.monotonic() - t0
+    status = {r["step"]: r["status"] for r in rows}
+    assert status == {"check": "ok", "units": "TIMED OUT", "aggregate": "skipped (no time left)",
+                      "scale": "skipped (no time left)"}, status
+    assert wall < 6.0 + 3.0, wall
+    assert "check ran" in (tmp_path / "check.log").read_text()
+    assert [r["step"] for r in rows] == list(gs.STEPS) and rows[1]["rc"] == 124
+
+
+def test_step_commands_name_the_drivers(tmp_path):
+    args = argparse.Namespace(scale=0.25)
+    cmds = {s: " ".join(gs.step_command(s, args, tmp_path / "o", tmp_path / "w")) for s in gs.STEPS}
+    assert "-m hpcgnn.bench.gpu_check --out" in cmds["check"]
+    assert "-m pytest -q -m cuda tests -k not test_cuda_mode_matches_the_cpu" in cmds["units"]
+    assert "-m hpcgnn.bench.aggregate --device cuda" in cmds["aggregate"]
+    assert "--scale 0.25 --ranks 2 --epochs 1 --engines minibatch,fullgraph,tensor --device cuda" in cmds["scale"]
+    assert f"--work {tmp_path / 'w' / 'scale-s0.25'}" in cmds["scale"]
+    assert gs.status_of(0) == "ok" and gs.status_of(3) == "FAILED (exit 3)" and gs.status_of(None).startswith("skipped")
