@@ -185,7 +185,7 @@ SCALE_ARGS ?=
 bench-scale: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
 
-# The aggregation paths (native, torch, torch under train.deterministic), time per forward +
+# The aggregation paths (the native kernels, the device path, and that under train.deterministic), time per forward +
 # backward and, on CUDA, device memory: make bench-aggregate [DEVICE=cuda] [AGG_ARGS="--widths 64"]
 AGG_ARGS   ?=
 bench-aggregate: $(NATIVE_STAMP)

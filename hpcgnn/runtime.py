@@ -115,6 +115,14 @@ HEAVY_YIELD_VAR = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 HYDRA_LOCAL_SIZE_VAR = "MPI_LOCALNRANKS"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; all of the machine's where there is no
+    mask), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return max(os.cpu_count() or 1, 1)  # pragma: no cover - not Linux
+
+
 def yield_when_oversubscribed(environ: dict | None = None, cpus: int | None = None) -> bool:
     """Make MPICH's waiting ranks sleep instead of spin when the node has more ranks than CPUs.
 
@@ -130,7 +138,7 @@ def yield_when_oversubscribed(environ: dict | None = None, cpus: int | None = No
     env = os.environ if environ is None else environ
     local = env.get(HYDRA_LOCAL_SIZE_VAR, "").strip()
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = usable_cpus()
     if local.isdigit() and int(local) > max(int(cpus), 1):
         env.setdefault(HEAVY_YIELD_VAR, "1")
     return env.get(HEAVY_YIELD_VAR, "").strip() == "1"

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -51,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcgnn.bench.launch import child_env, find_mpiexec, run_logged
+from hpcgnn.runtime import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-4
@@ -135,14 +135,6 @@ def error_line(text: str) -> str:
         if hits:
             return hits[-1]
     return lines[-1] if lines else "no output"
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:          # not Linux
-        return max(os.cpu_count() or 1, 1)
 
 
 def default_jobs(cores: int) -> int:
@@ -286,7 +278,7 @@ def check(args) -> tuple[list[dict], dict]:
     work.mkdir(parents=True, exist_ok=True)
     mpiexec = find_mpiexec()
     stores = prepare_graph(args.graph, work, args.ranks, args.timeout, mpiexec)
-    threads = run_threads(args.jobs, usable_cores())
+    threads = run_threads(args.jobs, usable_cpus())
     pool = ThreadPoolExecutor(max_workers=args.jobs - 1) if args.jobs > 1 else None
     refs: dict[tuple[str, int], Future] = {}
 
@@ -473,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 1 or not args.rtol > 0:
         p.error("--epochs must be >= 1 and --rtol > 0")
     if args.jobs is None:
-        args.jobs = default_jobs(usable_cores())
+        args.jobs = default_jobs(usable_cpus())
     elif args.jobs < 1:
         p.error(f"--jobs {args.jobs}: expected an integer >= 1")
     rows, attrs = check(args)

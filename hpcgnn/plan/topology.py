@@ -5,7 +5,6 @@ a separate budget) or ``"cuda"`` (one GPU per rank with ``device_memory`` bytes 
 """
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 
@@ -42,8 +41,10 @@ class Topology:
 
 
 def this_machine_cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """Cores this process may run on (:func:`hpcgnn.runtime.usable_cpus`)."""
+    from hpcgnn.runtime import usable_cpus
+
+    return usable_cpus()
 
 
 def build_topology(ranks: int, ranks_per_node: int | None, host_memory: str | None,

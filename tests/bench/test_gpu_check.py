@@ -36,15 +36,22 @@ def _driver(out, *args, timeout=240):
 
 # --- without a GPU --------------------------------------------------------------------------
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_check_gpu_without_a_gpu_is_one_line_and_exit_0(tmp_path):
-    if _cuda():
-        pytest.skip("a CUDA GPU is visible: make check-gpu would run the check")
-    proc = subprocess.run(["make", "--no-print-directory", "check-gpu", f"RUNS={tmp_path}"], cwd=ROOT,
+def _make_without_a_gpu(target: str, runs) -> list[str]:
+    """``make TARGET RUNS=runs`` on a machine without a GPU: exit 0, nothing on stderr, one line
+    saying so; its output lines."""
+    proc = subprocess.run(["make", "--no-print-directory", target, f"RUNS={runs}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("check-gpu: no CUDA GPU visible to PyTorch"), lines
+    return lines
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_check_gpu_without_a_gpu_is_one_line_and_exit_0(tmp_path):
+    if _cuda():
+        pytest.skip("a CUDA GPU is visible: make check-gpu would run the check")
+    lines = _make_without_a_gpu("check-gpu", tmp_path)
     assert lines[0].endswith("; nothing to check") and not (tmp_path / "gpu-check").exists()
     # no interpreter set up yet (a fresh checkout): nvidia-smi decides, nothing is installed
     if shutil.which("nvidia-smi") is None:
@@ -58,11 +65,7 @@ def test_make_check_gpu_without_a_gpu_is_one_line_and_exit_0(tmp_path):
 def test_make_check_gpu_all_without_a_gpu_is_one_line_and_exit_0(tmp_path):
     if _cuda():
         pytest.skip("a CUDA GPU is visible: make check-gpu-all would run the session")
-    proc = subprocess.run(["make", "--no-print-directory", "check-gpu-all", f"RUNS={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=clean_env())
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("check-gpu: no CUDA GPU visible to PyTorch"), lines
+    _make_without_a_gpu("check-gpu-all", tmp_path)
     assert not any(tmp_path.iterdir())
     proc = subprocess.run([sys.executable, "-m", "hpcgnn.bench.gpu_session", "--out", str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=clean_env())
@@ -110,7 +113,7 @@ def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
     from hpcgnn.run.output import read_run
     ref = read_run(tmp_path / "work" / "ref-fullgraph-offload-dedup-cpu-mpi4py-1")
     assert np.array_equal(ref["metrics"]["loss"], cpu) and ref["attrs"]["fullgraph_mode"] == "offload"
-    threads = gc.run_threads(2, gc.usable_cores())
+    threads = gc.run_threads(2, gc.usable_cpus())
     assert threads >= 1 and json.loads(ref["attrs"]["rank_threads"]) == [threads]
     # est/peak: the device run's recorded pre-run estimate over its measured peak
     dev_run = read_run(tmp_path / "work" / "dev-fullgraph-offload-dedup-cpu-mpi4py-1")
