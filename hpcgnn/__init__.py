@@ -16,7 +16,8 @@ itself through others (tests/test_layers.py computes the import graph and checks
 1 kernels
   sampling/      neighbour sampler, sampled blocks
   cache/         caches of remote rows: historical embedding cache (HEC), two-tier halo cache
-  nn/            aggregation kernels, dropout and models (GraphSAGE, GAT, GCN)
+  nn/            aggregation kernels, dropout, models (GraphSAGE, GAT, GCN) and Adam (optim.py:
+                 torch.optim.Adam's results without its import of TorchDynamo)
 2 ranks, exchanges, data
   runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed)
   comm/          collectives as autograd functions, halo providers, asynchronous embedding push,
@@ -31,7 +32,8 @@ itself through others (tests/test_layers.py computes the import graph and checks
                  phase timing (timer.py), memory measurement (memory.py)
 4 partition/     partitioners (METIS multi-constraint, random, contiguous) and the partition store
 5 engine/        the shared training loop (loop.py), hooks, the engines (minibatch, fullgraph,
-                 tensor), the device choice (device.py), the model and optimizer (model.py),
+                 tensor), the device choice (device.py), the model and optimizer built from the
+                 configuration (model.py),
                  global accuracies (metrics.py), the layer-wise inference algorithm
                  (inference.py) and the one memory estimator (estimate.py: train's pre-run
                  check, inspect, plan's memory figures); docs/engines.md

@@ -55,3 +55,23 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None) -> s
     """Run ``python -m hpcgnn args...`` in one process (no MPI launcher)."""
     cmd = [sys.executable, "-m", "hpcgnn", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
+
+
+def train_job(config, run_dir, *sets: str, verbose: bool = False) -> dict:
+    """One `hpcgnn train --config CONFIG --force` job of :func:`run_jobs`: ``output.dir`` is
+    ``run_dir``, ``sets`` are ``KEY=VALUE`` overrides."""
+    return {"kind": "train", "config": str(config), "set": [f"output.dir={run_dir}", *map(str, sets)],
+            "verbose": verbose}
+
+
+def run_jobs(n: int, jobs: list[dict], workdir: Path, timeout: float = 300,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``jobs`` (:func:`train_job`, or infer jobs: tests/jobs_driver.py) one after the other
+    in ONE launch on ``n`` ranks; the completed process (exit code of the first failing job)."""
+    import json
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = workdir / f"jobs-{n}.json"
+    spec.write_text(json.dumps(jobs))
+    return run_mpi(n, [ROOT / "tests" / "jobs_driver.py", spec], timeout=timeout, env=env, cwd=ROOT)

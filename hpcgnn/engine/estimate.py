@@ -197,8 +197,9 @@ def model_state_bytes(sizes, precision: str = "fp32", copies: int = MODEL_COPIES
 
 
 def adam_step_bytes(sizes, weight_decay: float, device: str) -> int:
-    """Peak bytes of the temporaries of one ``torch.optim.Adam.step()`` (the default
-    implementation, float32 parameters ``sizes`` in the optimizer's order).
+    """Peak bytes of the temporaries of one Adam step (:class:`hpcgnn.nn.optim.Adam`, which
+    runs ``torch.optim.Adam``'s default implementation; float32 parameters ``sizes`` in the
+    optimizer's order).
 
     CPU: the per-parameter loop (torch's default off CUDA is not foreach): parameter ``i``
     holds its weight-decayed gradient (``weight_decay != 0``), ``sqrt(exp_avg_sq)`` and the

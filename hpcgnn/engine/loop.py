@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpcgnn.nn.optim import Adam
 from hpcgnn.run.checkpoint import restore_training_state, save_training_state
 from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.seeding import seed_torch
@@ -60,7 +61,7 @@ class Engine(ABC):
     """
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: Adam
     timer: PhaseTimer
 
     @abstractmethod

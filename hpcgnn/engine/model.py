@@ -68,9 +68,12 @@ def broadcast_parameters(model: torch.nn.Module, rt) -> None:
             off += n
 
 
-def build_optimizer(cfg, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """Adam with cfg.train.lr and cfg.train.weight_decay."""
-    return torch.optim.Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+def build_optimizer(cfg, model: torch.nn.Module):
+    """Adam with cfg.train.lr and cfg.train.weight_decay (:class:`hpcgnn.nn.optim.Adam`:
+    ``torch.optim.Adam``'s results and state format, without importing TorchDynamo)."""
+    from hpcgnn.nn.optim import Adam
+
+    return Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:

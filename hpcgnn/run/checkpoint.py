@@ -171,7 +171,7 @@ def load_model_state(model, state: dict, where, cfg) -> None:
 # ---- training state: what the loop saves and restores ---------------------------------------
 
 
-def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer,
                         extra: dict | None = None) -> None:
     """Collective: checkpoint model, optimizer, torch RNG and ``extra`` after ``epoch`` (1-based)."""
     state = {
@@ -184,10 +184,11 @@ def save_training_state(out, epoch: int, model: torch.nn.Module, optimizer: torc
         "run_id": getattr(out, "run_id", ""),
         "extra": extra or {},
     }
+    out.flush()          # the run file holds every epoch the checkpoint does
     save_checkpoint(out.run_dir, epoch, state, out.rt, out.cfg.output.keep_checkpoints)
 
 
-def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
+def load_training_state(model: torch.nn.Module, optimizer, state: dict,
                         where, cfg) -> None:
     """Load a checkpoint's model and optimizer state; a checkpoint that does not fit (another
     model shape) is an InputError naming ``where``, the model settings and the first mismatch."""
@@ -199,7 +200,7 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                          f"({' '.join(str(exc).split())[:200]})") from None
 
 
-def restore_training_state(out, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict]:
+def restore_training_state(out, model: torch.nn.Module, optimizer) -> tuple[int, dict]:
     """Collective: on ``--resume`` load the newest checkpoint into model and optimizer.
 
     Returns (first epoch to run, the checkpoint's ``extra``); (1, {}) when not resuming or when

@@ -112,6 +112,10 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
     "output": {
         "dir": Key(str, "runs/default", "run directory (HDF5 run file, checkpoints)"),
         "keep_checkpoints": Key(int, 2, "checkpoints kept on disk", positive, "> 0"),
+        "flush_seconds": Key(float, 1.0, "rewrite the run file after an epoch once its last rewrite is this "
+                             "many seconds old (0 = after every epoch); always after the first and last "
+                             "epoch, before each checkpoint and when a run fails",
+                             lambda x: 0 <= x <= 1e9, ">= 0 and <= 1e9"),
     },
     "runtime": {
         "threads": Key((int, list), 0, "torch/OpenMP threads per rank (0 = cores per node / ranks per "

@@ -30,6 +30,7 @@ from mpi4py import MPI
 from hpcgnn.cache.halo import NEVER, TIER_NONE, ReceiverCache
 from hpcgnn.comm import alltoall
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+from hpcgnn.nn.optim import Adam
 from hpcgnn.run.timer import PhaseTimer
 from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
 from hpcgnn.nn.models import build_model
@@ -158,7 +159,7 @@ def main() -> int:
         lg = build_local_graph(part, plane, fetch_halo=False)
         n_train = float(comm.allreduce(int(lg.masks["train"].sum())))
         model = build_model("gcn", meta.num_features, hidden, meta.num_classes, layers, dropout=0.0, seed=5)
-        opt = torch.optim.Adam(model.parameters(), lr=0.02)
+        opt = Adam(model.parameters(), lr=0.02)
         # about 60 % of the halo rows fit (a few on the device tier): cached and uncached rows
         settings = CacheSettings(cache=True, staleness=STALENESS, pipeline=True,
                                  budget_bytes=int(0.6 * part.num_halo) * row_bytes,

@@ -5,7 +5,7 @@ comm byte counters are equal, and ``labels/comm_backend`` says which backend car
 oneCCL's bindings) are one line and exit 2 on every rank.
 
 Real mpiexec runs on a tiny graph (360 vertices, contiguous parts): every (mode, backend) of one
-rank count runs in ONE launch (tests/engine/backend_parity_driver.py runs the jobs one after the
+rank count runs in ONE launch (tests/jobs_driver.py runs the jobs one after the
 other, a fresh Runtime each), so the whole file costs two training launches.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import ROOT, run_mpi  # noqa: E402
+from mpiutil import run_jobs  # noqa: E402
 
 from hpcgnn.commands.report import format_table, summarise  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
@@ -85,9 +85,7 @@ def runs(request, tmp_path_factory):
     for mode in INFER:
         for backend in BACKENDS:
             jobs.append({"kind": "infer", "run": str(d / mode / backend), "out": str(d / f"{mode}-{backend}.h5")})
-    (d / "jobs.json").write_text(json.dumps(jobs))
-    proc = run_mpi(ranks, [Path(__file__).parent / "backend_parity_driver.py", d / "jobs.json"],
-                   timeout=400, env=ENV, cwd=ROOT)
+    proc = run_jobs(ranks, jobs, d, timeout=400, env=ENV)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return ranks, d, proc
 

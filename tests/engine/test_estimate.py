@@ -199,19 +199,20 @@ def test_tensor_model_state_counts_the_replicated_mlp(cora_parts, arch, mode):
 
 @pytest.mark.parametrize("arch,weight_decay", [("sage", 5e-4), ("sage", 0.0), ("gcn", 5e-4)])
 def test_adam_step_temporaries_match_the_measured_peak(arch, weight_decay):
-    """The modelled temporaries of ``torch.optim.Adam.step()`` on the CPU (per-parameter loop:
+    """The modelled temporaries of the engines' Adam step on the CPU (per-parameter loop:
     SAGE 2x / 1.5x its parameters with / without decay, GCN 3x) are the measured rise of the
     peak RSS over the RSS before the step (weights of 46 MB: each is its own mapping)."""
     import torch
 
     from hpcgnn.engine.estimate import adam_step_bytes
     from hpcgnn.nn.models import build_model
+    from hpcgnn.nn.optim import Adam
     from hpcgnn.run.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 
     model = build_model(arch, 1433, 8000, 7, 2, seed=0)
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e-3)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=weight_decay)
+    opt = Adam(model.parameters(), lr=0.01, weight_decay=weight_decay)
     opt.step()                                  # allocates the moments
     before = rss_bytes()
     if not reset_peak_rss():

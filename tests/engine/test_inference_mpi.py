@@ -33,17 +33,18 @@ def test_full_inference_equal_across_ranks(tmp_path):
     driver = ROOT / "tests" / "engine" / "inference_driver.py"
     archs = ("sage", "gcn", "gat")
     results = {}
-    for n, rows, rounds in ((1, 0, 0), (2, 7, 3), (4, 0, 0), (4, 11, 2)):
+    # ranks -> (eval_rows, eval_halo_rounds) settings, all of one rank count in one launch
+    for n, settings in ((1, [(0, 0)]), (2, [(7, 3)]), (4, [(0, 0), (11, 2)])):
         parts = tmp_path / f"p{n}"
-        if not parts.exists():
-            tiny_store(parts, graph, n)
-        prefix = tmp_path / f"logits-{n}-{rows}-{rounds}"
-        proc = run_mpi(n, [driver, parts, cfg, tmp_path / f"run{n}", prefix, ",".join(archs),
-                           f"minibatch.eval_rows={rows}", f"minibatch.eval_halo_rounds={rounds}"],
+        tiny_store(parts, graph, n)
+        specs = [f"{tmp_path / f'logits-{n}-{rows}-{rounds}'}|minibatch.eval_rows={rows}|"
+                 f"minibatch.eval_halo_rounds={rounds}" for rows, rounds in settings]
+        proc = run_mpi(n, [driver, parts, cfg, ",".join(archs), *specs],
                        timeout=150, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        for arch in archs:
-            results[(arch, n, rows, rounds)] = np.load(f"{prefix}-{arch}.npy")
+        for rows, rounds in settings:
+            for arch in archs:
+                results[(arch, n, rows, rounds)] = np.load(f"{tmp_path / f'logits-{n}-{rows}-{rounds}'}-{arch}.npy")
     for arch in archs:
         ref = results[(arch, 1, 0, 0)]
         assert np.abs(ref).max() > 0

@@ -9,6 +9,8 @@
 * On a graph where remote neighbours matter (a planted-class SBM with weak features, randomly
   cut into 4 parts, so about 3/4 of every vertex's neighbours are remote), the HEC's stale halo
   rows give clearly higher accuracy than dropping the halo (``halo = "off"``).
+
+The 2-rank Cora runs share one launch, the 4-rank SBM runs another (tests/jobs_driver.py).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import ROOT  # noqa: E402
+from mpiutil import ROOT, run_jobs, train_job  # noqa: E402
 
 from hpcgnn.run.output import read_run  # noqa: E402
 
@@ -29,17 +31,33 @@ ONE_THREAD = {"HPCGNN_THREADS": "1"}
 SAGE = ROOT / "inputs" / "cora-sage.toml"
 
 
-def _train(n, config, parts, run, *sets, timeout=240):
-    extra = [a for s in sets for a in ("--set", s)]
-    proc = mb.train(n, config, parts, run, *extra, timeout=timeout, env=ONE_THREAD)
+NC = 8      # the degree-biased push's cap per destination
+
+
+def _train_all(n, runs: dict, workdir, timeout=400) -> None:
+    """Every run of ``runs`` (run directory -> (config, parts, sets)) in one launch on n ranks."""
+    jobs = [train_job(config, run, f"data.partitions={parts}", *sets) for run, (config, parts, sets) in runs.items()]
+    proc = run_jobs(n, jobs, workdir, timeout=timeout, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return read_run(run)
+
+
+@pytest.fixture(scope="module")
+def cora2(cora_parts, tmp_path_factory):
+    """The 2-rank Cora runs of this file: hec-ls0, hec-ls2, push (debug records), gat."""
+    d = tmp_path_factory.mktemp("hec-e2e")
+    random2 = cora_parts(2, "random")
+    runs = {d / f"hec-ls{ls}": (SAGE, random2, [f"minibatch.ls={ls}", "train.epochs=3", "train.eval_every=0"])
+            for ls in (0, 2)}
+    runs[d / "push"] = (SAGE, random2, [f"minibatch.nc={NC}", "train.epochs=1", "train.eval_every=0",
+                                        "train.debug_record=true"])
+    runs[d / "gat"] = (ROOT / "inputs" / "cora-gat.toml", cora_parts(2), ["train.epochs=8", "train.eval_every=4"])
+    _train_all(2, runs, d)
+    return d, random2
 
 
 @pytest.mark.parametrize("ls", [0, 2])
-def test_hec_expiry_bounds_the_age_of_every_hit_above_layer_0(cora_parts, tmp_path, ls):
-    r = _train(2, SAGE, cora_parts(2, "random"), tmp_path / "run", f"minibatch.ls={ls}",
-               "train.epochs=3", "train.eval_every=0")
+def test_hec_expiry_bounds_the_age_of_every_hit_above_layer_0(cora2, ls):
+    r = read_run(cora2[0] / f"hec-ls{ls}")
     pl = r["per_layer"]
     age_max = pl["hec_age_max"]                      # [epochs, ranks, layers]
     hits = pl["hec_hits"]
@@ -48,14 +66,12 @@ def test_hec_expiry_bounds_the_age_of_every_hit_above_layer_0(cora_parts, tmp_pa
     assert age_max[..., 0].max() > ls                # layer 0 never expires
 
 
-def test_degree_biased_push_caps_each_destination_and_prefers_high_degree(cora_parts, tmp_path):
+def test_degree_biased_push_caps_each_destination_and_prefers_high_degree(cora2):
     from hpcgnn.partition.store import load_partition
 
-    nc = 8
-    parts = cora_parts(2, "random")
-    run = tmp_path / "run"
-    _train(2, SAGE, parts, run, f"minibatch.nc={nc}", "train.epochs=1", "train.eval_every=0",
-           "train.debug_record=true")
+    nc = NC
+    d, parts = cora2
+    run = d / "push"
     degree = np.concatenate([load_partition(parts, p).degree for p in range(2)])
     chosen, candidates = [], []
     for rank in range(2):
@@ -70,9 +86,8 @@ def test_degree_biased_push_caps_each_destination_and_prefers_high_degree(cora_p
     assert np.concatenate(chosen).mean() > 1.1 * np.concatenate(candidates).mean()
 
 
-def test_shipped_gat_config_learns_on_two_ranks(cora_parts, tmp_path):
-    r = _train(2, ROOT / "inputs" / "cora-gat.toml", cora_parts(2), tmp_path / "run", "train.epochs=8",
-               "train.eval_every=4", timeout=300)
+def test_shipped_gat_config_learns_on_two_ranks(cora2):
+    r = read_run(cora2[0] / "gat")
     assert r["attrs"]["status"] == "finished"
     loss = r["metrics"]["loss"]
     assert loss[-1] < loss[0]
@@ -92,8 +107,7 @@ def test_hec_beats_dropping_the_halo_where_remote_neighbours_matter(tmp_path):
     assert main(["partition", str(graph), "--parts", "4", "--method", "random", "--out", str(parts)]) == 0
     sets = ("minibatch.reset_cache_each_epoch=false", "minibatch.batch_size=64", "model.dropout=0.2",
             "train.lr=0.01", "train.epochs=10", "train.eval_every=10", "train.checkpoint_every=0")
-    acc = {}
-    for halo in ("off", "hec"):
-        r = _train(4, SAGE, parts, tmp_path / halo, f"minibatch.halo={halo}", *sets)
-        acc[halo] = float(r["metrics"]["test_acc"][-1])
+    _train_all(4, {tmp_path / halo: (SAGE, parts, [f"minibatch.halo={halo}", *sets]) for halo in ("off", "hec")},
+               tmp_path)
+    acc = {halo: float(read_run(tmp_path / halo)["metrics"]["test_acc"][-1]) for halo in ("off", "hec")}
     assert acc["hec"] >= acc["off"] + 0.05, acc

@@ -1,6 +1,7 @@
 """The tensor-parallel engine (NeutronTP) is exact: with dropout off, 2 and 4 ranks follow the
 1-rank loss curve within 1e-5 relative over 50 epochs, chunked and unchunked, and the 1-rank
-decoupled GCN equals a dense single-process model in plain torch (real mpiexec, Cora)."""
+decoupled GCN equals a dense single-process model in plain torch (real mpiexec, Cora; the runs of
+one rank count share one launch: tests/jobs_driver.py)."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpiutil import run_mpi  # noqa: E402
+from mpiutil import run_jobs, train_job  # noqa: E402
 
 from hpcgnn.run.output import read_run  # noqa: E402
 
@@ -45,12 +46,13 @@ VARIANTS = {
 }
 
 
-def train(d: Path, store: Path, ranks: int, name: str, *extra) -> dict:
-    run = d / name
-    proc = run_mpi(ranks, ["-m", "hpcgnn", "train", "--config", d / "tp.toml", "--set", f"data.partitions={store}",
-                           "--set", f"output.dir={run}", "--force", *extra], timeout=90, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_run(run)
+def train(d: Path, store: Path, ranks: int, runs: dict[str, list[str]]) -> dict[str, dict]:
+    """Every run of ``runs`` (name -> --set options) in one launch on ``ranks`` ranks."""
+    jobs = [train_job(d / "tp.toml", d / name, f"data.partitions={store}", *(o for o in opts if o != "--set"))
+            for name, opts in runs.items()]
+    proc = run_jobs(ranks, jobs, d / f"jobs-{ranks}", timeout=60 + 40 * len(jobs), env=ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return {name: read_run(d / name) for name in runs}
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,8 @@ def setup(tmp_path_factory, cora_parts):
     d = tmp_path_factory.mktemp("tensor")
     (d / "tp.toml").write_text(CONFIG)
     one = cora_parts(1, "contiguous")
-    refs = {name: train(d, one, 1, f"ref-{name}", *opts) for name, opts in VARIANTS.items()}
-    return d, one, refs
+    refs = train(d, one, 1, {f"ref-{name}": opts for name, opts in VARIANTS.items()})
+    return d, one, {name: refs[f"ref-{name}"] for name in VARIANTS}
 
 
 def _check_counters(r: dict, ranks: int, mode: str, chunks: int) -> None:
@@ -125,9 +127,11 @@ def test_ranks_follow_the_one_rank_curve(setup, cora_parts, ranks):
     cases = [("gcn", 1, []), ("gcn", 3, []), ("coupled", 3, [])]
     if ranks == 2:
         cases += [("gcn", 3, ["--set", "tensor.pipeline=false"]), ("gat", 3, [])]
+    runs = train(d, store, ranks, {f"r{ranks}-{name}-{chunks}-{len(more)}":
+                                   [*VARIANTS[name], f"tensor.chunks={chunks}", *more]
+                                   for name, chunks, more in cases})
     for name, chunks, more in cases:
-        r = train(d, store, ranks, f"r{ranks}-{name}-{chunks}-{len(more)}", *VARIANTS[name],
-                  "--set", f"tensor.chunks={chunks}", *more)
+        r = runs[f"r{ranks}-{name}-{chunks}-{len(more)}"]
         ref = refs[name]["metrics"]["loss"]
         got = r["metrics"]["loss"]
         assert got.shape == (EPOCHS,) and ref[-1] < 0.7 * ref[0], name

@@ -27,7 +27,8 @@ def _meta(tmp_path, content_hash="ab" * 32):
 
 
 def _cfg(run_dir, epochs=3):
-    return load_config(None, ["data.partitions=x", f"output.dir={run_dir}", f"train.epochs={epochs}"])
+    return load_config(None, ["data.partitions=x", f"output.dir={run_dir}", f"train.epochs={epochs}",
+                              "output.flush_seconds=0"])      # every epoch (the layout's tests)
 
 
 def test_run_file_layout_and_epoch_line(tmp_path, rt, capsys):

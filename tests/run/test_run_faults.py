@@ -227,7 +227,7 @@ def test_disk_full_when_the_run_file_is_rewritten_keeps_the_last_good_one(tmpfs)
 
     rt = Runtime.start(threads=1, comm=MPI.COMM_SELF)
     run = tmpfs / "run"
-    cfg = load_config(None, ["data.partitions=x", f"output.dir={run}"])
+    cfg = load_config(None, ["data.partitions=x", f"output.dir={run}", "output.flush_seconds=0"])
     meta = SimpleNamespace(content_hash="ab" * 32, path=tmpfs / "parts", num_parts=1)
     out = RunOutput(run, rt, cfg, meta, resume=False, force=False)
     out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})

@@ -218,3 +218,47 @@ def test_every_setting_resume_accepts_is_in_the_docs_table():
     table = table[:table.index("\n\n")]
     documented = set(re.findall(r"`([a-z_]+\.[a-z_]+)`", table))
     assert documented == set(safe_on_resume()), (documented ^ set(safe_on_resume()))
+
+
+def test_run_file_rewrites_follow_flush_seconds(tmp_path, rt):
+    """``output.flush_seconds``: the first and the last epoch are always written; in between only
+    once the last rewrite is old enough; ``flush()`` (before each checkpoint) writes what is
+    pending; 0 writes every epoch."""
+    import torch
+
+    from hpcgnn.run.checkpoint import list_checkpoints, save_training_state
+
+    def epochs(run):
+        return read_run(run)["metrics"]["epoch"].tolist()
+
+    run = tmp_path / "slow"
+    out = RunOutput(run, rt, _cfg(run, "train.epochs=6", "output.flush_seconds=1e9"), _meta(tmp_path),
+                    resume=False, force=False)
+    out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})
+    assert epochs(run) == [1]
+    for e in (2, 3):
+        out.log_epoch(e, {"loss": 1.0 / e}, {"epoch": 1.0}, {})
+    assert epochs(run) == [1]                         # not yet due
+    out.flush()
+    assert epochs(run) == [1, 2, 3]
+    out.log_epoch(4, {"loss": 0.25}, {"epoch": 1.0}, {})
+    model = torch.nn.Linear(2, 2)
+    from hpcgnn.nn.optim import Adam
+
+    save_training_state(out, 4, model, Adam(model.parameters()))
+    assert [e for e, _ in list_checkpoints(run)] == [4]
+    assert epochs(run) == [1, 2, 3, 4]                # the checkpoint's epochs are in the file
+    out.log_epoch(5, {"loss": 0.2}, {"epoch": 1.0}, {})
+    assert epochs(run) == [1, 2, 3, 4]
+    out.log_epoch(6, {"loss": 0.1}, {"epoch": 1.0}, {})
+    assert epochs(run) == [1, 2, 3, 4, 5, 6]          # the last epoch
+    out.close()
+    assert read_run(run)["attrs"]["status"] == "finished"
+
+    run = tmp_path / "every"
+    out = RunOutput(run, rt, _cfg(run, "train.epochs=6", "output.flush_seconds=0"), _meta(tmp_path),
+                    resume=False, force=False)
+    for e in (1, 2, 3):
+        out.log_epoch(e, {"loss": 1.0 / e}, {"epoch": 1.0}, {})
+        assert epochs(run) == list(range(1, e + 1))
+    out.close()

@@ -1,9 +1,11 @@
-"""Runs several `hpcgnn train` / `hpcgnn infer` jobs one after the other in ONE mpiexec launch
-(each with its own Runtime, started and finished like the command's; torch.distributed is
-brought up and torn down per job), so that tests/engine/test_backend_parity.py pays one launch
-per rank count. Argument: a JSON file with a list of jobs, each
+"""Runs several `hpcgnn train` / `hpcgnn infer` jobs one after the other in ONE mpiexec launch,
+each with its own Runtime, started and finished as the command does (torch.distributed is
+brought up and torn down per job), so that a test module pays one launch (one import of torch
+per rank, 3 s of CPU each on a 2-core machine) per rank count instead of one per job.
+Argument: a JSON file with a list of jobs (written by :func:`mpiutil.run_jobs`), each
 ``{"kind": "train", "config": PATH, "set": [...], "verbose": bool}`` or
-``{"kind": "infer", "run": DIR, "out": FILE}``."""
+``{"kind": "infer", "run": DIR, "out": FILE}``. The first job that fails ends the launch with its
+exit code; the jobs before it have finished (their run directories are complete)."""
 from __future__ import annotations
 
 import argparse
