@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from hpcgnn.bench.workdir import ROOT
+from hpcgnn.runtime import usable_cpus
 
 DGL_VENV = ROOT / ".venv-dgl"
 DGL_SCRIPT = Path(__file__).resolve().with_name("peer_dgl.py")
@@ -226,7 +227,7 @@ def minibatch_vs_dgl(graph_file: Path, config: Path, overrides: list[str], epoch
     if cfg.model.arch != "sage":
         print(f"DGL peer: times GraphSAGE only, not {cfg.model.arch}: skipped", flush=True)
         return None
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = usable_cpus()
     args = ["minibatch", "--graph", graph_file, "--epochs", epochs, "--hidden", cfg.model.hidden,
             "--layers", cfg.model.layers, "--dropout", cfg.model.dropout, "--lr", cfg.train.lr,
             "--fanouts", ",".join(str(f) for f in cfg.minibatch.fanouts),
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpcgnn.bench.fullgraph_epochs import local_graphs, time_hpcgnn
     from hpcgnn.partition.store import read_meta
 
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = usable_cpus()
     torch.set_num_threads(threads)
     native.set_threads(threads)
     work = Path(args.work)

@@ -32,6 +32,7 @@ import numpy as np
 
 from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
+from hpcgnn.runtime import usable_cpus
 
 CONFIG = """
 [model]
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     m = read_meta(store)
     meta = {"scale": args.scale, "seed": args.seed, "ranks": k, "host": platform.node(),
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cores": usable_cpus(),
             "num_nodes": m.num_nodes, "num_edges": m.num_edges, "hidden": args.hidden, "epochs": args.epochs,
             "arch": args.arch, "layers": args.layers, "fanouts": args.fanouts, "rounds": args.rounds,
             "calibration": json.dumps(cal.to_json()), "load_average": json.dumps(os.getloadavg()),

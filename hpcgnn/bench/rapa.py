@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
+from hpcgnn.runtime import usable_cpus
 
 CONFIG = """
 [model]
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"scale": args.scale, "seed": args.seed, "ranks": args.ranks, "threads": nominal,
             "speeds": speed_spec if calibration is None else "calibrated", "host": platform.node(),
             "python": platform.python_version(),
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cores": usable_cpus(),
             "loadavg_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0,
             "num_nodes": m.num_nodes, "num_edges": m.num_edges, "hidden": args.hidden, "layers": args.layers,
             "epochs": args.epochs, "repeats": args.repeats, "total_wall_s": time.perf_counter() - t_start}

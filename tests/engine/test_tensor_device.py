@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import run_mpi  # noqa: E402
+from mpiutil import run_jobs, train_job  # noqa: E402
 
 from hpcgnn.errors import InputError  # noqa: E402
 from hpcgnn.run.output import read_run  # noqa: E402
@@ -58,34 +58,42 @@ REFS = {"gcn-3": ["--set", "tensor.chunks=3"], "gat-3": [*GAT, "--set", "tensor.
         "coupled-2": [*COUPLED, "--set", "tensor.chunks=2"]}
 
 
-def train(d: Path, store: Path, name: str, *extra):
-    run = d / name
-    proc = run_mpi(2, ["-m", "hpcgnn", "train", "--config", d / "tp.toml", "--set", f"data.partitions={store}",
-                       "--set", f"output.dir={run}", "--force", *extra], timeout=TIMEOUT, env=ENV)
-    return proc, run
+def _auto_budget(d: Path, store: Path) -> int:
+    """A device budget between the estimates of 2 and 3 chunks (the estimate predicts 3)."""
+    from hpcgnn.engine.estimate import tensor_device_bytes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    cfg = load_config(d / "tp.toml", [f"data.partitions={store}"])
+    need = [sum(tensor_device_bytes(cfg, read_meta(store), 2, k, "cpu")) for k in (2, 3)]
+    assert need[1] < need[0]
+    return (need[0] + need[1]) // 2
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, cora_parts):
+    """Every 2-rank run of this file in one launch (tests/jobs_driver.py): the unstaged
+    references, the staged cases, the auto-chunked and the resident staged run."""
     d = tmp_path_factory.mktemp("tensordev")
     (d / "tp.toml").write_text(CONFIG)
     store = cora_parts(2)
-    refs = {}
-    for name, opts in REFS.items():
-        proc, run = train(d, store, f"ref-{name}", *opts)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        refs[name] = read_run(run)
-    staged = {}
-    for name, (_, opts) in CASES.items():
-        proc, run = train(d, store, f"staged-{name}", "--set", "tensor.staged=true", *opts)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        staged[name] = read_run(run)
-    return d, store, refs, staged
+    budget = _auto_budget(d, store)
+    runs = {f"ref-{name}": opts for name, opts in REFS.items()}
+    runs.update({f"staged-{name}": ["tensor.staged=true", *opts] for name, (_, opts) in CASES.items()})
+    runs["auto"] = ["tensor.staged=true", "tensor.chunks=auto", f"tensor.device_memory={budget}B"]
+    runs["resident"] = ["tensor.staged=true", "tensor.chunks=3", "tensor.device_memory=1GiB"]
+    jobs = [train_job(d / "tp.toml", d / name, f"data.partitions={store}", *(o for o in opts if o != "--set"))
+            for name, opts in runs.items()]
+    proc = run_jobs(2, jobs, d, timeout=TIMEOUT + 60 * len(jobs), env=ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    refs = {name: read_run(d / f"ref-{name}") for name in REFS}
+    staged = {name: read_run(d / f"staged-{name}") for name in CASES}
+    return d, store, refs, staged, budget, proc.stdout
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_staged_follows_the_unstaged_losses(setup, name):
-    _, _, refs, staged = setup
+    _, _, refs, staged, _, _ = setup
     ref, got = refs[CASES[name][0]], staged[name]
     a, b = ref["metrics"]["loss"], got["metrics"]["loss"]
     assert a.shape == b.shape == (EPOCHS,) and a[-1] < 0.97 * a[0]          # it learns
@@ -119,23 +127,11 @@ def _predicted(store, budget: int, cfg_extra: list[str], d: Path) -> tuple[int, 
 
 def test_auto_chunks_fit_the_budget_and_train_as_set_by_hand(setup):
     """The budget is chosen so that the estimate predicts 3 chunks (the hand-set staged run)."""
-    from hpcgnn.engine.estimate import tensor_device_bytes
-    from hpcgnn.partition.store import read_meta
-    from hpcgnn.run.config import load_config
-
-    d, store, _, staged = setup
-    cfg = load_config(d / "tp.toml", [f"data.partitions={store}"])
-    meta = read_meta(store)
-    need = [sum(tensor_device_bytes(cfg, meta, 2, k, "cpu")) for k in (2, 3)]
-    assert need[1] < need[0]
-    budget = (need[0] + need[1]) // 2
+    d, store, _, staged, budget, stdout = setup
     k, nn_b, chunk_b = _predicted(store, budget, [], d)
     assert k == 3 and nn_b + chunk_b <= budget
-    proc, run = train(d, store, "auto", "--set", "tensor.staged=true", "--set", "tensor.chunks=auto",
-                      "--set", f"tensor.device_memory={budget}B")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "tensor.chunks = auto: 3 chunk(s)" in proc.stdout, proc.stdout
-    r = read_run(run)
+    assert "tensor.chunks = auto: 3 chunk(s)" in stdout, stdout[-3000:]     # the auto run's line
+    r = read_run(d / "auto")
     a = r["attrs"]
     assert a["tensor_chunks"] == 3 and a["tensor_chunks_setting"] == "auto"
     assert a["tensor_device_budget_bytes"] == budget
@@ -150,11 +146,8 @@ def test_resident_when_the_budget_fits_trains_bit_identically_with_less_traffic(
     """A budget that holds the slices and the topology: the staged path keeps them on the device
     (``tensor_resident``), the losses equal the streamed run's bit for bit, and every epoch
     moves fewer bytes host->device and device->host."""
-    d, store, _, staged = setup
-    proc, run = train(d, store, "resident", "--set", "tensor.staged=true", "--set", "tensor.chunks=3",
-                      "--set", "tensor.device_memory=1GiB")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r, s = read_run(run), staged["gcn-3"]
+    d, _, _, staged, _, _ = setup
+    r, s = read_run(d / "resident"), staged["gcn-3"]
     assert r["attrs"]["tensor_resident"] and not s["attrs"]["tensor_resident"]
     assert np.array_equal(r["metrics"]["loss"], s["metrics"]["loss"])
     for key in ("split_bytes", "gather_bytes", "split_calls", "gather_calls"):
@@ -164,7 +157,7 @@ def test_resident_when_the_budget_fits_trains_bit_identically_with_less_traffic(
 
 
 def test_budget_below_one_row_per_chunk_exits_2_on_every_rank(setup):
-    d, store, _, _ = setup
+    d, store, *_ = setup
     args = ["train", "--config", str(d / "tp.toml"), "--set", f"data.partitions={store}",
             "--set", f"output.dir={d / 'tiny'}", "--force", "--set", "tensor.chunks=auto",
             "--set", "tensor.device_memory=1KiB"]
@@ -195,7 +188,7 @@ def test_auto_is_one_chunk_without_a_budget_and_the_smallest_that_fits(setup):
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
-    d, store, _, _ = setup
+    d, store, *_ = setup
     assert _predicted(store, None, [], d)[0] == 1
     cfg = load_config(d / "tp.toml", [f"data.partitions={store}"])
     meta = read_meta(store)
