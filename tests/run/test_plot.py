@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mb_support as mb  # noqa: E402
+from mpiutil import run_jobs, train_job  # noqa: E402
 
 from hpcgnn.cli import main  # noqa: E402
 from hpcgnn.commands.report import load_run  # noqa: E402
@@ -36,12 +38,11 @@ def runs(tmp_path_factory):
     fg_cfg = mb.write_config(d / "fg.toml", "[model]\narch = \"gcn\"\nhidden = 8\nlayers = 2\n"
                                             "[train]\nengine = \"fullgraph\"\nepochs = 3\neval_every = 2\n"
                                             "[fullgraph]\noffload = true\nchunks = 3\n")
-    out = {}
-    for name, cfg in (("mb-hec", mb_cfg), ("fg-offload", fg_cfg)):
-        proc = mb.train(2, cfg, store, d / name, timeout=180, env=ENV)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out[name] = d / name
-    return out
+    runs = {"mb-hec": mb_cfg, "fg-offload": fg_cfg}            # one launch (tests/jobs_driver.py)
+    proc = run_jobs(2, [train_job(cfg, d / name, f"data.partitions={store}") for name, cfg in runs.items()], d,
+                    timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return {name: d / name for name in runs}
 
 
 def _axes(fig) -> dict:
