@@ -8,6 +8,7 @@ hang.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,8 +69,6 @@ def run_jobs(n: int, jobs: list[dict], workdir: Path, timeout: float = 300,
              env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``jobs`` (:func:`train_job`, or infer jobs: tests/jobs_driver.py) one after the other
     in ONE launch on ``n`` ranks; the completed process (exit code of the first failing job)."""
-    import json
-
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     spec = workdir / f"jobs-{n}.json"

@@ -7,6 +7,7 @@ import hashlib
 
 import torch
 
+from hpcgnn.nn.optim import Adam
 from hpcgnn.seeding import seed_torch
 
 
@@ -68,11 +69,9 @@ def broadcast_parameters(model: torch.nn.Module, rt) -> None:
             off += n
 
 
-def build_optimizer(cfg, model: torch.nn.Module):
+def build_optimizer(cfg, model: torch.nn.Module) -> Adam:
     """Adam with cfg.train.lr and cfg.train.weight_decay (:class:`hpcgnn.nn.optim.Adam`:
     ``torch.optim.Adam``'s results and state format, without importing TorchDynamo)."""
-    from hpcgnn.nn.optim import Adam
-
     return Adam(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
 
 

@@ -246,9 +246,8 @@ class RunOutput:
         self._timing_parents: dict[str, str] = {}
         self._lock = None
         self._flush_s = float(cfg.output.flush_seconds)
-        self._last_write = -math.inf   # time.monotonic() of the last rewrite
+        self._last_write = -math.inf   # time.monotonic() of this job's last rewrite after an epoch
         self._unwritten = 0            # epochs logged since the last rewrite
-        self._logged = False           # an epoch was logged by this job (the first is written)
         self.resume_state = None   # rank 0, --resume: the checkpoint _check_checkpoint accepted
         error = None
         if rt.is_root:
@@ -491,12 +490,12 @@ class RunOutput:
         row = {"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()},
                "timings": [g[0] for g in gathered], "counters": [g[1] for g in gathered],
                "per_layer": [g[2] for g in gathered], "labels": [g[3] for g in gathered]}
-        first = not self._logged
-        self._logged = True
         self._history = [h for h in self._history if h["epoch"] < epoch] + [row]
         self._unwritten += 1
-        due = (first or epoch >= int(self.cfg.train.epochs)
-               or time.monotonic() - self._last_write >= self._flush_s)
+        now = time.monotonic()     # the job's first epoch is due: the last rewrite is at -inf
+        due = epoch >= int(self.cfg.train.epochs) or now - self._last_write >= self._flush_s
+        if due:
+            self._last_write = now
         self.rt.agree(self._try_write() if due else None)
         names = _union(row["timings"])
         tmin = {k: min(t.get(k, math.nan) for t in row["timings"]) for k in names}
@@ -544,7 +543,6 @@ class RunOutput:
             self._write()
         except Exception as exc:   # noqa: BLE001 - h5py raises OSError, RuntimeError, ValueError
             return str(write_failure(self.run_dir / RUN_FILE, exc))
-        self._last_write = time.monotonic()
         self._unwritten = 0
         return None
 
