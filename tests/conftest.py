@@ -8,9 +8,49 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mpiutil import ROOT  # noqa: E402
+from mpiutil import ROOT, ZYGOTE, ZYGOTE_VAR, clean_env  # noqa: E402
 
 CORA_ROOT = ROOT / "inputs" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(tmp_path_factory):
+    """The session's fork server (tests/zygote.py), its socket exported in HPCGNN_TEST_ZYGOTE
+    for mpiutil's launches and its client in HPCGNN_BENCH_PYTHON for the bench drivers'
+    (hpcgnn.bench.launch.python_command); none when HPCGNN_TEST_ZYGOTE=0. Its log (one line per
+    launch that needed a fresh interpreter, and why) is ``zygote.log`` next to the socket."""
+    import os
+    import shlex
+    import subprocess
+
+    from hpcgnn.bench.launch import PYTHON_VAR
+
+    if os.environ.get(ZYGOTE_VAR, "") == "0":
+        yield None
+        return
+    d = tmp_path_factory.mktemp("zygote")
+    socket = d / "s"
+    with open(d / "zygote.log", "w") as log:
+        server = subprocess.Popen([sys.executable, str(ZYGOTE), "serve", str(socket)], env=clean_env(),
+                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                  start_new_session=True)
+    os.environ[ZYGOTE_VAR] = str(socket)   # until it is ready, launches start fresh interpreters
+    saved = os.environ.get(PYTHON_VAR)
+    os.environ[PYTHON_VAR] = shlex.join([sys.executable, "-S", "-I", str(ZYGOTE), "run", str(socket)])
+    try:
+        yield socket
+    finally:
+        os.environ.pop(ZYGOTE_VAR, None)
+        if saved is None:
+            os.environ.pop(PYTHON_VAR, None)
+        else:
+            os.environ[PYTHON_VAR] = saved
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 @pytest.fixture(scope="session")

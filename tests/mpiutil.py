@@ -5,6 +5,10 @@ launcher variables of any surrounding MPI job (PMI_*, HYDRA_*, OMPI_*, SLURM_*, 
 so a test run inside mpiexec or srun still starts a fresh world. A job that outlives its
 timeout is killed with its whole process group and the test fails: no test can
 hang.
+
+Under pytest, ranks and CLI runs start as forks of the session's fork server
+(tests/zygote.py: torch is imported once, not once per process); ``HPCGNN_TEST_ZYGOTE=0``
+starts each one as a fresh interpreter.
 """
 from __future__ import annotations
 
@@ -17,6 +21,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
+ZYGOTE = ROOT / "tests" / "zygote.py"
+ZYGOTE_VAR = "HPCGNN_TEST_ZYGOTE"   # the fork server's socket (conftest.py), or 0: none
+
+
+def python() -> list[str]:
+    """The interpreter command a launch runs: ``python``, or the client of the session's fork
+    server (tests/zygote.py), which runs the same arguments as a fork of an interpreter that
+    has imported torch, or execs ``python`` itself where that would differ."""
+    socket = os.environ.get(ZYGOTE_VAR, "")
+    if socket in ("", "0") or not os.path.exists(socket):
+        return [sys.executable]
+    return [sys.executable, "-S", "-I", str(ZYGOTE), "run", socket]
 
 
 def clean_env(extra: dict | None = None) -> dict:
@@ -39,7 +55,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
     ``args`` starts with a script path or ``-m module``. Raises AssertionError
     with the captured output if the job exceeds ``timeout`` seconds.
     """
-    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, *map(str, args)]
+    cmd = [str(MPIEXEC), "-n", str(n), *python(), *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(env), cwd=cwd, start_new_session=True)
     try:
@@ -54,7 +70,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
 
 def run_cli(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m hpcgnn args...`` in one process (no MPI launcher)."""
-    cmd = [sys.executable, "-m", "hpcgnn", *map(str, args)]
+    cmd = [*python(), "-m", "hpcgnn", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
 
 

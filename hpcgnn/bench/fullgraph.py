@@ -162,12 +162,12 @@ def cached_halo_rows(store: Path, ranks: int, work: Path, cases: str, epochs: in
     import subprocess
 
     from hpcgnn.bench import fullgraph_cached as fc
+    from hpcgnn.bench.launch import rank_command
 
     runs = work / "cached-halo-runs"
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "hpcgnn.bench.fullgraph_cached",
-           "--store", str(store), "--work", str(runs), "--cases", cases, "--seeds", str(seed),
-           "--epochs", str(epochs)]
+    cmd = rank_command(ranks, ["-m", "hpcgnn.bench.fullgraph_cached",
+                               "--store", str(store), "--work", str(runs), "--cases", cases, "--seeds", str(seed),
+                               "--epochs", str(epochs)])
     for kv in ("model.arch=sage", f"model.hidden={hidden}", f"model.layers={layers}", "model.dropout=0.5",
                "train.lr=0.01", "train.device=cpu", f"runtime.backend={backend}"):
         cmd += ["--set", kv]

@@ -49,7 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcgnn.bench.launch import child_env, find_mpiexec, run_logged
+from hpcgnn.bench.launch import child_env, find_mpiexec, python_command, run_logged
 from hpcgnn.runtime import usable_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str 
     one-line error)."""
     if mpiexec is None and ranks > 1:
         return 0.0, "no mpiexec found (beside the interpreter, in the MPICH wheel or on PATH)"
-    cmd = ([mpiexec, "-n", str(ranks)] if mpiexec else []) + [sys.executable, "-m", "hpcgnn", *args]
+    cmd = ([mpiexec, "-n", str(ranks)] if mpiexec else []) + [*python_command(), "-m", "hpcgnn", *args]
     env = child_env(NVIDIA_TF32_OVERRIDE="0", **({"HPCGNN_THREADS": str(threads)} if threads > 0 else {}))
     rc, wall = run_logged(cmd, log, timeout, env)
     if rc is None:

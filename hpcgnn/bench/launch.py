@@ -1,6 +1,8 @@
 """Starting ``hpcgnn`` under this interpreter's MPI launcher from a bench driver (gpu_check, scale).
 
-:func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`run_logged`
+:func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`rank_command`
+is the command line of a launched run (``HPCGNN_BENCH_PYTHON``, :func:`python_command`, puts a
+wrapper in front of every rank's interpreter); :func:`run_logged`
 runs a child with its output in a log file and a timeout; :func:`child_env`
 is the environment of such a child: a fresh MPI world (no variables of a surrounding job or SLURM
 step), this checkout on ``PYTHONPATH``, no progress bars; for Open MPI in a container: as root,
@@ -11,6 +13,7 @@ when every rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is ke
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
 STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
+PYTHON_VAR = "HPCGNN_BENCH_PYTHON"
 
 
 def find_mpiexec() -> str | None:
@@ -38,10 +42,28 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def python_command() -> list[str]:
+    """The command that runs Python in the runs a bench driver launches: ``HPCGNN_BENCH_PYTHON``
+    split as a shell would, to put a wrapper in front of each rank's interpreter (``numactl
+    --interleave=all .venv/bin/python``, a profiler, the test suite's fork server), else this
+    interpreter. Drivers that read a child's peak RSS from ``wait4`` (scale, partition) start
+    this interpreter itself: a wrapper would be the process they measure."""
+    custom = os.environ.get(PYTHON_VAR, "").strip()
+    return shlex.split(custom) if custom else [sys.executable]
+
+
+def rank_command(ranks: int, args: list[str], mpiexec: str | None = None) -> list[str]:
+    """``MPIEXEC -n RANKS PYTHON ARGS...``: ``mpiexec`` or :func:`find_mpiexec`'s (``mpiexec`` on
+    PATH when it finds none), PYTHON from :func:`python_command`."""
+    launcher = mpiexec or find_mpiexec() or "mpiexec"
+    return [launcher, "-n", str(ranks), *python_command(), *map(str, args)]
+
+
 def child_env(**extra: str) -> dict:
     """The children's environment (module docstring), with ``extra`` variables set on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(STRIP_PREFIXES)}
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + (paths[1:] if paths[:1] == [str(ROOT)] else paths))
     env["HPCGNN_PROGRESS"] = "0"
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

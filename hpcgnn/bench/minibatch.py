@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -39,6 +38,7 @@ import numpy as np
 from hpcgnn.bench import minibatch_store as store_bench
 from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.table import cell
+from hpcgnn.bench.launch import rank_command
 from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
 
 TARGET_WAIT_SHARE = 0.05
@@ -124,15 +124,15 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     graph_file, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results, walls = {}, {}
     for spec in [x for x in args.runs.split(",") if x]:      # --runs '' runs the store section only
         mode, ranks = spec.rsplit("-", 1)
         run_dir = work / f"run-{spec}"
-        cmd = [mpiexec, "-n", ranks, sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
-               "--set", f"data.partitions={stores[int(ranks)]}", "--set", f"output.dir={run_dir}",
-               "--set", f"minibatch.halo={mode}", "--set", f"train.epochs={args.epochs}",
-               "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"]
+        cmd = rank_command(int(ranks), [
+            "-m", "hpcgnn", "train", "--config", args.config,
+            "--set", f"data.partitions={stores[int(ranks)]}", "--set", f"output.dir={run_dir}",
+            "--set", f"minibatch.halo={mode}", "--set", f"train.epochs={args.epochs}",
+            "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"])
         for s in args.set:
             cmd += ["--set", s]
         walls[spec] = run_logged(cmd, work / f"run-{spec}.log", args.timeout, "hpcgnn.bench.minibatch")
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         results[spec]["wall_s"] = walls[spec]
         print(f"{spec}: {results[spec]['epoch_time_s']:.2f} s/epoch, test {100 * results[spec]['test_acc']:.2f}%",
               flush=True)
-    store_results, store_summary = store_bench.run_section(args, work, stores, mpiexec)
+    store_results, store_summary = store_bench.run_section(args, work, stores)
     summary = {}
     hec2 = next((r for k, r in results.items() if k.startswith("hec-") and r["ranks"] > 1), None)
     exact2 = next((r for k, r in results.items() if k.startswith("exact-")), None)

@@ -11,7 +11,6 @@ epoch, worst rank). Targets: |predicted - measured| <= 5 points; wait share <= 5
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +60,9 @@ def summarise_store(run_dir: Path) -> dict:
     }
 
 
-def run_section(args, work: Path, stores: dict, mpiexec: str) -> tuple[dict, dict]:
+def run_section(args, work: Path, stores: dict) -> tuple[dict, dict]:
     """Run the store section's trainings; (results by run name, summary figures)."""
+    from hpcgnn.bench.launch import rank_command
     from hpcgnn.bench.workdir import run_logged
 
     if not args.store_budgets.strip():
@@ -75,12 +75,13 @@ def run_section(args, work: Path, stores: dict, mpiexec: str) -> tuple[dict, dic
     results = {}
     for name, budget, overlap in runs:
         run_dir = work / f"run-{name}-{ranks}"
-        cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hpcgnn", "train", "--config", args.config,
-               "--set", f"data.partitions={stores[ranks]}", "--set", f"output.dir={run_dir}",
-               "--set", "minibatch.halo=hec", "--set", f"train.epochs={args.epochs}",
-               "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}",
-               "--set", f"store.device_memory={budget}", "--set", f"store.overlap={str(overlap).lower()}",
-               "--set", f"store.hotness={args.store_hotness}", "--force"]
+        cmd = rank_command(ranks, [
+            "-m", "hpcgnn", "train", "--config", args.config,
+            "--set", f"data.partitions={stores[ranks]}", "--set", f"output.dir={run_dir}",
+            "--set", "minibatch.halo=hec", "--set", f"train.epochs={args.epochs}",
+            "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}",
+            "--set", f"store.device_memory={budget}", "--set", f"store.overlap={str(overlap).lower()}",
+            "--set", f"store.hotness={args.store_hotness}", "--force"])
         for s in args.set:
             cmd += ["--set", s]
         wall = run_logged(cmd, work / f"run-{name}-{ranks}.log", args.timeout, "hpcgnn.bench.minibatch")

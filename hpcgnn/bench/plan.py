@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.bench.results_file import write_results
+from hpcgnn.bench.launch import rank_command
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
 from hpcgnn.runtime import usable_cpus
 
@@ -154,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         if c not in rows or rows[c].pred is None:
             raise SystemExit(f"hpcgnn.bench.plan: case {c!r} is not a planned candidate "
                              f"({', '.join(rows)}) or has no prediction ({rows[c].reason if c in rows else ''})")
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results: dict = {}
     runs: dict = {c: [] for c in cases}
     for rnd in range(args.rounds):             # rounds back to back: the machine may be shared
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             row = rows[c]
             tag = c.replace(" ", "-").replace("=", "")
             run = work / f"run-{args.arch}{args.layers}-{tag}-{k}-r{rnd}"
-            cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "hpcgnn", "train", "--config", str(cfg),
-                   "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"]
+            cmd = rank_command(k, ["-m", "hpcgnn", "train", "--config", str(cfg),
+                                   "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"])
             for key, v in row.candidate.overrides.items():
                 cmd += ["--set", f"{key}={toml_value(v)}"]
             wall = run_logged(cmd, work / f"train-{args.arch}{args.layers}-{tag}-{k}-r{rnd}.log", args.timeout,

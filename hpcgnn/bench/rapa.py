@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench.launch import python_command, rank_command
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
 from hpcgnn.runtime import usable_cpus
 
@@ -118,16 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     who = "hpcgnn.bench.rapa"
     graph, stores = products_like_inputs(work, args.scale, args.seed, {args.ranks}, args.timeout, who)
-    hpcgnn = [sys.executable, "-m", "hpcgnn"]
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    hpcgnn = [*python_command(), "-m", "hpcgnn"]
     cfg = work / "rapa-train.toml"
     cfg.write_text(CONFIG.format(hidden=args.hidden, layers=args.layers, epochs=args.epochs,
                                  threads=f"[{', '.join(map(str, threads))}]"))
 
     def train(store: Path, name: str) -> Path:
         run = work / f"run-{name}"
-        run_logged([mpiexec, "-n", str(args.ranks), sys.executable, "-m", "hpcgnn", "train", "--config", str(cfg),
-                    "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"],
+        run_logged(rank_command(args.ranks, ["-m", "hpcgnn", "train", "--config", str(cfg),
+                                             "--set", f"data.partitions={store}", "--set", f"output.dir={run}",
+                                             "--force"]),
                    work / f"train-{name}.log", args.timeout, who)
         return run
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.bench.launch import rank_command
 from hpcgnn.bench.workdir import products_like_inputs, run_logged
 
 CONFIG = """
@@ -125,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [int(x) for x in args.ranks.split(",") if x]
     graph, stores = products_like_inputs(work, args.scale, args.seed, set(ranks), args.timeout,
                                          "hpcgnn.bench.tensor")
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
     results: dict = {}
     for k in ranks:
         meta = read_meta(stores[k])
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = work / f"{name}.toml"
             cfg.write_text(CONFIG.format(hidden=args.hidden, engine=engine, epochs=args.epochs))
             run = work / f"run-{name}-{k}"
-            cmd = [mpiexec, "-n", str(k), sys.executable, "-m", "hpcgnn", "train", "--config", str(cfg),
-                   "--set", f"data.partitions={stores[k]}", "--set", f"output.dir={run}", "--force"]
+            cmd = rank_command(k, ["-m", "hpcgnn", "train", "--config", str(cfg),
+                                   "--set", f"data.partitions={stores[k]}", "--set", f"output.dir={run}", "--force"])
             for s in sets:
                 cmd += ["--set", s.format(chunks=args.chunks)]
             wall = run_logged(cmd, work / f"train-{name}-{k}.log", args.timeout, "hpcgnn.bench.tensor")

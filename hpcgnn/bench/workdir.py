@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +31,9 @@ def products_like_inputs(work: Path, scale: float, seed: int, parts, timeout: fl
     Made with ``hpcgnn prepare`` / ``hpcgnn partition`` (default options) when missing, and
     reused when present: delete ``work`` after changing the partitioner's defaults.
     """
-    hpcgnn = [sys.executable, "-m", "hpcgnn"]
+    from hpcgnn.bench.launch import python_command
+
+    hpcgnn = [*python_command(), "-m", "hpcgnn"]
     tag = f"products-like-s{scale:g}-seed{seed}"
     graph = work / f"{tag}.h5"
     if not graph.exists():

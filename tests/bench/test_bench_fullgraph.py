@@ -1,21 +1,20 @@
 """`python -m hpcgnn.bench.fullgraph` end to end on a tiny products-like graph (PyG skipped)."""
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import h5py
+from mpiutil import clean_env, python
 
 
 def test_fullgraph_benchmark_writes_its_figures(tmp_path):
     out = tmp_path / "fg.h5"
-    cmd = [sys.executable, "-m", "hpcgnn.bench.fullgraph", "--out", str(out), "--work", str(tmp_path / "work"),
+    cmd = [*python(), "-m", "hpcgnn.bench.fullgraph", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--rounds", "1", "--skip-pyg", "--offload-chunks", "1,4",
            "--bw-nodes", "20000", "--bw-edges", "100000", "--bw-repeats", "1", "--parts", "2", "--chunks", "4",
            "--batch-chunks", "1,2", "--threads", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=clean_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "aggregation bandwidth (uniform_4k_pages)" in proc.stdout
     with h5py.File(out, "r") as f:

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import h5py
-from mpiutil import clean_env
+from mpiutil import clean_env, python
 
 
 def test_minibatch_benchmark_writes_its_figures(tmp_path):
     out = tmp_path / "mb.h5"
     # Batch 100: each rank holds about 195 training vertices, so every epoch has >= 2 iterations
     # and AEP pushes (it pushes at iterations k < M - d, d = 1) whatever the partition's balance.
-    cmd = [sys.executable, "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
+    cmd = [*python(), "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--runs", "hec-1,hec-2,exact-2",
            "--set", "minibatch.batch_size=100", "--set", "minibatch.cs=10000", "--timeout", "240",
            "--store-budgets", "0.2", "--store-sync", ""]

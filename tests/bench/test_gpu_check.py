@@ -16,7 +16,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from mpiutil import ROOT, clean_env
+from mpiutil import ROOT, clean_env, python
 
 from hpcgnn.bench import gpu_check as gc
 
@@ -30,7 +30,7 @@ def _cuda() -> bool:
 
 
 def _driver(out, *args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "hpcgnn.bench.gpu_check", "--out", str(out), *map(str, args)],
+    return subprocess.run([*python(), "-m", "hpcgnn.bench.gpu_check", "--out", str(out), *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=clean_env())
 
 

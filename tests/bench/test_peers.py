@@ -5,9 +5,6 @@ goes on. No DGL needed; the last test runs the real DGL peer only where `make pe
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
