@@ -42,3 +42,29 @@ def test_find_mpiexec_prefers_the_interpreters_own(monkeypatch, tmp_path):
     (fake / "mpiexec").write_text("")
     monkeypatch.setattr(launch.sys, "executable", str(fake / "python"))
     assert launch.find_mpiexec() == str(fake / "mpiexec")
+
+
+def test_child_env_of_a_child_env_names_the_checkout_once(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(launch.os, "environ", launch.child_env())   # a driver started by a driver
+    assert launch.child_env()["PYTHONPATH"].split(":") == [str(launch.ROOT), "/elsewhere"]
+
+
+def test_ranks_start_with_this_interpreter_or_the_wrapper_named(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(launch.PYTHON_VAR, raising=False)
+    assert launch.rank_command(2, ["-m", "hpcgnn", "train"], "/opt/mpiexec") == \
+        ["/opt/mpiexec", "-n", "2", sys.executable, "-m", "hpcgnn", "train"]
+    # a wrapper in front of the interpreter, split as a shell would, runs the rank's arguments
+    record = tmp_path / "wrapped"
+    wrapper = tmp_path / "wrap me.sh"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" > "{record}"\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv(launch.PYTHON_VAR, f"'{wrapper}' {sys.executable}")
+    cmd = launch.rank_command(1, ["-c", "print(6 * 7)"])
+    assert cmd[1:5] == ["-n", "1", str(wrapper), sys.executable]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=launch.child_env())
+    assert proc.returncode == 0 and proc.stdout.split() == ["42"], proc.stderr
+    assert record.read_text().split() == [sys.executable, "-c", "print(6", "*", "7)"]
