@@ -147,7 +147,10 @@ demo: $(DATA)/cora-metis-2/meta.h5
 	    --set data.partitions=$(DATA)/cora-metis-2 --set output.dir=$(RUNS)/demo --force
 	$(HPCGNN) report $(RUNS)/demo
 
+# Bytecode first: where PYTHONDONTWRITEBYTECODE is set, every process of the suite would
+# otherwise compile the package from source again (quick when nothing changed).
 test: $(NATIVE_STAMP)
+	@$(PY) -m compileall -q -j 2 hpcgnn tests > /dev/null
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 bench-partition: $(NATIVE_STAMP)
