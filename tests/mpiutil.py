@@ -25,12 +25,14 @@ ZYGOTE = ROOT / "tests" / "zygote.py"
 ZYGOTE_VAR = "HPCGNN_TEST_ZYGOTE"   # the fork server's socket (conftest.py), or 0: none
 
 
-def python() -> list[str]:
+def python(fresh: bool = False) -> list[str]:
     """The interpreter command a launch runs: ``python``, or the client of the session's fork
     server (tests/zygote.py), which runs the same arguments as a fork of an interpreter that
-    has imported torch, or execs ``python`` itself where that would differ."""
+    has imported torch, or execs ``python`` itself where that would differ. ``fresh``: always
+    ``python`` (tests that compare a process's resident memory with an estimate made for a
+    fresh interpreter: a fork's resident pages are the ones the server had touched)."""
     socket = os.environ.get(ZYGOTE_VAR, "")
-    if socket in ("", "0") or not os.path.exists(socket):
+    if fresh or socket in ("", "0") or not os.path.exists(socket):
         return [sys.executable]
     return [sys.executable, "-S", "-I", str(ZYGOTE), "run", socket]
 
@@ -49,13 +51,13 @@ def clean_env(extra: dict | None = None) -> dict:
 
 
 def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = None,
-            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+            cwd: str | os.PathLike | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
     """Run ``python args...`` on ``n`` ranks; return the completed process (text output).
 
     ``args`` starts with a script path or ``-m module``. Raises AssertionError
     with the captured output if the job exceeds ``timeout`` seconds.
     """
-    cmd = [str(MPIEXEC), "-n", str(n), *python(), *map(str, args)]
+    cmd = [str(MPIEXEC), "-n", str(n), *python(fresh), *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(env), cwd=cwd, start_new_session=True)
     try:
@@ -68,9 +70,11 @@ def run_mpi(n: int, args: list[str], timeout: float = 120, env: dict | None = No
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def run_cli(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m hpcgnn args...`` in one process (no MPI launcher)."""
-    cmd = [*python(), "-m", "hpcgnn", *map(str, args)]
+def run_cli(args: list[str], timeout: float = 300, env: dict | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run ``python -m hpcgnn args...`` in one process (no MPI launcher); ``fresh``: as in
+    :func:`python`."""
+    cmd = [*python(fresh), "-m", "hpcgnn", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
 
 

@@ -77,11 +77,12 @@ def write_config(path: Path, text: str) -> Path:
 
 
 def train(n: int, config: Path, parts: Path, run: Path, *extra: str, timeout: float = 120,
-          env: dict | None = None):
-    """`mpiexec -n n python -m hpcgnn train ...`; returns the CompletedProcess."""
+          env: dict | None = None, fresh: bool = False):
+    """`mpiexec -n n python -m hpcgnn train ...`; returns the CompletedProcess (``fresh``: see
+    :func:`mpiutil.python`)."""
     args = ["-m", "hpcgnn", "train", "--config", str(config), "--set", f"data.partitions={parts}",
             "--set", f"output.dir={run}", *extra]
-    return run_mpi(n, args, timeout=timeout, env=env, cwd=ROOT)
+    return run_mpi(n, args, timeout=timeout, env=env, cwd=ROOT, fresh=fresh)
 
 
 def train_each_rank_exit(n: int, args: list[str], timeout: float = 60):
