@@ -3,7 +3,8 @@
 :func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`rank_command`
 is the command line of a launched run (``HPCGNN_BENCH_PYTHON``, :func:`python_command`, puts a
 wrapper in front of every rank's interpreter); :func:`run_logged`
-runs a child with its output in a log file and a timeout; :func:`child_env`
+runs a child with its output in a log file and a timeout, :func:`run_checked` too and stops the
+bench when the child fails; :func:`child_env`
 is the environment of such a child: a fresh MPI world (no variables of a surrounding job or SLURM
 step), this checkout on ``PYTHONPATH``, no progress bars; for Open MPI in a container: as root,
 told that root is meant (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor
@@ -93,3 +94,14 @@ def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = Non
             proc.wait()
             rc = None
     return rc, time.perf_counter() - t0
+
+
+def run_checked(cmd: list[str], log: Path, timeout: float, who: str, env: dict | None = None) -> float:
+    """:func:`run_logged`, for a step the bench cannot go on without: its wall seconds; a child
+    that failed or outlived ``timeout`` seconds stops the bench (SystemExit naming ``who``, the
+    command and the log's tail)."""
+    rc, wall = run_logged(cmd, log, timeout, env)
+    if rc != 0:
+        why = f"timed out after {timeout:g} s" if rc is None else f"failed (exit {rc})"
+        raise SystemExit(f"{who}: {' '.join(cmd)} {why}\n{Path(log).read_text()[-3000:]}")
+    return wall

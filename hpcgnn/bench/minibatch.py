@@ -38,8 +38,8 @@ import numpy as np
 from hpcgnn.bench import minibatch_store as store_bench
 from hpcgnn.bench.results_file import write_results
 from hpcgnn.bench.table import cell
-from hpcgnn.bench.launch import rank_command
-from hpcgnn.bench.workdir import ROOT, products_like_inputs, run_logged
+from hpcgnn.bench.launch import ROOT, rank_command, run_checked
+from hpcgnn.bench.workdir import products_like_inputs
 
 TARGET_WAIT_SHARE = 0.05
 TARGET_PUSH_SHARE = 0.03     # posting the AEP pushes (select, gather, post), issue 8
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
             "--set", f"train.eval_every={args.epochs}", "--set", f"train.seed={args.seed}", "--force"])
         for s in args.set:
             cmd += ["--set", s]
-        walls[spec] = run_logged(cmd, work / f"run-{spec}.log", args.timeout, "hpcgnn.bench.minibatch")
+        walls[spec] = run_checked(cmd, work / f"run-{spec}.log", args.timeout, "hpcgnn.bench.minibatch")
         results[spec] = summarise_run(run_dir)
         results[spec]["wall_s"] = walls[spec]
         print(f"{spec}: {results[spec]['epoch_time_s']:.2f} s/epoch, test {100 * results[spec]['test_acc']:.2f}%",

@@ -62,8 +62,7 @@ def summarise_store(run_dir: Path) -> dict:
 
 def run_section(args, work: Path, stores: dict) -> tuple[dict, dict]:
     """Run the store section's trainings; (results by run name, summary figures)."""
-    from hpcgnn.bench.launch import rank_command
-    from hpcgnn.bench.workdir import run_logged
+    from hpcgnn.bench.launch import rank_command, run_checked
 
     if not args.store_budgets.strip():
         return {}, {}
@@ -84,7 +83,7 @@ def run_section(args, work: Path, stores: dict) -> tuple[dict, dict]:
             "--set", f"store.hotness={args.store_hotness}", "--force"])
         for s in args.set:
             cmd += ["--set", s]
-        wall = run_logged(cmd, work / f"run-{name}-{ranks}.log", args.timeout, "hpcgnn.bench.minibatch")
+        wall = run_checked(cmd, work / f"run-{name}-{ranks}.log", args.timeout, "hpcgnn.bench.minibatch")
         results[name] = summarise_store(run_dir)
         results[name].update(wall_s=wall, budget=float(budget), overlap=overlap)
         print(f"{name}: {results[name]['epoch_time_s']:.2f} s/epoch", flush=True)

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from hpcgnn.bench.workdir import ROOT
+from hpcgnn.bench.launch import ROOT
 from hpcgnn.runtime import usable_cpus
 
 DGL_VENV = ROOT / ".venv-dgl"
@@ -128,8 +128,7 @@ def hpcgnn_minibatch_1rank(config: Path, store: Path, work: Path, epochs: int, s
     """Round callable: round ``i`` runs ``hpcgnn train`` on one rank (mpiexec -n 1; HEC mode,
     which is halo-free at one rank, as the benchmark's run "hec-1") into ``work/run-peer-hec-1-i``
     and returns :func:`run_epochs` of it."""
-    from hpcgnn.bench.launch import rank_command
-    from hpcgnn.bench.workdir import run_logged
+    from hpcgnn.bench.launch import rank_command, run_checked
 
     def call(i: int) -> dict:
         run_dir = work / f"run-peer-hec-1-{i}"
@@ -138,7 +137,7 @@ def hpcgnn_minibatch_1rank(config: Path, store: Path, work: Path, epochs: int, s
             "--config", str(config), "--set", f"data.partitions={store}", "--set", f"output.dir={run_dir}",
             "--set", "minibatch.halo=hec", "--set", f"train.epochs={epochs}",
             "--set", f"train.eval_every={epochs}", "--set", f"train.seed={seed}", "--force"])
-        run_logged(cmd + [x for s in overrides for x in ("--set", s)], work / f"run-peer-hec-1-{i}.log",
+        run_checked(cmd + [x for s in overrides for x in ("--set", s)], work / f"run-peer-hec-1-{i}.log",
                    timeout, "hpcgnn.bench.peers")
         return run_epochs(run_dir)
     return call

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn.bench.results_file import write_results
-from hpcgnn.bench.launch import rank_command
-from hpcgnn.bench.workdir import products_like_inputs, run_logged
+from hpcgnn.bench.launch import rank_command, run_checked
+from hpcgnn.bench.workdir import products_like_inputs
 from hpcgnn.runtime import usable_cpus
 
 CONFIG = """
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "--set", f"data.partitions={store}", "--set", f"output.dir={run}", "--force"])
             for key, v in row.candidate.overrides.items():
                 cmd += ["--set", f"{key}={toml_value(v)}"]
-            wall = run_logged(cmd, work / f"train-{args.arch}{args.layers}-{tag}-{k}-r{rnd}.log", args.timeout,
+            wall = run_checked(cmd, work / f"train-{args.arch}{args.layers}-{tag}-{k}-r{rnd}.log", args.timeout,
                               "hpcgnn.bench.plan")
             m = measured(run)
             m["wall_s"] = wall

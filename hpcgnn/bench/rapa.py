@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.bench.launch import python_command, rank_command
-from hpcgnn.bench.workdir import products_like_inputs, run_logged
+from hpcgnn.bench.launch import python_command, rank_command, run_checked
+from hpcgnn.bench.workdir import products_like_inputs
 from hpcgnn.runtime import usable_cpus
 
 CONFIG = """
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def train(store: Path, name: str) -> Path:
         run = work / f"run-{name}"
-        run_logged(rank_command(args.ranks, ["-m", "hpcgnn", "train", "--config", str(cfg),
+        run_checked(rank_command(args.ranks, ["-m", "hpcgnn", "train", "--config", str(cfg),
                                              "--set", f"data.partitions={store}", "--set", f"output.dir={run}",
                                              "--force"]),
                    work / f"train-{name}.log", args.timeout, who)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rapa-trim" and not args.trim:
             continue
         store = work / f"rapa-{tag}-{name}"
-        run_logged(hpcgnn + ["partition", str(graph), "--parts", str(args.ranks), "--seed", str(args.seed),
+        run_checked(hpcgnn + ["partition", str(graph), "--parts", str(args.ranks), "--seed", str(args.seed),
                              "--rank-speed", speed_spec, "--out", str(store), "--force", "--quiet", *extra],
                    work / f"partition-{name}.log", args.timeout, who)
         cases[name] = store

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.bench.launch import child_env, find_mpiexec
-from hpcgnn.bench.workdir import ROOT
+from hpcgnn.bench.launch import ROOT, child_env, find_mpiexec
 
 WHO = "bench-scale"
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.bench.launch import rank_command
-from hpcgnn.bench.workdir import products_like_inputs, run_logged
+from hpcgnn.bench.launch import rank_command, run_checked
+from hpcgnn.bench.workdir import products_like_inputs
 
 CONFIG = """
 [model]
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "--set", f"data.partitions={stores[k]}", "--set", f"output.dir={run}", "--force"])
             for s in sets:
                 cmd += ["--set", s.format(chunks=args.chunks)]
-            wall = run_logged(cmd, work / f"train-{name}-{k}.log", args.timeout, "hpcgnn.bench.tensor")
+            wall = run_checked(cmd, work / f"train-{name}-{k}.log", args.timeout, "hpcgnn.bench.tensor")
             if engine == "fullgraph":
                 _tag_param_bytes(run, _param_bytes(meta, args.hidden))
             r = summarise_run(run, engine)

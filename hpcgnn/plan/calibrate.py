@@ -205,7 +205,7 @@ def measure(seed: int = 0) -> Calibration:
         small = torch.ones(8)
         reps = 2000
         op = best_time(lambda: [small.add(1.0) for _ in range(reps)], 3) / reps
-        del a, b, src, dst_t, table, gout
+        a = b = src = dst_t = table = gout = None          # freed before the all-to-all
     finally:
         torch.set_num_threads(old_t)
         spmm.set_threads(old_n)
@@ -219,16 +219,16 @@ def measure(seed: int = 0) -> Calibration:
 
 def measure_alltoall(timeout: float = 120.0) -> tuple[float, float, str]:
     """(bytes/s per rank, latency s, source) of ``MPI.Alltoall`` between 2 ranks of this node,
-    from a child ``mpiexec -n 2`` (the launcher beside this Python); the defaults when that
-    fails or when this process is itself one rank of a larger MPI job (no nested launch)."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
-        return (*DEFAULT_ALLTOALL, "default (no mpiexec beside python)")
-    strip = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
+    from a child ``mpiexec -n 2`` (this interpreter's launcher, :func:`hpcgnn.bench.launch.find_mpiexec`,
+    in a fresh MPI world); the defaults when that fails or when there is no launcher."""
+    from hpcgnn.bench.launch import child_env, find_mpiexec, rank_command
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        return (*DEFAULT_ALLTOALL, "default (no mpiexec for this python)")
     try:
-        proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "hpcgnn.plan.calibrate",
-                               "--alltoall-child"], capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(rank_command(2, ["-m", "hpcgnn.plan.calibrate", "--alltoall-child"], mpiexec),
+                              capture_output=True, text=True, timeout=timeout, env=child_env())
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
         d = json.loads(proc.stdout.strip().splitlines()[-1])

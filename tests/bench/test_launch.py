@@ -1,5 +1,9 @@
 """hpcgnn.bench.launch: the environment of a bench's MPI children (a fresh world; Open MPI in a
-GPU container: as root and without ssh, as seen on the lent H200 machine)."""
+GPU container: as root and without ssh, as seen on the lent H200 machine); its logged and
+checked child runs."""
+import sys
+
+import pytest
 
 from hpcgnn.bench import launch
 
@@ -68,3 +72,23 @@ def test_ranks_start_with_this_interpreter_or_the_wrapper_named(monkeypatch, tmp
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=launch.child_env())
     assert proc.returncode == 0 and proc.stdout.split() == ["42"], proc.stderr
     assert record.read_text().split() == [sys.executable, "-c", "print(6", "*", "7)"]
+
+
+def test_run_logged_and_run_checked_keep_the_log_and_stop_on_failure(tmp_path):
+    ok = [sys.executable, "-c", "print('made it')"]
+    rc, wall = launch.run_logged(ok, tmp_path / "ok.log", timeout=60)
+    assert rc == 0 and wall > 0
+    assert (tmp_path / "ok.log").read_text().splitlines() == [" ".join(ok), "made it"]
+    assert launch.run_checked(ok, tmp_path / "ok2.log", 60, "bench") > 0
+
+    bad = [sys.executable, "-c", "import sys; print('no input'); sys.exit(3)"]
+    with pytest.raises(SystemExit) as e:
+        launch.run_checked(bad, tmp_path / "bad.log", 60, "hpcgnn.bench.x")
+    first, *rest = str(e.value.code).splitlines()
+    assert first == f"hpcgnn.bench.x: {' '.join(bad)} failed (exit 3)" and "no input" in rest
+
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    rc, wall = launch.run_logged(slow, tmp_path / "slow.log", timeout=0.5)
+    assert rc is None and wall < 30                # killed with its process group
+    with pytest.raises(SystemExit, match=r"timed out after 0\.5 s"):
+        launch.run_checked(slow, tmp_path / "slow2.log", 0.5, "bench")
