@@ -19,7 +19,6 @@ import argparse
 import json
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

@@ -931,7 +931,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
 def minibatch_frontier_rows(cfg, meta, s: dict) -> list[float]:
     """Expected rows of every sampled layer's input (``rows[l]``, ``rows[layers]`` = the batch):
     the batch, then each hop adds the expected distinct vertices of its fanout's draws."""
-    ns, nh, ne, nl = s["num_solid"], s["num_halo"], s["num_edges"], s["num_solid"] + s["num_halo"]
+    ns, ne, nl = s["num_solid"], s["num_edges"], s["num_solid"] + s["num_halo"]
     mb = cfg.minibatch
     avg = ne / max(ns, 1)
     rows = [float(min(mb.batch_size, max(s.get("num_train", ns), 1), max(ns, 1)))]

@@ -53,7 +53,8 @@ from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
-from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter
+from hpcgnn.engine.transfer import TransferCounter
+from hpcgnn.run.memory import DeviceMemoryMeter
 
 
 @dataclass

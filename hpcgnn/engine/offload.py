@@ -43,8 +43,9 @@ from hpcgnn.comm.halo import HaloProvider
 from hpcgnn.engine.chunk_schedule import (Chunk, TransferPlan, Volumes, build_transfer_plan, choose_schedule,
                                           make_chunks, schedule_volumes)
 from hpcgnn.engine.chunk_stream import ChunkStream
-from hpcgnn.engine.transfer import DeviceMemoryMeter, TransferCounter, host_empty, host_zeros
+from hpcgnn.engine.transfer import TransferCounter, host_empty, host_zeros
 from hpcgnn.errors import InputError
+from hpcgnn.run.memory import DeviceMemoryMeter
 from hpcgnn.store.mover import DeviceMover, Loaded
 
 

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpcgnn.run.memory import DeviceMemoryMeter  # noqa: F401  (the one device meter, re-exported)
-
 
 def host_empty(shape, dtype=torch.float32, pin: bool = False) -> torch.Tensor:
     """An uninitialised host tensor, page-locked when ``pin`` (for async CUDA copies)."""

@@ -820,7 +820,7 @@ def measure_bandwidth(num_nodes: int = 1_000_000, num_edges: int = 10_000_000, d
         ref = torch.sparse.mm(a, x)
         t_torch = best_time(lambda: torch.sparse.mm(a, x), repeats)
         max_abs_diff = float((ref - out).abs().max())
-        del ref, a
+        ref = a = None                                     # freed before the last figure
         copy_gbs = 2 * src.numel() * 4 / t_copy / 1e9
     finally:
         torch.set_num_threads(old_torch)

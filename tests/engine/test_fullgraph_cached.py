@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fg_cached_support import counter, per_layer, run_report  # noqa: E402
+from fg_cached_support import per_layer, run_report  # noqa: E402
 from mpiutil import run_mpi  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 

@@ -136,7 +136,6 @@ def test_layer0_halo_inputs_are_hits_or_dropped(hec_run):
     hits = misses = 0
     for q, dbg in enumerate(debug):
         part = parts[q]
-        received = defaultdict(set)          # (epoch, layer 0) -> ids received up to iteration k
         by_iter = defaultdict(list)
         for rec in dbg["receives"]:
             if rec["layer"] == 0:

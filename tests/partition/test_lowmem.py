@@ -20,7 +20,7 @@ from hpcgnn.partition import metis as metis_mod
 from hpcgnn.partition.memory import StepMeter, format_table
 from hpcgnn.partition.metis import choose_library, load_library, part_graph_kway
 from hpcgnn.partition.methods import metis_weights
-from hpcgnn.partition.store import (META_DATASETS, META_FILE, PART_DATASETS, STEP_DATASETS, part_file_name,
+from hpcgnn.partition.store import (META_DATASETS, META_FILE, STEP_DATASETS, part_file_name,
                                     read_meta)
 from hpcgnn.partition.writer import renumber, write_store
 

@@ -20,7 +20,7 @@ def _watched(body: str, env: dict | None = None, **kw) -> subprocess.Popen:
     """A python process whose work (``body``, run in the watched child) is wrapped by run_watched."""
     code = ("import os, signal, sys, time\n"
             "from hpcgnn.supervisor import run_watched\n"
-            f"def work():\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
+            "def work():\n" + "".join(f"    {line}\n" for line in body.splitlines()) +
             "raise SystemExit(run_watched(work))\n")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **(env or {})}, **kw)
