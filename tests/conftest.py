@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import zygote  # noqa: E402
 from mpiutil import ROOT, ZYGOTE, ZYGOTE_VAR, clean_env  # noqa: E402
 
 CORA_ROOT = ROOT / "inputs" / "data"
@@ -36,7 +37,7 @@ def fork_server(tmp_path_factory):
                                   start_new_session=True)
     os.environ[ZYGOTE_VAR] = str(socket)   # until it is ready, launches start fresh interpreters
     saved = os.environ.get(PYTHON_VAR)
-    os.environ[PYTHON_VAR] = shlex.join([sys.executable, "-S", "-I", str(ZYGOTE), "run", str(socket)])
+    os.environ[PYTHON_VAR] = shlex.join(zygote.client_command(socket))
     try:
         yield socket
     finally:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import zygote  # tests/zygote.py, next to this file
+
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 ZYGOTE = ROOT / "tests" / "zygote.py"
@@ -34,7 +36,7 @@ def python(fresh: bool = False) -> list[str]:
     socket = os.environ.get(ZYGOTE_VAR, "")
     if fresh or socket in ("", "0") or not os.path.exists(socket):
         return [sys.executable]
-    return [sys.executable, "-S", "-I", str(ZYGOTE), "run", socket]
+    return zygote.client_command(socket)
 
 
 def clean_env(extra: dict | None = None) -> dict:

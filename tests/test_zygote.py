@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import zygote
 from mpiutil import MPIEXEC, ZYGOTE, clean_env
 
 # What the probe prints: everything a launched program sees of how it was started.
@@ -47,7 +48,7 @@ def server(tmp_path_factory):
 
 def through(server, args, env=None, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
     """``python ARGS`` through the server (``popen=True``: the running client)."""
-    cmd = [sys.executable, "-S", "-I", str(ZYGOTE), "run", str(server[0]), *map(str, args)]
+    cmd = [*zygote.client_command(server[0]), *map(str, args)]
     if kw.pop("popen", False):
         return subprocess.Popen(cmd, env=clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, **kw)
@@ -85,6 +86,30 @@ def test_a_forked_run_sees_what_a_fresh_one_sees(server, tmp_path, form):
     assert seen(forked)[1] == {"preloaded": True, "ppid": server[1]}   # a fork of the server
     assert seen(ref)[1]["preloaded"] is False
     assert forked.stderr == ref.stderr == ""
+
+
+def test_the_package_is_preloaded_but_never_mpi(server, tmp_path):
+    """A fork starts with hpcgnn's modules imported, except those that import mpi4py.MPI (its
+    import initialises MPI: a rank does that itself) and the drivers."""
+    names = ["hpcgnn.cli", "hpcgnn.engine.fullgraph", "hpcgnn.runtime", "hpcgnn.comm.alltoall", "mpi4py.MPI",
+             "hpcgnn.bench.launch", "hpcgnn.run.plot"]
+    code = f"import json, sys; print(json.dumps([m in sys.modules for m in {names!r}]))"
+    proc = through(server, ["-c", code], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [True, True, True, False, False, False, False]
+    log = server[2].read_text()
+    assert "zygote: preloaded torch, numpy, h5py, mpi4py and hpcgnn from " in log
+    assert "(left out: hpcgnn.comm.alltoall)" in log
+
+
+def test_another_copy_of_the_package_on_the_path_runs_fresh(server, tmp_path):
+    (tmp_path / "hpcgnn").mkdir()
+    (tmp_path / "hpcgnn" / "__init__.py").write_text("WHICH = 'the copy'\n")
+    (tmp_path / "probe.py").write_text("import sys, hpcgnn\nprint(getattr(hpcgnn, 'WHICH', 'preloaded'), "
+                                       "'torch' in sys.modules)\n")
+    proc = through(server, [tmp_path / "probe.py"])
+    assert (proc.returncode, proc.stdout.split()) == (0, ["the", "copy", "False"]), proc.stderr
+    assert f"{tmp_path / 'hpcgnn'} would be imported, not the preloaded" in server[2].read_text()
 
 
 def test_exit_status_and_signals_pass_through(server):
@@ -136,7 +161,7 @@ def test_mpi_ranks_are_forks_that_reach_each_other(server):
             "if c.rank == 1 and len(sys.argv) > 1:\n"
             "    import signal; os.kill(os.getpid(), signal.SIGKILL)\n"
             "c.barrier()\n")
-    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-S", "-I", str(ZYGOTE), "run", str(server[0]), "-c", code]
+    cmd = [str(MPIEXEC), "-n", "2", *zygote.client_command(server[0]), "-c", code]
     ok = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout) == [[0, 3, True, server[1]], [1, 3, True, server[1]]]   # forks of the server

@@ -5,8 +5,9 @@ per process on a 2-core machine, which was most of the suite's time).
 It is the technique of multiprocessing's "forkserver" start method:
 
 - ``python tests/zygote.py serve SOCKET`` (started once per test session by conftest.py, with
-  the environment :func:`mpiutil.clean_env` gives every launch) imports :data:`PRELOAD`, never
-  ``mpi4py.MPI`` (each rank initialises MPI itself), then waits on the Unix socket SOCKET.
+  the environment :func:`mpiutil.clean_env` gives every launch) imports :data:`PRELOAD` and the
+  modules of :data:`PACKAGE` (:func:`preload_package`), never ``mpi4py.MPI`` (each rank
+  initialises MPI itself), then waits on the Unix socket SOCKET.
 - mpiutil launches ``mpiexec -n N python -S -I tests/zygote.py run SOCKET ARGS...`` where it
   would launch ``python ARGS...``. That client (the standard library only, about 50 ms) is the
   process the launcher manages. It sends the server its arguments, environment, working
@@ -23,8 +24,9 @@ It is the technique of multiprocessing's "forkserver" start method:
 - Whatever would make the child differ from a fresh interpreter makes the client exec a fresh
   one instead (:func:`differences`): an environment variable other than the launcher's and
   hpcgnn's run-time ones (:data:`RUN_TIME_PREFIXES`, :data:`RUN_TIME_NAMES`), an interpreter option, other credentials,
-  capabilities, resource limits, CPU affinity, umask, nice value or cgroup. So does a server
-  that is not there.
+  capabilities, resource limits, CPU affinity, umask, nice value or cgroup; a ``sys.path[0]``
+  (the script's directory, or the working directory for ``-m`` / ``-c``) that holds another
+  copy of the package. So does a server that is not there.
 
 What a forked rank shares with its siblings that fresh ones would not: Python's string hash
 seed and numpy's legacy global random state (hpcgnn seeds its own generators). Set
@@ -32,6 +34,7 @@ seed and numpy's legacy global random state (hpcgnn seeds its own generators). S
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -40,6 +43,11 @@ import struct
 import sys
 
 PRELOAD = ("torch", "numpy", "h5py", "mpi4py")
+# The package under test is preloaded too, every module but these (and any that imports
+# mpi4py.MPI, whose import initialises MPI): drivers and demos, matplotlib's plotting.
+PACKAGE = "hpcgnn"
+PACKAGE_SKIP = ("hpcgnn.bench", "hpcgnn.demos", "hpcgnn.__main__", "hpcgnn.run.plot")
+NEVER_PRELOAD = "mpi4py.MPI"
 # Environment variables a rank may have that the server did not, because nothing reads them
 # while the preloaded modules are imported: the launcher's (Hydra's PMI, control and local-rank
 # variables; MPICH reads MPIR_CVAR_* in MPI_Init), hpcgnn's (read at run time), torch's
@@ -56,6 +64,12 @@ STATUS_TRAITS = ("Umask", "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", 
                  "NoNewPrivs", "Seccomp", "Cpus_allowed_list", "Mems_allowed_list")
 HEADER = struct.Struct("!I")
 PR_SET_PDEATHSIG = 1
+
+
+def client_command(socket_path: str | os.PathLike, python: str = sys.executable) -> list[str]:
+    """The command that runs ``python ARGS`` through the server listening on ``socket_path``
+    (append ARGS): this file's client, on an interpreter started without site packages."""
+    return [python, "-S", "-I", os.path.abspath(__file__), "run", os.fspath(socket_path)]
 
 
 def process_traits() -> dict:
@@ -76,13 +90,56 @@ def process_traits() -> dict:
     return traits
 
 
+def preload_package(name: str = PACKAGE, skip: tuple[str, ...] = PACKAGE_SKIP) -> tuple[str | None, list[str]]:
+    """Import every module of package ``name`` except ``skip`` and those that import
+    :data:`NEVER_PRELOAD` (they fail to import here, and stay out): (the package's directory,
+    the modules left out). A module's import runs no code of a launch: no hpcgnn module reads
+    the environment or starts a thread at import (they do it in functions)."""
+    import importlib
+    import pkgutil
+
+    class Refuse:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname == NEVER_PRELOAD:
+                raise ImportError(f"{NEVER_PRELOAD} is never preloaded")
+            return None
+
+    try:
+        package = importlib.import_module(name)
+    except ImportError:
+        return None, [name]
+    left_out = []
+    sys.meta_path.insert(0, Refuse())
+    try:
+        for info in pkgutil.walk_packages(package.__path__, name + ".", onerror=lambda _: None):
+            if info.name.startswith(skip):
+                continue
+            try:
+                importlib.import_module(info.name)
+            except ImportError:
+                left_out.append(info.name)
+    finally:
+        sys.meta_path.pop(0)
+    return os.path.realpath(package.__path__[0]), left_out
+
+
+def _path0(request: dict) -> str:
+    """The ``sys.path[0]`` of the requested ``python ARGS``: the script's directory, else the
+    working directory."""
+    args = request["args"]
+    if args[0] in ("-m", "-c"):
+        return request["cwd"]
+    return os.path.dirname(os.path.realpath(os.path.join(request["cwd"], args[0])))
+
+
 def _run_time(name: str) -> bool:
     return name.startswith(RUN_TIME_PREFIXES) or name in RUN_TIME_NAMES
 
 
-def differences(request: dict, env: dict, traits: dict, reserved: set[int]) -> str | None:
+def differences(request: dict, env: dict, traits: dict, reserved: set[int],
+                package: str | None = None) -> str | None:
     """Why a fork of this server would not be the fresh ``python ARGS`` the request stands for
-    (None: it would be)."""
+    (None: it would be). ``package``: the directory of the preloaded package."""
     args = request["args"]
     if not args:
         return "no arguments (an interactive interpreter)"
@@ -98,6 +155,10 @@ def differences(request: dict, env: dict, traits: dict, reserved: set[int]) -> s
     for key, value in traits.items():
         if request["traits"].get(key) != value:
             return f"process differs in {key}"
+    if package is not None:
+        shadow = os.path.join(_path0(request), os.path.basename(package))
+        if os.path.isdir(shadow) and os.path.realpath(shadow) != package:
+            return f"{shadow} would be imported, not the preloaded {package}"
     taken = reserved.intersection(request["fds"])
     if taken:
         return f"descriptors {sorted(taken)} are the server's"
@@ -201,6 +262,14 @@ def serve(path: str) -> tuple[dict, list[int]]:
     env = dict(os.environ)
     for name in PRELOAD:
         __import__(name)
+    package, left_out = preload_package()
+    print(f"zygote: preloaded {', '.join(PRELOAD)} and {PACKAGE} from {package} "
+          f"(left out: {', '.join(left_out) or 'none'})", flush=True)
+    # What the preloading made stays out of every collection, the fork's too: a fork's garbage
+    # collector then walks only what its program made (its exit's collections walked torch's
+    # whole object graph: about 1 s of CPU per rank, and a copy of every page they touched).
+    gc.collect()
+    gc.freeze()
     traits = process_traits()
     # descriptors the preloaded libraries hold: a rank's PMI socket must not land on one
     reserved = {fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _is_open(fd)}
@@ -216,7 +285,9 @@ def serve(path: str) -> tuple[dict, list[int]]:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}
+    children: dict[int, socket.socket] = {}   # pid -> its client's connection
+    watched: set[socket.socket] = set()         # connections the selector still watches
+    forks = fresh = 0
     try:
         while True:
             for key, _ in sel.select(timeout=1.0):
@@ -227,9 +298,10 @@ def serve(path: str) -> tuple[dict, list[int]]:
                         conn.close()
                         continue
                     request, fds = got
-                    why = differences(request, env, traits, reserved)
+                    why = differences(request, env, traits, reserved, package)
                     if why is not None:
                         print(f"zygote: fresh interpreter for {request['args'][:2]}: {why}", flush=True)
+                        fresh += 1
                         for fd in fds:
                             os.close(fd)
                         conn.sendall(b"F\n")
@@ -246,10 +318,12 @@ def serve(path: str) -> tuple[dict, list[int]]:
                         os.close(wake_w)
                         _die_with(server)
                         return request, fds
+                    forks += 1
                     for fd in fds:
                         os.close(fd)
                     conn.sendall(b"P %d\n" % pid)
                     children[pid] = conn
+                    watched.add(conn)
                     sel.register(conn, selectors.EVENT_READ, pid)
                 elif key.fileobj == wake_r:
                     os.read(wake_r, 4096)
@@ -264,6 +338,7 @@ def serve(path: str) -> tuple[dict, list[int]]:
                         except ProcessLookupError:
                             pass
                         sel.unregister(key.fileobj)
+                        watched.discard(key.fileobj)
             while children:
                 try:
                     pid, status = os.waitpid(-1, os.WNOHANG)
@@ -277,11 +352,13 @@ def serve(path: str) -> tuple[dict, list[int]]:
                         conn.sendall(b"X %d\n" % status)
                     except OSError:
                         pass
-                    if _registered(sel, conn):
+                    if conn in watched:
                         sel.unregister(conn)
+                        watched.discard(conn)
                     conn.close()
     finally:
         if os.getpid() == server:
+            print(f"zygote: {forks} runs forked, {fresh} sent to a fresh interpreter", flush=True)
             for pid in children:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -298,14 +375,6 @@ def _is_open(fd: int) -> bool:
         os.fstat(fd)
         return True
     except OSError:
-        return False
-
-
-def _registered(sel, conn) -> bool:
-    try:
-        sel.get_key(conn)
-        return True
-    except KeyError:
         return False
 
 
