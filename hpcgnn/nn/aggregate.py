@@ -44,6 +44,9 @@ BACKENDS = ("auto", "native", "torch")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
+# train.deterministic for the torch path. Process-wide on purpose, as torch's own switch is:
+# the backward operators run in autograd's device threads (CUDA), which see neither a
+# context variable nor an argument of the forward call.
 _DETERMINISTIC = False
 
 
