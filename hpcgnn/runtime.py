@@ -233,6 +233,51 @@ def choose_cuda_device(local_rank: int, local_size: int, visible: int,
                                       f"{visible} visible GPU(s)")
 
 
+# ---- starting a child MPI job from this process (a bench, the planner's calibration) ---------
+# launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
+CHILD_STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
+
+
+def find_mpiexec() -> str | None:
+    """The launcher of this interpreter's MPI: beside the interpreter (a venv with the MPICH
+    wheel), the MPICH wheel's own, then ``mpiexec`` on PATH; None when there is none."""
+    import shutil
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    try:
+        from importlib import metadata
+        for f in metadata.distribution("mpich").files or ():
+            if f.name == "mpiexec":
+                return str(f.locate())
+    except Exception:  # noqa: BLE001 - no MPICH wheel: PATH decides
+        pass
+    return shutil.which("mpiexec")
+
+
+def fresh_world_env(environ: Mapping[str, str] | None = None) -> dict:
+    """The environment of a child ``mpiexec`` started from this process (``environ``, default
+    ``os.environ``): a fresh MPI world (no variables of a surrounding job or SLURM step,
+    :data:`CHILD_STRIP_PREFIXES`); for Open MPI in a container: as root, told that root is meant
+    (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor ``rsh`` installed,
+    given ``false`` as its remote agent (it aborts at start-up looking for one even when every
+    rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is kept)."""
+    import shutil
+
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if not k.startswith(CHILD_STRIP_PREFIXES)}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    agent = environ.get("OMPI_MCA_plm_rsh_agent")
+    if agent is not None:
+        env["OMPI_MCA_plm_rsh_agent"] = agent
+    elif not (shutil.which("ssh") or shutil.which("rsh")):
+        env["OMPI_MCA_plm_rsh_agent"] = "false"
+    return env
+
+
 def mpi_library() -> str:
     """The MPI library this process runs on, for the record: the first line of
     ``MPI_Get_library_version`` (whitespace collapsed) and mpi4py's vendor, e.g.

@@ -15,7 +15,11 @@ ends the other ranks at once (a shell reports exit status 128 + the signal numbe
 watcher off (the command then runs in the launched process itself).
 
 The parent touches no MPI state: the child inherits the launcher's environment and file
-descriptors (PMI) and initialises MPI itself.
+descriptors (PMI) and initialises MPI itself. A process that started MPI before calling
+:func:`run_watched` (a script of its own that imports ``mpi4py.MPI`` and then calls
+``hpcgnn.cli.main``) runs the work itself, unwatched: a fork would finalise, in the child, an
+MPI whose progress threads stayed in the parent (UCX then joins a thread that is not its own,
+and the rank hangs at exit).
 """
 from __future__ import annotations
 
@@ -40,9 +44,17 @@ def launcher_rank() -> int | None:
 
 
 def enabled() -> bool:
-    """Whether :func:`run_watched` forks (Linux, and HPCGNN_SUPERVISE is not 0)."""
+    """Whether :func:`run_watched` forks (Linux, HPCGNN_SUPERVISE is not 0, and this process
+    has not started MPI)."""
     return (hasattr(os, "fork") and sys.platform.startswith("linux")
-            and os.environ.get("HPCGNN_SUPERVISE", "1").strip() not in ("0", "false", "no"))
+            and os.environ.get("HPCGNN_SUPERVISE", "1").strip() not in ("0", "false", "no")
+            and not mpi_started())
+
+
+def mpi_started() -> bool:
+    """Whether this process has initialised MPI through mpi4py (and not finalised it)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and bool(mpi.Is_initialized()) and not mpi.Is_finalized()
 
 
 def death_message(rank: int | None, signum: int, peak_rss_bytes: int) -> str:

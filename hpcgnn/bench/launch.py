@@ -1,46 +1,28 @@
 """Starting ``hpcgnn`` under this interpreter's MPI launcher from a bench driver (gpu_check, scale).
 
-:func:`find_mpiexec` picks the launcher that matches the interpreter's mpi4py; :func:`rank_command`
-is the command line of a launched run (``HPCGNN_BENCH_PYTHON``, :func:`python_command`, puts a
-wrapper in front of every rank's interpreter); :func:`run_logged`
-runs a child with its output in a log file and a timeout, :func:`run_checked` too and stops the
-bench when the child fails; :func:`child_env`
-is the environment of such a child: a fresh MPI world (no variables of a surrounding job or SLURM
-step), this checkout on ``PYTHONPATH``, no progress bars; for Open MPI in a container: as root,
-told that root is meant (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor
-``rsh`` installed, given ``false`` as its remote agent (it aborts at start-up looking for one even
-when every rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is kept).
+:func:`find_mpiexec` (:func:`hpcgnn.runtime.find_mpiexec`) picks the launcher that matches the
+interpreter's mpi4py; :func:`rank_command` is the command line of a launched run
+(``HPCGNN_BENCH_PYTHON``, :func:`python_command`, puts a wrapper in front of every rank's
+interpreter); :func:`run_logged` runs a child with its output in a log file and a timeout,
+:func:`run_checked` too and stops the bench when the child fails; :func:`child_env` is the
+environment of such a child: a fresh MPI world as :func:`hpcgnn.runtime.fresh_world_env` makes
+it (Open MPI in a container included), this checkout on ``PYTHONPATH``, no progress bars.
 """
 from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from hpcgnn.runtime import find_mpiexec, fresh_world_env
+
 ROOT = Path(__file__).resolve().parents[2]
-# launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
-STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
 PYTHON_VAR = "HPCGNN_BENCH_PYTHON"
-
-
-def find_mpiexec() -> str | None:
-    """The launcher of this interpreter's MPI: beside the interpreter (a venv with the MPICH
-    wheel), the MPICH wheel's own, then ``mpiexec`` on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    try:
-        from importlib import metadata
-        for f in metadata.distribution("mpich").files or ():
-            if f.name == "mpiexec":
-                return str(f.locate())
-    except Exception:  # noqa: BLE001 - no MPICH wheel: PATH decides
-        pass
-    return shutil.which("mpiexec")
+__all__ = ["ROOT", "PYTHON_VAR", "find_mpiexec", "python_command", "rank_command", "child_env", "run_logged",
+           "run_checked"]
 
 
 def python_command() -> list[str]:
@@ -62,17 +44,10 @@ def rank_command(ranks: int, args: list[str], mpiexec: str | None = None) -> lis
 
 def child_env(**extra: str) -> dict:
     """The children's environment (module docstring), with ``extra`` variables set on top."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIP_PREFIXES)}
+    env = fresh_world_env()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + (paths[1:] if paths[:1] == [str(ROOT)] else paths))
     env["HPCGNN_PROGRESS"] = "0"
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    agent = os.environ.get("OMPI_MCA_plm_rsh_agent")
-    if agent is not None:
-        env["OMPI_MCA_plm_rsh_agent"] = agent
-    elif not (shutil.which("ssh") or shutil.which("rsh")):
-        env["OMPI_MCA_plm_rsh_agent"] = "false"
     env.update(extra)
     return env
 

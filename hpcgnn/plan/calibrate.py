@@ -219,16 +219,16 @@ def measure(seed: int = 0) -> Calibration:
 
 def measure_alltoall(timeout: float = 120.0) -> tuple[float, float, str]:
     """(bytes/s per rank, latency s, source) of ``MPI.Alltoall`` between 2 ranks of this node,
-    from a child ``mpiexec -n 2`` (this interpreter's launcher, :func:`hpcgnn.bench.launch.find_mpiexec`,
+    from a child ``mpiexec -n 2`` (this interpreter's launcher, :func:`hpcgnn.runtime.find_mpiexec`,
     in a fresh MPI world); the defaults when that fails or when there is no launcher."""
-    from hpcgnn.bench.launch import child_env, find_mpiexec, rank_command
+    from hpcgnn.runtime import find_mpiexec, fresh_world_env
 
     mpiexec = find_mpiexec()
     if mpiexec is None:
         return (*DEFAULT_ALLTOALL, "default (no mpiexec for this python)")
     try:
-        proc = subprocess.run(rank_command(2, ["-m", "hpcgnn.plan.calibrate", "--alltoall-child"], mpiexec),
-                              capture_output=True, text=True, timeout=timeout, env=child_env())
+        proc = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "hpcgnn.plan.calibrate", "--alltoall-child"],
+                              capture_output=True, text=True, timeout=timeout, env=fresh_world_env())
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed")
         d = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,11 +1,12 @@
-"""hpcgnn.bench.launch: the environment of a bench's MPI children (a fresh world; Open MPI in a
-GPU container: as root and without ssh, as seen on the lent H200 machine); its logged and
-checked child runs."""
+"""hpcgnn.bench.launch: the environment of a bench's MPI children (a fresh world,
+tests/runtime/test_child_launch.py; this checkout on PYTHONPATH); its logged and checked child
+runs."""
 import sys
 
 import pytest
 
 from hpcgnn.bench import launch
+from hpcgnn.runtime import fresh_world_env
 
 
 def test_child_env_starts_a_fresh_world_with_this_checkout_first(monkeypatch):
@@ -19,33 +20,11 @@ def test_child_env_starts_a_fresh_world_with_this_checkout_first(monkeypatch):
     assert env["HPCGNN_PROGRESS"] == "0" and env["NVIDIA_TF32_OVERRIDE"] == "0"
 
 
-def test_open_mpi_as_root_without_ssh_is_told_so(monkeypatch):
-    monkeypatch.delenv("OMPI_MCA_plm_rsh_agent", raising=False)
-    monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
-    env = launch.child_env()
-    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
-    assert env["OMPI_MCA_plm_rsh_agent"] == "false"
-
-
-def test_a_user_with_ssh_or_an_own_agent_keeps_open_mpis_defaults(monkeypatch):
-    monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(launch.shutil, "which", lambda name: "/usr/bin/ssh" if name == "ssh" else None)
-    monkeypatch.delenv("OMPI_MCA_plm_rsh_agent", raising=False)
-    env = launch.child_env()
-    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env and "OMPI_MCA_plm_rsh_agent" not in env
-    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+def test_child_env_is_a_fresh_world_env(monkeypatch):
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", "/opt/site/rsh")
-    assert launch.child_env()["OMPI_MCA_plm_rsh_agent"] == "/opt/site/rsh"
-
-
-def test_find_mpiexec_prefers_the_interpreters_own(monkeypatch, tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "python").write_text("")
-    (fake / "mpiexec").write_text("")
-    monkeypatch.setattr(launch.sys, "executable", str(fake / "python"))
-    assert launch.find_mpiexec() == str(fake / "mpiexec")
+    env = launch.child_env()
+    assert {k: v for k, v in env.items() if k not in ("PYTHONPATH", "HPCGNN_PROGRESS")} == \
+        {k: v for k, v in fresh_world_env().items() if k != "PYTHONPATH"}
 
 
 def test_child_env_of_a_child_env_names_the_checkout_once(monkeypatch):

@@ -13,16 +13,17 @@ from mpiutil import ROOT, run_mpi
 from hpcgnn.data.clean import build_symmetric_csr
 from hpcgnn.data.graph import Graph
 
-# Prints each rank's exit code so a test can check that *every* rank stopped with it.
+# Prints each rank's exit code so a test can check that *every* rank stopped with it. The rank
+# comes from the launcher (PMI_RANK), not from MPI: `hpcgnn train` forks its watcher before MPI
+# starts (hpcgnn/supervisor.py), and runs unwatched in a process that started MPI first.
 RANK_EXIT = (
-    "import sys\n"
-    "from mpi4py import MPI\n"
+    "import os, sys\n"
     "from hpcgnn.cli import main\n"
     "try:\n"
     "    rc = main(sys.argv[1:])\n"
     "except SystemExit as exc:\n"
     "    rc = exc.code\n"
-    "print(f'RANK {MPI.COMM_WORLD.Get_rank()} EXIT {rc}', flush=True)\n"
+    "print(f'RANK {os.environ[\"PMI_RANK\"]} EXIT {rc}', flush=True)\n"
     "sys.exit(rc)\n"
 )
 

@@ -34,6 +34,25 @@ def test_exit_code_and_output_pass_through():
     assert child_pid != proc.pid and err == ""
 
 
+def test_a_process_that_started_mpi_runs_the_work_itself():
+    """A script that initialised MPI before calling the command is not forked (its work runs in
+    the process itself): a forked child would finalise an MPI whose progress threads stayed in
+    the parent."""
+    code = ("from mpi4py import MPI\n"
+            "from hpcgnn.supervisor import enabled, run_watched\n"
+            "print(enabled(), flush=True)\n"
+            "def work():\n"
+            "    import os\n"
+            "    print(os.getpid(), MPI.COMM_WORLD.size, flush=True)\n"
+            "    return 4\n"
+            "raise SystemExit(run_watched(work))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    assert out.split() == ["False", str(proc.pid), "1"]
+
+
 def test_sigkill_is_named_with_the_rank_and_the_watcher_dies_of_it():
     proc = _watched("x = bytearray(64 << 20)\nos.kill(os.getpid(), signal.SIGKILL)\nreturn 0",
                     env={"PMI_RANK": "3"})

@@ -1,0 +1,47 @@
+"""hpcgnn.runtime's child launches (benches, the planner's calibration): this interpreter's
+launcher, and a fresh world's environment (Open MPI in a GPU container: as root and without
+ssh, as seen on the lent H200 machine)."""
+import shutil
+
+from hpcgnn import runtime
+
+
+def test_a_child_world_drops_the_surrounding_jobs_variables(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "3")
+    monkeypatch.setenv("SLURM_STEP_ID", "7")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("HYDRA_PROXY_PORT", "9")
+    monkeypatch.setenv("KEEP_ME", "yes")
+    env = runtime.fresh_world_env()
+    assert not any(k.startswith(("PMI_", "SLURM_", "OMPI_COMM", "HYDRA_")) for k in env)
+    assert env["KEEP_ME"] == "yes"
+    assert runtime.fresh_world_env({"PMI_SIZE": "2", "A": "1"}).get("A") == "1"
+
+
+def test_open_mpi_as_root_without_ssh_is_told_so(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_plm_rsh_agent", raising=False)
+    monkeypatch.setattr(runtime.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    env = runtime.fresh_world_env()
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert env["OMPI_MCA_plm_rsh_agent"] == "false"
+
+
+def test_a_user_with_ssh_or_an_own_agent_keeps_open_mpis_defaults(monkeypatch):
+    monkeypatch.setattr(runtime.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/ssh" if name == "ssh" else None)
+    monkeypatch.delenv("OMPI_MCA_plm_rsh_agent", raising=False)
+    env = runtime.fresh_world_env()
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env and "OMPI_MCA_plm_rsh_agent" not in env
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", "/opt/site/rsh")
+    assert runtime.fresh_world_env()["OMPI_MCA_plm_rsh_agent"] == "/opt/site/rsh"
+
+
+def test_find_mpiexec_prefers_the_interpreters_own(monkeypatch, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("")
+    (fake / "mpiexec").write_text("")
+    monkeypatch.setattr(runtime.sys, "executable", str(fake / "python"))
+    assert runtime.find_mpiexec() == str(fake / "mpiexec")
