@@ -19,7 +19,8 @@ itself through others (tests/test_layers.py computes the import graph and checks
   nn/            aggregation kernels, dropout, models (GraphSAGE, GAT, GCN) and Adam (optim.py:
                  torch.optim.Adam's results without its import of TorchDynamo)
 2 ranks, exchanges, data
-  runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed)
+  runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed;
+                 the launcher and environment of a child MPI job)
   comm/          collectives as autograd functions, halo providers, asynchronous embedding push,
                  the exact minibatch mode's distributed sampling and feature pull (exact_fetch.py),
                  the gradient and evaluation-count allreduces (allreduce.py)

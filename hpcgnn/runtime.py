@@ -27,6 +27,10 @@ size, the visible device count and the environment.
 ``init_torch_distributed`` brings up ``torch.distributed`` for a data plane that uses it (gloo
 on CPU, nccl on GPU, ccl when ``oneccl_bindings_for_pytorch`` imports); which backend a job uses
 is :func:`hpcgnn.comm.communicator.choose_backend`'s decision (the one home of that logic).
+
+A process that starts an MPI job of its own (a bench driver, ``hpcgnn plan``'s calibration)
+takes the launcher of this interpreter's MPI from :func:`find_mpiexec` and the child's
+environment from :func:`fresh_world_env` (a fresh world, not a rank of the surrounding job).
 """
 from __future__ import annotations
 
