@@ -18,8 +18,9 @@ CORA_ROOT = ROOT / "inputs" / "data"
 def fork_server(tmp_path_factory):
     """The session's fork server (tests/zygote.py), its socket exported in HPCGNN_TEST_ZYGOTE
     for mpiutil's launches and its client in HPCGNN_BENCH_PYTHON for the bench drivers'
-    (hpcgnn.bench.launch.python_command); none when HPCGNN_TEST_ZYGOTE=0. Its log (one line per
-    launch that needed a fresh interpreter, and why) is ``zygote.log`` next to the socket."""
+    (hpcgnn.bench.launch.python_command); none when HPCGNN_TEST_ZYGOTE=0. Its log is
+    ``zygote.log`` next to the socket: what it preloaded, one line per launch that needed a
+    fresh interpreter (and why), and at the end the count of forks and fresh launches."""
     import os
     import shlex
     import subprocess
