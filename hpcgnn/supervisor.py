@@ -70,10 +70,12 @@ def death_message(rank: int | None, signum: int, peak_rss_bytes: int) -> str:
     return f"{who} was killed by {name} ({peak})"
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Get ``signum`` when ``parent`` (this process's parent now) dies; exit at once if it has
+    died already (Linux; elsewhere nothing)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - prctl is Linux-only, checked by enabled()
         return
     if os.getppid() != parent:          # the parent died before prctl took effect
@@ -98,7 +100,7 @@ def run_watched(work: Callable[[], int]) -> int:
     child = os.fork()
     if child == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        _die_with_parent(parent)
+        die_with_parent(parent)
         return work()
     while True:
         try:

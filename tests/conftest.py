@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zygote  # noqa: E402
-from mpiutil import ROOT, ZYGOTE, ZYGOTE_VAR, clean_env  # noqa: E402
+from mpiutil import ROOT, ZYGOTE_VAR, clean_env  # noqa: E402
 
 CORA_ROOT = ROOT / "inputs" / "data"
 
@@ -33,7 +33,7 @@ def fork_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("zygote")
     socket = d / "s"
     with open(d / "zygote.log", "w") as log:
-        server = subprocess.Popen([sys.executable, str(ZYGOTE), "serve", str(socket)], env=clean_env(),
+        server = subprocess.Popen(zygote.server_command(socket), env=clean_env(),
                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                   start_new_session=True)
     os.environ[ZYGOTE_VAR] = str(socket)   # until it is ready, launches start fresh interpreters

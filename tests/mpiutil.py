@@ -21,9 +21,10 @@ from pathlib import Path
 
 import zygote  # tests/zygote.py, next to this file
 
+from hpcgnn.runtime import find_mpiexec
+
 ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
-ZYGOTE = ROOT / "tests" / "zygote.py"
+MPIEXEC = Path(find_mpiexec() or "mpiexec")   # this interpreter's launcher (hpcgnn.runtime)
 ZYGOTE_VAR = "HPCGNN_TEST_ZYGOTE"   # the fork server's socket (conftest.py), or 0: none
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import zygote
-from mpiutil import MPIEXEC, ZYGOTE, clean_env
+from mpiutil import MPIEXEC, clean_env
 
 # What the probe prints: everything a launched program sees of how it was started.
 PROBE = """\
@@ -35,7 +35,7 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("zyg")
     sock, log = d / "s", d / "log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, str(ZYGOTE), "serve", str(sock)], env=clean_env(),
+        proc = subprocess.Popen(zygote.server_command(sock), env=clean_env(),
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while not sock.exists():

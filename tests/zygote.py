@@ -63,13 +63,17 @@ FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SI
 STATUS_TRAITS = ("Umask", "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
                  "NoNewPrivs", "Seccomp", "Cpus_allowed_list", "Mems_allowed_list")
 HEADER = struct.Struct("!I")
-PR_SET_PDEATHSIG = 1
 
 
 def client_command(socket_path: str | os.PathLike, python: str = sys.executable) -> list[str]:
     """The command that runs ``python ARGS`` through the server listening on ``socket_path``
     (append ARGS): this file's client, on an interpreter started without site packages."""
     return [python, "-S", "-I", os.path.abspath(__file__), "run", os.fspath(socket_path)]
+
+
+def server_command(socket_path: str | os.PathLike, python: str = sys.executable) -> list[str]:
+    """The command that starts a server listening on ``socket_path``."""
+    return [python, os.path.abspath(__file__), "serve", os.fspath(socket_path)]
 
 
 def process_traits() -> dict:
@@ -257,7 +261,9 @@ def serve(path: str) -> tuple[dict, list[int]]:
     received descriptors."""
     import selectors
 
-    _die_with(os.getppid(), signal.SIGTERM)     # a test session that dies takes the server along
+    from hpcgnn.supervisor import die_with_parent
+
+    die_with_parent(os.getppid(), signal.SIGTERM)   # a test session that dies takes the server along
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     env = dict(os.environ)
     for name in PRELOAD:
@@ -316,7 +322,7 @@ def serve(path: str) -> tuple[dict, list[int]]:
                         signal.set_wakeup_fd(-1)
                         os.close(wake_r)
                         os.close(wake_w)
-                        _die_with(server)
+                        die_with_parent(server)
                         return request, fds
                     forks += 1
                     for fd in fds:
@@ -376,15 +382,6 @@ def _is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def _die_with(parent: int, signum: int = signal.SIGKILL) -> None:
-    """Get ``signum`` when ``parent`` (this process's parent now) dies."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _stdio(fd: int, like):

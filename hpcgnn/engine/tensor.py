@@ -112,8 +112,8 @@ class DeviceStage:
     def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto", resident: bool = False):
         from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, natural_schedule
         from hpcgnn.engine.chunk_stream import ChunkStream
-        from hpcgnn.run.memory import DeviceMemoryMeter
         from hpcgnn.engine.transfer import TransferCounter
+        from hpcgnn.run.memory import DeviceMemoryMeter
         from hpcgnn.sampling.block import Block
         from hpcgnn.store.mover import DeviceMover
 
