@@ -57,43 +57,41 @@ def time_path(op: str, path: str, blk, width: int, heads: int, repeats: int, see
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(blk.num_src, width, generator=gen).to(device).requires_grad_(True)
     backend = "native" if path == "native" else "torch"
+    det = path == "torch-det"
     if op == "sum":
         w = torch.rand(blk.num_edges, generator=gen).to(device)
 
         def fwd():
-            return agg.aggregate_sum(blk, x, w, backend=backend)
+            return agg.aggregate_sum(blk, x, w, backend=backend, deterministic=det)
     else:
         torch.manual_seed(seed)
-        conv = GATConv(width, max(width // heads, 1), heads=heads, variant="standard", backend=backend).to(device)
+        conv = GATConv(width, max(width // heads, 1), heads=heads, variant="standard", backend=backend,
+                       deterministic=det).to(device)
 
         def fwd():
             return conv(blk, x)
 
     g = None
-    old = agg.set_deterministic(path == "torch-det")
-    try:
-        best, peak = float("inf"), None
-        for i in range(repeats + 1):           # pass 0 warms up (cached CSR tensors, handles)
-            x.grad = None
-            _sync(device)
+    best, peak = float("inf"), None
+    for i in range(repeats + 1):           # pass 0 warms up (cached CSR tensors, handles)
+        x.grad = None
+        _sync(device)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        out = fwd()
+        if g is None:
+            g = torch.randn(out.shape, generator=gen).to(device)
+        out.backward(g)
+        _sync(device)
+        dt = time.perf_counter() - t0
+        if i:
+            best = min(best, dt)
             if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-            t0 = time.perf_counter()
-            out = fwd()
-            if g is None:
-                g = torch.randn(out.shape, generator=gen).to(device)
-            out.backward(g)
-            _sync(device)
-            dt = time.perf_counter() - t0
-            if i:
-                best = min(best, dt)
-                if device.startswith("cuda"):
-                    extra = (torch.cuda.max_memory_allocated() - base) / 2**20
-                    peak = extra if peak is None else max(peak, extra)
-            del out
-    finally:
-        agg.set_deterministic(old)
+                extra = (torch.cuda.max_memory_allocated() - base) / 2**20
+                peak = extra if peak is None else max(peak, extra)
+        del out
     return {"ms": best * 1e3, "peak_extra_mib": peak}
 
 

@@ -201,7 +201,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     of the last layer run] on ``device``; the model runs in eval mode and its mode is restored
     afterwards.
     """
-    from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
+    from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv, kernels
 
     device = x_solid.device if device is None else torch.device(device)
     num_solid = int(x_solid.shape[0])
@@ -249,7 +249,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                     src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
                     if not conv.project_first:
                         h = src
-                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, conv.backend)
+                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, kernels(conv))
                 out = None
                 for a in range(0, num_solid, rows):
                     b = min(num_solid, a + rows)
@@ -276,10 +276,10 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
 
 def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Tensor,
                         edge_group: torch.Tensor, remap: torch.Tensor, rows: int,
-                        backend: str = "auto") -> torch.Tensor:
+                        kernels: dict | None = None) -> torch.Tensor:
     """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
     in-edges, the halo sources' rows arriving round by round from their owners (aggregation
-    ``backend``: the model's, :mod:`hpcgnn.nn.aggregate`)."""
+    ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.conv.kernels`)."""
     from hpcgnn.nn.aggregate import aggregate_sum
 
     num_solid = ip.shape[0] - 1
@@ -303,7 +303,7 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
             kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
             torch.cumsum(keep, 0, out=kept[1:])
             blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], remap[ix[lo:hi][keep]])
-            acc[a:b] += aggregate_sum(blk, x, backend=backend)
+            acc[a:b] += aggregate_sum(blk, x, **(kernels or {}))
         del x
     return acc
 

@@ -16,7 +16,8 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     """The configured model; parameters seeded by cfg.train.seed and broadcast from rank 0.
 
     ``extra`` is passed to :func:`hpcgnn.nn.models.build_model` (e.g. GCN normalisation).
-    The layers aggregate with ``train.kernels`` (:func:`kernel_backend`).
+    The layers aggregate with ``train.kernels`` (:func:`kernel_backend`) and
+    ``train.deterministic``.
     """
     from hpcgnn.nn.models import build_model
     from hpcgnn.nn.precision import set_precision
@@ -25,6 +26,7 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
     seed_torch(cfg.train.seed, -1)
     kwargs = dict(extra)
     kwargs.setdefault("backend", kernel_backend(cfg, device))
+    kwargs.setdefault("deterministic", cfg.train.deterministic)
     if m.arch == "gat":
         kwargs.setdefault("gat_variant", m.gat_variant)
     model = build_model(m.arch, in_dim, m.hidden, num_classes, m.layers, m.heads, m.dropout, **kwargs)
@@ -36,17 +38,14 @@ def build_model_from_config(cfg, in_dim: int, num_classes: int, rt=None,
 
 def kernel_backend(cfg, device: torch.device | str = "cpu") -> str:
     """The aggregation backend of ``train.kernels`` (:mod:`hpcgnn.nn.aggregate`: ``auto`` = the
-    native kernels on the CPU, the torch path on CUDA) on compute ``device``; also applies
-    ``train.deterministic`` to the torch path (:func:`hpcgnn.nn.aggregate.set_deterministic`).
-    InputError for ``native`` on a non-CPU device."""
+    native kernels on the CPU, the torch path on CUDA) on compute ``device``. InputError for
+    ``native`` on a non-CPU device."""
     from hpcgnn.errors import InputError
-    from hpcgnn.nn.aggregate import set_deterministic
 
     kernels = cfg.train.kernels
     if kernels == "native" and torch.device(device).type != "cpu":
         raise InputError(f"train.kernels = 'native' runs on the CPU only, but train.device is "
                          f"{torch.device(device).type}: use 'auto' or 'torch'")
-    set_deterministic(cfg.train.deterministic)
     return kernels
 
 

@@ -106,10 +106,11 @@ class DeviceStage:
     streamed results are bit for bit equal. With ``device = cpu`` the same code runs with the
     CPU as the device (tests, transfer counters); ``meter`` then counts the bytes resident in
     the simulated device scope. ``backend = "torch"`` runs the chunk operators with torch ops
-    even on the CPU (what CUDA runs; tests).
+    even on the CPU (what CUDA runs; tests); ``deterministic`` as ``train.deterministic``.
     """
 
-    def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto", resident: bool = False):
+    def __init__(self, prop, device, counter=None, meter=None, backend: str = "auto", resident: bool = False,
+                 deterministic: bool = False):
         from hpcgnn.engine.chunk_schedule import build_chunks, build_transfer_plan, natural_schedule
         from hpcgnn.engine.chunk_stream import ChunkStream
         from hpcgnn.engine.transfer import TransferCounter
@@ -120,7 +121,7 @@ class DeviceStage:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = self.cuda
-        self.backend = backend
+        self.kernels = {"backend": backend, "deterministic": bool(deterministic)}
         self.resident = bool(resident)
         self.counter = counter if counter is not None else TransferCounter()
         self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
@@ -292,7 +293,7 @@ class DeviceStage:
             with self.meter.scope(), torch.no_grad():
                 block, wj = self._inputs(j, weight)
                 x = step.sources()
-                out = aggregate_sum(block, x, wj, backend=self.backend)
+                out = aggregate_sum(block, x, wj, **self.kernels)
                 self.meter.track(out)
                 if c != 1.0:
                     out.mul_(c)
@@ -350,14 +351,14 @@ class DeviceStage:
                     self.meter.track(x)
                 g = self._range(gk, a, b, "grad", gk_dev)
                 g_rows = g * c if c != 1.0 else g
-                gx = sum_adjoint(block, g_rows, wj, backend=self.backend)
+                gx = sum_adjoint(block, g_rows, wj, **self.kernels)
                 self.meter.track(g, g_rows, gx)
                 step.accumulate(gx)
                 if alpha:
                     self._add(g * alpha, g0, "dst", j, "grad", g0_dev)
                 if x is not None:
                     e0, e1 = self.edges[j]
-                    self.mover.add_rows(edge_dot(block, g_rows, x, backend=self.backend), grad_w,
+                    self.mover.add_rows(edge_dot(block, g_rows, x, **self.kernels), grad_w,
                                         np.arange(e0, e1, dtype=np.int64), "edge_grad")
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w)
@@ -724,7 +725,8 @@ class TensorEngine(Engine):
         self.layout = layout
         self.mode = t.mode
         self.kind = PROPAGATIONS[cfg.model.arch]
-        self.prop = Propagation(indptr, indices, self.kind, bounds, backend=kernels)
+        det = cfg.train.deterministic
+        self.prop = Propagation(indptr, indices, self.kind, bounds, backend=kernels, deterministic=det)
         del indices, graph
         self.stats = CommStats()
         from hpcgnn.comm.communicator import make_communicator
@@ -734,7 +736,7 @@ class TensorEngine(Engine):
         # resident when the slices and the topology fit the device budget (streamed otherwise)
         self.resident = bool(staged) and self._fits_resident(cfg, meta, rt.size, layout.num_chunks, device)
         self.stage = DeviceStage(self.prop, device, meter=self.timer.memory, backend=kernels,   # the rank's one meter
-                                 resident=self.resident) if staged else None
+                                 resident=self.resident, deterministic=det) if staged else None
         self.run = TPRun(self.tp, layout, self.prop, t.pipeline, self.stage)
         self.k = t.k or cfg.model.layers
         self.c = t.gamma * (1.0 - t.alpha)

@@ -22,8 +22,10 @@ Backends (``backend=``):
   CUDA tensors and for dtypes the kernels do not handle.
 * ``"auto"`` (default): native for CPU float32/float64 tensors, torch otherwise.
 
-:func:`set_deterministic` (``train.deterministic``) runs every torch-path operator under
-``torch.use_deterministic_algorithms(True)`` (scoped to the operator).
+``deterministic=True`` (``train.deterministic``, a layer's ``deterministic`` attribute) runs
+every torch-path operator under ``torch.use_deterministic_algorithms(True)``, scoped to the
+operator; an autograd Function keeps the flag for its backward. The native kernels are
+deterministic anyway (no atomics, bitwise identical for any thread count) and ignore it.
 
 Parameters that are not differentiated (block structure, ``row_scale``) are treated as
 constants. The structure tensors of a block must be on the same device as ``x``.
@@ -44,25 +46,11 @@ BACKENDS = ("auto", "native", "torch")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
-# train.deterministic for the torch path. Process-wide on purpose, as torch's own switch is:
-# the backward operators run in autograd's device threads (CUDA), which see neither a
-# context variable nor an argument of the forward call.
-_DETERMINISTIC = False
-
-
-def set_deterministic(flag: bool) -> bool:
-    """Run the torch path's operators under ``torch.use_deterministic_algorithms(True)``
-    (``train.deterministic``); returns the previous setting. The native kernels are
-    deterministic anyway (no atomics, bitwise identical for any thread count)."""
-    global _DETERMINISTIC
-    old, _DETERMINISTIC = _DETERMINISTIC, bool(flag)
-    return old
-
-
 @contextlib.contextmanager
-def _det_scope():
-    """torch's deterministic algorithms for the duration of one operator, when requested."""
-    if not _DETERMINISTIC or torch.are_deterministic_algorithms_enabled():
+def _det_scope(deterministic: bool):
+    """torch's deterministic algorithms for the duration of one operator, when ``deterministic``
+    (torch's switch is process-wide: it is restored at once)."""
+    if not deterministic or torch.are_deterministic_algorithms_enabled():
         yield
         return
     torch.use_deterministic_algorithms(True)
@@ -202,20 +190,21 @@ def _adjacency(block, device, dtype, weight: torch.Tensor | None = None, transpo
     return sparse_csr(parts[0], parts[1], values.contiguous(), size)
 
 
-def csr_spmm(block, x: torch.Tensor, weight: torch.Tensor | None = None, transpose: bool = False) -> torch.Tensor:
+def csr_spmm(block, x: torch.Tensor, weight: torch.Tensor | None = None, transpose: bool = False,
+             deterministic: bool = False) -> torch.Tensor:
     """``A_w x`` [num_dst, D] (``transpose``: ``A_w^T x`` [num_src, D]) for x [rows, D], one
     sparse CSR x dense product (no autograd; memory: the output only)."""
     rows = block.num_src if transpose else block.num_dst
     if x.shape[1] == 0 or block.indices.shape[0] == 0:
         return x.new_zeros(rows, x.shape[1])
     if x.dtype not in _NATIVE_DTYPES:   # the sparse kernels take float32/float64: widen, round back
-        return csr_spmm(block, x.float(), weight, transpose).to(x.dtype)
+        return csr_spmm(block, x.float(), weight, transpose, deterministic).to(x.dtype)
     a = _adjacency(block, x.device, x.dtype, None if weight is None else weight.detach(), transpose)
-    with _det_scope():
+    with _det_scope(deterministic):
         return torch.sparse.mm(a, x.detach().contiguous())
 
 
-def csr_sddmm(block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def csr_sddmm(block, g: torch.Tensor, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
     """[nnz] ``g[dst_e] . x[src_e]`` per edge ``e`` (g [num_dst, D], x [num_src, D]): the sampled
     product ``torch.sparse.sampled_addmm`` on the block's pattern, O(nnz) memory (no per-edge
     rows; no autograd)."""
@@ -223,17 +212,18 @@ def csr_sddmm(block, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if nnz == 0 or g.shape[1] == 0:
         return g.new_zeros(nnz)
     if g.dtype not in _NATIVE_DTYPES:
-        return csr_sddmm(block, g.float(), x.float()).to(g.dtype)
+        return csr_sddmm(block, g.float(), x.float(), deterministic).to(g.dtype)
     a = _adjacency(block, g.device, g.dtype)
-    with _det_scope():
+    with _det_scope(deterministic):
         return torch.sparse.sampled_addmm(a, g.detach().contiguous(), x.detach().t(), beta=0.0).values()
 
 
-def segment_sum(indptr: torch.Tensor, data: torch.Tensor, num_segments: int) -> torch.Tensor:
+def segment_sum(indptr: torch.Tensor, data: torch.Tensor, num_segments: int,
+                deterministic: bool = False) -> torch.Tensor:
     """[num_segments, *F] sums of ``data`` [n, *F] over the CSR segments ``indptr`` (empty: 0)."""
     if data.shape[0] == 0:
         return data.new_zeros((num_segments, *data.shape[1:]))
-    with _det_scope():
+    with _det_scope(deterministic):
         return torch.segment_reduce(data, "sum", offsets=indptr, axis=0)
 
 
@@ -242,11 +232,11 @@ class _CsrSum(torch.autograd.Function):
     the cached transpose (grad x) and an SDDMM (grad w); extra memory O(nnz + V D)."""
 
     @staticmethod
-    def forward(ctx, block, x, edge_weight, row_scale):
-        out = csr_spmm(block, x, edge_weight)
+    def forward(ctx, block, x, edge_weight, row_scale, deterministic):
+        out = csr_spmm(block, x, edge_weight, deterministic=deterministic)
         if row_scale is not None:
             out.mul_(row_scale.unsqueeze(1))
-        ctx.block = block
+        ctx.block, ctx.deterministic = block, deterministic
         ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, edge_weight, row_scale)
         return out
 
@@ -256,13 +246,15 @@ class _CsrSum(torch.autograd.Function):
         x, w, row_scale = ctx.saved_tensors
         block = ctx.block
         g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
-        grad_x = csr_spmm(block, g, w, transpose=True) if ctx.needs_input_grad[1] else None
-        grad_w = csr_sddmm(block, g, x) if ctx.needs_input_grad[2] else None
-        return None, grad_x, grad_w, None
+        det = ctx.deterministic
+        grad_x = csr_spmm(block, g, w, transpose=True, deterministic=det) if ctx.needs_input_grad[1] else None
+        grad_w = csr_sddmm(block, g, x, det) if ctx.needs_input_grad[2] else None
+        return None, grad_x, grad_w, None, None
 
 
 def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = None, *,
-                  row_scale: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+                  row_scale: torch.Tensor | None = None, backend: str = "auto",
+                  deterministic: bool = False) -> torch.Tensor:
     """``out[v] = row_scale[v] * sum_{edges e=(u->v)} edge_weight[e] * x[u]``.
 
     x: [num_src, *F]; edge_weight: [nnz] or None (1); row_scale: [num_dst] or None (1), a
@@ -278,7 +270,7 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     if _use_native(x, backend):
         out = _SpmmSum.apply(block, x2, edge_weight, row_scale)
     else:
-        out = _CsrSum.apply(block, x2, edge_weight, row_scale)
+        out = _CsrSum.apply(block, x2, edge_weight, row_scale, bool(deterministic))
     return out.reshape(block.num_dst, *feat_shape)
 
 
@@ -320,7 +312,7 @@ class _SpmmSumDst(torch.autograd.Function):
 
 
 def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | None = None,
-                           backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                           backend: str = "auto", deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(aggregate_sum(block, x, row_scale=row_scale), x[:num_dst])`` for a layer that reads
     both (SAGE, GCN: the neighbours and the destination's own row), x [num_src, D]. Same values;
     on the native backend the gradient of ``x`` is built in one buffer (see ``_SpmmSumDst``)
@@ -330,13 +322,15 @@ def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | 
     input) they stay a view, which keeps ``x`` until backward."""
     _check_rows(block, x, "aggregate_sum_with_dst")
     if x.dim() != 2 or not _use_native(x, backend) or not x.requires_grad or not torch.is_grad_enabled():
-        return aggregate_sum(block, x, row_scale=row_scale, backend=backend), dst_rows(block, x)
+        return (aggregate_sum(block, x, row_scale=row_scale, backend=backend, deterministic=deterministic),
+                dst_rows(block, x))
     if row_scale is not None:
         row_scale = row_scale.detach().to(x.dtype)
     return _SpmmSumDst.apply(block, x, row_scale)
 
 
-def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto",
+                          deterministic: bool = False) -> torch.Tensor:
     """``A^T g``: [num_src, d] sums of destination rows ``g`` [num_dst, d] over out-edges, the
     adjoint of an unweighted :func:`aggregate_sum` (no autograd graph). The native kernel over
     the block's cached transpose (CPU float32/float64), else a CSR SpMM with the cached
@@ -347,7 +341,7 @@ def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto") -> t
         out = g.new_empty((block.num_src, g.shape[1]))
         _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
         return out
-    return csr_spmm(block, g, transpose=True)
+    return csr_spmm(block, g, transpose=True, deterministic=deterministic)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, num_valid: int | None = None, *,
@@ -379,9 +373,10 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, num_valid: int | None = No
     return out
 
 
-def aggregate_mean(block, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+def aggregate_mean(block, x: torch.Tensor, *, backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
     """Mean of the in-neighbours' rows; 0 for destinations without in-edges. [num_dst, *F]."""
-    return aggregate_sum(block, x, row_scale=mean_scale(block, x.dtype), backend=backend)
+    return aggregate_sum(block, x, row_scale=mean_scale(block, x.dtype), backend=backend,
+                         deterministic=deterministic)
 
 
 # ---- mean over bfloat16 rows (SAGE's bf16 update) -------------------------------------------
@@ -486,14 +481,14 @@ class _EdgeLogits(torch.autograd.Function):
 
 
 def gat_edge_logits(block, el: torch.Tensor, er: torch.Tensor, negative_slope: float = 0.2, *,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
     """[nnz, H] attention logits ``LeakyReLU(el[src] + er[dst])``; el [num_src, H], er [num_dst, H]."""
     _check_rows(block, el, "gat_edge_logits")
     if negative_slope < 0:
         raise ValueError(f"negative_slope must be >= 0, got {negative_slope}")
     if _use_native(el, backend):
         return _EdgeLogits.apply(block, el, er.to(el.dtype), negative_slope)
-    return _EdgeLogitsTorch.apply(block, el, er.to(el.dtype), negative_slope)
+    return _EdgeLogitsTorch.apply(block, el, er.to(el.dtype), negative_slope, bool(deterministic))
 
 
 class _EdgeLogitsTorch(torch.autograd.Function):
@@ -502,12 +497,12 @@ class _EdgeLogitsTorch(torch.autograd.Function):
     segments), no atomics. Memory O(nnz H)."""
 
     @staticmethod
-    def forward(ctx, block, el, er, slope):
+    def forward(ctx, block, el, er, slope, deterministic):
         ip, ix = _device_csr(block, el.device)
-        with _det_scope():
+        with _det_scope(deterministic):
             pre = el.index_select(0, ix) + er.index_select(0, _edge_dst(block).to(el.device))
             out = torch.nn.functional.leaky_relu(pre, slope)
-        ctx.block, ctx.slope = block, float(slope)
+        ctx.block, ctx.slope, ctx.deterministic = block, float(slope), deterministic
         ctx.save_for_backward(out)
         return out
 
@@ -518,12 +513,13 @@ class _EdgeLogitsTorch(torch.autograd.Function):
         block = ctx.block
         g = torch.where(s > 0, grad, grad * ctx.slope)
         grad_el = grad_er = None
+        det = ctx.deterministic
         if ctx.needs_input_grad[2]:
-            grad_er = segment_sum(_device_csr(block, g.device)[0], g, block.num_dst)
+            grad_er = segment_sum(_device_csr(block, g.device)[0], g, block.num_dst, det)
         if ctx.needs_input_grad[1]:
             t_ptr, _, t_eid = _device_csr(block, g.device, transpose=True)
-            grad_el = segment_sum(t_ptr, g.index_select(0, t_eid), block.num_src)
-        return None, grad_el, grad_er, None
+            grad_el = segment_sum(t_ptr, g.index_select(0, t_eid), block.num_src, det)
+        return None, grad_el, grad_er, None, None
 
 
 class _EdgeSoftmax(torch.autograd.Function):
@@ -575,11 +571,11 @@ class _EdgeSoftmaxTorch(torch.autograd.Function):
     Memory O(nnz H)."""
 
     @staticmethod
-    def forward(ctx, block, logits, self_logits):
+    def forward(ctx, block, logits, self_logits, deterministic):
         ip, _ = _device_csr(block, logits.device)
         dst = _edge_dst(block).to(logits.device)
         nd = block.num_dst
-        with _det_scope():
+        with _det_scope(deterministic):
             if logits.shape[0]:
                 m = torch.segment_reduce(logits, "max", offsets=ip, axis=0)
             else:
@@ -588,14 +584,14 @@ class _EdgeSoftmaxTorch(torch.autograd.Function):
                 m = torch.maximum(m, self_logits)
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
             p = torch.exp(logits - m.index_select(0, dst))
-            s = segment_sum(ip, p, nd)
+            s = segment_sum(ip, p, nd, deterministic)
             self_alpha = None
             if self_logits is not None:
                 p_self = torch.exp(self_logits - m)
                 s = s + p_self
                 self_alpha = p_self / s
             alpha = p / s.index_select(0, dst)
-        ctx.block = block
+        ctx.block, ctx.deterministic = block, deterministic
         ctx.save_for_backward(alpha, self_alpha)
         return alpha if self_alpha is None else (alpha, self_alpha)
 
@@ -606,18 +602,18 @@ class _EdgeSoftmaxTorch(torch.autograd.Function):
         block = ctx.block
         grad = torch.zeros_like(alpha) if grad is None else grad
         ip, _ = _device_csr(block, alpha.device)
-        dot = segment_sum(ip, alpha * grad, block.num_dst)
+        dot = segment_sum(ip, alpha * grad, block.num_dst, ctx.deterministic)
         grad_self = None
         if self_alpha is not None:
             self_grad = torch.zeros_like(self_alpha) if self_grad is None else self_grad
             dot = dot + self_alpha * self_grad
             grad_self = self_alpha * (self_grad - dot)
         out = alpha * (grad - dot.index_select(0, _edge_dst(block).to(alpha.device)))
-        return None, out, grad_self
+        return None, out, grad_self, None
 
 
 def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None = None, *,
-                 backend: str = "auto"):
+                 backend: str = "auto", deterministic: bool = False):
     """Softmax of ``logits`` [nnz, H] over the in-edges of each destination.
 
     With ``self_logits`` [num_dst, H] every destination also has a self edge in the
@@ -627,7 +623,8 @@ def edge_softmax(block, logits: torch.Tensor, self_logits: torch.Tensor | None =
         if self_logits is None:
             return _EdgeSoftmax.apply(block, logits)
         return _EdgeSoftmaxSelf.apply(block, logits, self_logits.to(logits.dtype))
-    return _EdgeSoftmaxTorch.apply(block, logits, None if self_logits is None else self_logits.to(logits.dtype))
+    return _EdgeSoftmaxTorch.apply(block, logits, None if self_logits is None else self_logits.to(logits.dtype),
+                                   bool(deterministic))
 
 
 class _SpmmHeads(torch.autograd.Function):
@@ -665,7 +662,7 @@ class _SpmmHeads(torch.autograd.Function):
 
 
 def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, self_alpha: torch.Tensor | None = None, *,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
     """``out[v, h] = sum_{e=(u->v)} alpha[e, h] * z[u, h]`` (+ ``self_alpha[v, h] * z[v, h]``).
 
     alpha [nnz, H], z [num_src, H, D], self_alpha [num_dst, H] or None. Returns [num_dst, H, D].
@@ -679,7 +676,8 @@ def aggregate_heads(block, alpha: torch.Tensor, z: torch.Tensor, self_alpha: tor
                          f"{None if self_alpha is None else tuple(self_alpha.shape)}")
     if _use_native(z, backend):
         return _SpmmHeads.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype))
-    return _HeadsTorch.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype))
+    return _HeadsTorch.apply(block, alpha.to(z.dtype), z, None if self_alpha is None else self_alpha.to(z.dtype),
+                             bool(deterministic))
 
 
 class _HeadsTorch(torch.autograd.Function):
@@ -688,12 +686,13 @@ class _HeadsTorch(torch.autograd.Function):
     Extra memory O(nnz H + V D) (one head's rows at a time), not O(nnz H D)."""
 
     @staticmethod
-    def forward(ctx, block, alpha, z, self_alpha):
+    def forward(ctx, block, alpha, z, self_alpha, deterministic):
         nd, heads = block.num_dst, z.shape[1]
-        out = torch.stack([csr_spmm(block, z[:, h], alpha[:, h]) for h in range(heads)], 1)
+        out = torch.stack([csr_spmm(block, z[:, h], alpha[:, h], deterministic=deterministic)
+                           for h in range(heads)], 1)
         if self_alpha is not None:
             out.add_(self_alpha.unsqueeze(2) * z[:nd])
-        ctx.block = block
+        ctx.block, ctx.deterministic = block, deterministic
         ctx.save_for_backward(alpha, z, self_alpha)
         return out
 
@@ -702,23 +701,23 @@ class _HeadsTorch(torch.autograd.Function):
     def backward(ctx, grad):
         alpha, z, self_alpha = ctx.saved_tensors
         block = ctx.block
-        nd, heads = block.num_dst, z.shape[1]
+        nd, heads, det = block.num_dst, z.shape[1], ctx.deterministic
         grad_alpha = grad_z = grad_self = None
         if ctx.needs_input_grad[1]:
-            grad_alpha = torch.stack([csr_sddmm(block, grad[:, h], z[:, h]) for h in range(heads)], 1)
+            grad_alpha = torch.stack([csr_sddmm(block, grad[:, h], z[:, h], det) for h in range(heads)], 1)
         if ctx.needs_input_grad[3] and self_alpha is not None:
             grad_self = (grad * z[:nd]).sum(2)
         if ctx.needs_input_grad[2]:
-            grad_z = torch.stack([csr_spmm(block, grad[:, h], alpha[:, h], transpose=True)
+            grad_z = torch.stack([csr_spmm(block, grad[:, h], alpha[:, h], transpose=True, deterministic=det)
                                   for h in range(heads)], 1)
             if self_alpha is not None:
                 grad_z[:nd].add_(self_alpha.unsqueeze(2) * grad)
-        return None, grad_alpha, grad_z, grad_self
+        return None, grad_alpha, grad_z, grad_self, None
 
 
 def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: torch.Tensor,
                   negative_slope: float = 0.2, *, self_loop: bool = True, attn_dropout: float = 0.0,
-                  training: bool = False, backend: str = "auto") -> torch.Tensor:
+                  training: bool = False, backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
     """GAT attention aggregation, [num_dst, H, D].
 
     ``alpha = EdgeSoftmax(LeakyReLU(logits_src[u] + logits_dst[v]))`` over the in-edges of
@@ -727,18 +726,19 @@ def gat_aggregate(block, z: torch.Tensor, logits_src: torch.Tensor, logits_dst: 
     ``out[v] = sum_u alpha_uv z[u]``. z [num_src, H, D], logits_src [num_src, H],
     logits_dst [num_dst, H]. Without a self loop a destination with no in-edges gets 0.
     """
-    logits = gat_edge_logits(block, logits_src, logits_dst, negative_slope, backend=backend)
+    kernels = dict(backend=backend, deterministic=deterministic)
+    logits = gat_edge_logits(block, logits_src, logits_dst, negative_slope, **kernels)
     if self_loop:
         nd = block.num_dst
         self_logits = torch.nn.functional.leaky_relu(logits_src[:nd] + logits_dst, negative_slope)
-        alpha, self_alpha = edge_softmax(block, logits, self_logits, backend=backend)
+        alpha, self_alpha = edge_softmax(block, logits, self_logits, **kernels)
     else:
-        alpha = edge_softmax(block, logits, backend=backend)
+        alpha = edge_softmax(block, logits, **kernels)
     if attn_dropout > 0 and training:
         alpha = dropout(alpha, attn_dropout, True)
         if self_loop:
             self_alpha = dropout(self_alpha, attn_dropout, True)
-    return aggregate_heads(block, alpha, z, self_alpha if self_loop else None, backend=backend)
+    return aggregate_heads(block, alpha, z, self_alpha if self_loop else None, **kernels)
 
 
 # ---- bandwidth measurement -----------------------------------------------------------------

@@ -37,6 +37,12 @@ from hpcgnn.nn.precision import Linear
 GAT_VARIANTS = ("distgnn", "standard")
 
 
+def kernels(layer) -> dict:
+    """The aggregation keywords of a layer (``train.kernels``, ``train.deterministic``): its
+    ``backend`` and ``deterministic`` attributes (:mod:`hpcgnn.nn.aggregate`)."""
+    return {"backend": layer.backend, "deterministic": layer.deterministic}
+
+
 def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, num_edges: int) -> bool:
     """The rule of :meth:`SAGEConv.projects_first` from shapes alone (the memory estimate uses
     it too): project first when that shrinks the width and the extra rows it projects cost less
@@ -50,9 +56,11 @@ class SAGEConv(nn.Module):
     """GraphSAGE-mean (DistGNN-MB eq. 1 without the activation):
     ``out_v = W_n · mean_{u in N(v)} h_u + W_s · h_v + b``; mean over no neighbours = 0."""
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto",
+                 deterministic: bool = False):
         super().__init__()
-        self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.backend, self.deterministic = backend, deterministic
         self.lin_neigh = Linear(in_dim, out_dim, bias=False)
         self.lin_self = Linear(in_dim, out_dim, bias=bias)
 
@@ -69,7 +77,7 @@ class SAGEConv(nn.Module):
     def combine(self, block, src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
         """Output rows of ``block``'s destinations from ``src = source_rows(h)`` [num_src, ...]
         and the destinations' own input rows ``h_dst`` [num_dst, in_dim]."""
-        return self.update(aggregate_mean(block, src, backend=self.backend), h_dst)
+        return self.update(aggregate_mean(block, src, **kernels(self)), h_dst)
 
     def update(self, neigh: torch.Tensor, h_dst: torch.Tensor, projected: bool | None = None) -> torch.Tensor:
         """Output rows from the neighbour mean ``neigh`` and the destinations' own rows ``h_dst``.
@@ -105,7 +113,7 @@ class SAGEConv(nn.Module):
         if cd == torch.bfloat16 and bf16_gather_pays(block, h, self.backend):
             return self._forward_bf16_gather(block, h)
         # h is both the aggregated rows and the destinations' own: one gradient buffer for both
-        neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), backend=self.backend)
+        neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), **kernels(self))
         return self.update(neigh, h_dst, projected=False)
 
     def _forward_bf16_gather(self, block, h: torch.Tensor) -> torch.Tensor:
@@ -136,7 +144,7 @@ class SAGEConv(nn.Module):
 
     def aggregate(self, block, h: torch.Tensor) -> torch.Tensor:
         """Parameter-free, linear: the neighbour mean of ``h`` at the input width [num_dst, in_dim]."""
-        return aggregate_mean(block, h, backend=self.backend)
+        return aggregate_mean(block, h, **kernels(self))
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
         """The rest of the layer: ``forward(block, h) == update_from_aggregate(aggregate(block, h),
@@ -146,7 +154,7 @@ class SAGEConv(nn.Module):
     def aggregate_adjoint(self, block, grad_agg: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
         return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1),
-                                     backend=self.backend)
+                                     **kernels(self))
 
 
 def gcn_norm(degree) -> torch.Tensor:
@@ -177,9 +185,11 @@ class GCNConv(nn.Module):
     (:func:`gcn_block_norm`, the minibatch engine's training; see the module docstring).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto"):
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, backend: str = "auto",
+                 deterministic: bool = False):
         super().__init__()
-        self.in_dim, self.out_dim, self.backend = in_dim, out_dim, backend
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.backend, self.deterministic = backend, deterministic
         self.lin = Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
@@ -197,7 +207,7 @@ class GCNConv(nn.Module):
         y = self.source_rows(h, src_scale)
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
         # y is both the aggregated rows and the self loop's: one gradient buffer for both
-        agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, backend=self.backend)
+        agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, **kernels(self))
         return self._finish(agg, y_dst, dst_scale)
 
     @property
@@ -216,7 +226,7 @@ class GCNConv(nn.Module):
         """Output rows of ``block``'s destinations from ``y = source_rows(h, src_scale)``, the
         destinations' own rows of ``y`` (``y_dst``, the self loop) and ``dst_scale`` [num_dst]."""
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
-        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, backend=self.backend), y_dst, dst_scale)
+        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, **kernels(self)), y_dst, dst_scale)
 
     def _finish(self, agg: torch.Tensor, y_dst: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
         """The layer's output from the scaled neighbour sum ``agg``, the self loop's rows and scale."""
@@ -235,7 +245,7 @@ class GCNConv(nn.Module):
         s_src = src_scale.to(h.dtype).unsqueeze(1)
         s_dst = dst_scale.to(h.dtype)
         y = h * s_src
-        return aggregate_sum(block, y, row_scale=s_dst, backend=self.backend) + dst_rows(block, y) * s_dst.unsqueeze(1)
+        return aggregate_sum(block, y, row_scale=s_dst, **kernels(self)) + dst_rows(block, y) * s_dst.unsqueeze(1)
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
         """``lin(agg) + bias``: ``forward(block, h, s, d) == update_from_aggregate(aggregate(block, h, s, d))``."""
@@ -246,7 +256,7 @@ class GCNConv(nn.Module):
                           dst_scale: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
         g = grad_agg * dst_scale.to(grad_agg.dtype).unsqueeze(1)
-        gx = aggregate_sum_adjoint(block, g, backend=self.backend)
+        gx = aggregate_sum_adjoint(block, g, **kernels(self))
         gx[:block.num_dst] += g
         return gx * src_scale.to(grad_agg.dtype).unsqueeze(1)
 
@@ -267,14 +277,15 @@ class GATConv(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 4, variant: str = "distgnn",
                  negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loop: bool = True,
-                 project_activation: bool = True, bias: bool = True, backend: str = "auto"):
+                 project_activation: bool = True, bias: bool = True, backend: str = "auto",
+                 deterministic: bool = False):
         super().__init__()
         if variant not in GAT_VARIANTS:
             raise ValueError(f"GATConv: variant must be one of {GAT_VARIANTS}, got {variant!r}")
         self.in_dim, self.out_dim, self.heads, self.variant = in_dim, out_dim, heads, variant
         self.negative_slope, self.attn_dropout, self.self_loop = negative_slope, attn_dropout, self_loop
         self.project_activation = project_activation and variant == "distgnn"
-        self.backend = backend
+        self.backend, self.deterministic = backend, deterministic
         self.fc = Linear(in_dim, heads * out_dim, bias=bias and variant == "distgnn")
         self.attn_src = nn.Parameter(torch.empty(1, heads, out_dim))
         self.attn_dst = nn.Parameter(torch.empty(1, heads, out_dim))
@@ -302,7 +313,7 @@ class GATConv(nn.Module):
         er = (z_dst * self.attn_dst).sum(-1)
         out = gat_aggregate(block, z, el, er, self.negative_slope,
                             self_loop=self.self_loop if self_loop is None else self_loop,
-                            attn_dropout=self.attn_dropout, training=self.training, backend=self.backend)
+                            attn_dropout=self.attn_dropout, training=self.training, **kernels(self))
         if self.bias is not None:
             out = out + self.bias.view(1, self.heads, self.out_dim)
         return out

@@ -66,14 +66,15 @@ class Propagation:
     """
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, kind: str, chunk_bounds=None,
-                 dtype=torch.float32, backend: str = "auto"):
+                 dtype=torch.float32, backend: str = "auto", deterministic: bool = False):
         from hpcgnn.sampling.block import Block
 
         if kind not in ("gcn", "mean", "attention"):
             raise ValueError(f"Propagation: kind must be gcn, mean or attention, got {kind!r}")
         v = int(indptr.shape[0] - 1)
         self.num_nodes, self.kind, self.dtype = v, kind, dtype
-        self.backend = backend      # the attention operators' (hpcgnn.nn.aggregate backends)
+        # the attention operators' kernels (hpcgnn.nn.aggregate: backend, deterministic)
+        self.backend, self.deterministic = backend, bool(deterministic)
         deg = np.diff(indptr).astype(np.float64)
         ip, ix = with_self_loops(indptr, indices)
         self.indptr, self.indices = ip, ix
@@ -169,8 +170,9 @@ class Propagation:
         in-edges and itself (autograd through both scalars; el, er: [V])."""
         from hpcgnn.nn.aggregate import edge_softmax, gat_edge_logits
 
-        logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope, backend=self.backend)
-        return edge_softmax(self.block, logits, backend=self.backend).squeeze(1)
+        kernels = {"backend": self.backend, "deterministic": self.deterministic}
+        logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope, **kernels)
+        return edge_softmax(self.block, logits, **kernels).squeeze(1)
 
     def dense(self, weight=None) -> torch.Tensor:
         """``A`` as a dense [V, V] float64 matrix (tests, small graphs)."""
@@ -188,7 +190,8 @@ def _native(t: torch.Tensor, backend: str) -> bool:
     return _use_native(t, backend)
 
 
-def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
+def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, backend: str = "auto",
+                deterministic: bool = False) -> torch.Tensor:
     """``A^T g``: [num_src, d] from destination rows ``g`` [num_dst, d] of the weighted block
     ``A`` (``weight`` [nnz] or None = 1), the adjoint of
     :func:`hpcgnn.nn.aggregate.aggregate_sum` (no autograd graph). CPU float32/float64: the
@@ -205,10 +208,11 @@ def sum_adjoint(block, g: torch.Tensor, weight: torch.Tensor | None = None, *, b
         return out
     from hpcgnn.nn.aggregate import csr_spmm
 
-    return csr_spmm(block, g, w, transpose=True)
+    return csr_spmm(block, g, w, transpose=True, deterministic=deterministic)
 
 
-def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto",
+             deterministic: bool = False) -> torch.Tensor:
     """[nnz]: ``g[dst_e] . x[src_e]`` per edge ``e`` of ``block`` (the gradient of the edge
     weights of ``aggregate_sum(block, x, w)`` for the output gradient ``g``). CPU: the native
     SDDMM kernel; any other device or ``backend = "torch"``: torch's sampled dense-dense
@@ -223,7 +227,7 @@ def edge_dot(block, g: torch.Tensor, x: torch.Tensor, *, backend: str = "auto") 
         return out.view(-1)
     from hpcgnn.nn.aggregate import csr_sddmm
 
-    return csr_sddmm(block, g, x)
+    return csr_sddmm(block, g, x, deterministic)
 
 
 class DecoupledModel(nn.Module):

@@ -81,7 +81,7 @@ class GNN(nn.Module):
 def build_model(arch: str, in_dim: int, hidden: int, num_classes: int, num_layers: int = 3,
                 heads: int = 4, dropout: float = 0.5, *, gat_variant: str = "distgnn",
                 negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loop: bool = True,
-                backend: str = "auto", seed: int | None = None) -> GNN:
+                backend: str = "auto", deterministic: bool = False, seed: int | None = None) -> GNN:
     """A ``num_layers``-layer GNN: in_dim -> hidden -> ... -> num_classes.
 
     arch: ``"sage"`` (mean), ``"gcn"`` or ``"gat"``. For GAT, ``hidden`` is the width per
@@ -90,7 +90,8 @@ def build_model(arch: str, in_dim: int, hidden: int, num_classes: int, num_layer
     ``"standard"``; ``self_loop``, ``negative_slope`` and ``attn_dropout`` as in
     :class:`~hpcgnn.nn.conv.GATConv`. Parameters are drawn from torch's global RNG, or from
     ``torch.manual_seed(seed)`` inside a forked RNG (global state untouched) when ``seed`` is
-    given. Bad values raise :class:`~hpcgnn.errors.InputError`.
+    given. ``backend`` and ``deterministic`` choose every layer's aggregation kernels
+    (:mod:`hpcgnn.nn.aggregate`). Bad values raise :class:`~hpcgnn.errors.InputError`.
     """
     if arch not in ARCHS:
         raise InputError(f"model.arch = {arch!r}: expected one of {', '.join(ARCHS)}")
@@ -108,28 +109,29 @@ def build_model(arch: str, in_dim: int, hidden: int, num_classes: int, num_layer
         raise InputError(f"model backend = {backend!r}: expected one of {', '.join(BACKENDS)}")
     if seed is None:
         return _build(arch, in_dim, hidden, num_classes, num_layers, heads, dropout, gat_variant,
-                      negative_slope, attn_dropout, self_loop, backend)
+                      negative_slope, attn_dropout, self_loop, backend, deterministic)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _build(arch, in_dim, hidden, num_classes, num_layers, heads, dropout, gat_variant,
-                      negative_slope, attn_dropout, self_loop, backend)
+                      negative_slope, attn_dropout, self_loop, backend, deterministic)
 
 
 def _build(arch, in_dim, hidden, num_classes, num_layers, heads, dropout, gat_variant,
-           negative_slope, attn_dropout, self_loop, backend) -> GNN:
+           negative_slope, attn_dropout, self_loop, backend, deterministic) -> GNN:
+    kernels = {"backend": backend, "deterministic": bool(deterministic)}
     layers: list[nn.Module] = []
     width = in_dim
     for l in range(num_layers):
         last = l == num_layers - 1
         out = num_classes if last else hidden
         if arch == "sage":
-            layers.append(SAGEConv(width, out, backend=backend))
+            layers.append(SAGEConv(width, out, **kernels))
             width = out
         elif arch == "gcn":
-            layers.append(GCNConv(width, out, backend=backend))
+            layers.append(GCNConv(width, out, **kernels))
             width = out
         else:
             layers.append(GATConv(width, out, heads, gat_variant, negative_slope, attn_dropout, self_loop,
-                                  project_activation=not last, backend=backend))
+                                  project_activation=not last, **kernels))
             width = out * heads
     return GNN(arch, layers, dropout)

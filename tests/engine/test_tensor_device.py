@@ -317,3 +317,42 @@ def test_streamed_chunks_copy_the_host_transpose_instead_of_sorting_each_round(k
     t_bytes = sum(int(t.nbytes) for b in stage.blocks for t in b._cache["transpose"])
     plain_topo, streamed_topo = plain[1][3].get("h2d_topo_bytes", 0), streamed[1][3]["h2d_topo_bytes"]
     assert streamed_topo - plain_topo >= 3 * t_bytes   # each backward round copies every chunk's transpose
+
+
+def test_deterministic_reaches_the_chunk_operators(monkeypatch):
+    """``train.deterministic``: the staged path's chunk operators (forward aggregation, the
+    adjoint, the edge-score SDDMM) and the attention's logits and softmax all run under torch's
+    deterministic algorithms when the propagation and the stage carry the flag, and none do
+    without it."""
+    import torch
+
+    from hpcgnn.comm.tensor_parallel import TPComm, TPLayout
+    from hpcgnn.engine.chunk_schedule import chunk_bounds
+    from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun
+    from hpcgnn.nn import aggregate as agg
+    from hpcgnn.nn.decoupled import Propagation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    from toygraph import toy_graph
+
+    flags = []
+    orig = agg._det_scope
+
+    def spy(det):
+        flags.append(det)
+        return orig(det)
+
+    monkeypatch.setattr(agg, "_det_scope", spy)
+    graph = toy_graph(80, 4.0, num_features=4, num_classes=3, seed=5)
+    cb = chunk_bounds(graph.indptr, 2)
+    lay = TPLayout.build(graph.indptr, graph.indices, cb, 1, 0)
+    for det in (True, False):
+        flags.clear()
+        prop = Propagation(graph.indptr, graph.indices, "attention", cb, backend="torch", deterministic=det)
+        stage = DeviceStage(prop, "cpu", backend="torch", deterministic=det)
+        run = TPRun(TPComm(None, lay), lay, prop, True, stage)
+        h = torch.randn(lay.num_own, 3, requires_grad=True)
+        el, er = torch.randn(graph.num_nodes, requires_grad=True), torch.randn(graph.num_nodes, requires_grad=True)
+        TPPropagate.apply(h, prop.attention(el, er), run, 2, 0.9, 0.1).square().sum().backward()
+        assert el.grad is not None and h.grad is not None
+        assert len(flags) >= 6 and set(flags) == {det}, flags

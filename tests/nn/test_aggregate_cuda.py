@@ -131,20 +131,16 @@ def test_deterministic_device_runs_are_bit_identical():
     and a weighted sum on the GPU give the same bits."""
     blk = random_block(300, 120, 6000, seed=9).to(CUDA)
     torch.manual_seed(0)
-    conv = GATConv(16, 8, heads=4, variant="standard", backend="torch").to(CUDA)
+    conv = GATConv(16, 8, heads=4, variant="standard", backend="torch", deterministic=True).to(CUDA)
     h = torch.randn(300, 16, generator=torch.Generator().manual_seed(1)).to(CUDA)
     w = torch.rand(6000, generator=torch.Generator().manual_seed(2)).to(CUDA)
-    old = agg.set_deterministic(True)
-    try:
-        runs = []
-        for _ in range(2):
-            conv.zero_grad(set_to_none=True)
-            x = h.clone().requires_grad_(True)
-            att, summed = conv(blk, x), agg.aggregate_sum(blk, x, w, backend="torch")
-            (att.square().sum() + summed.square().sum()).backward()
-            runs.append([att.detach().cpu(), summed.detach().cpu(), x.grad.cpu()]
-                        + [p.grad.cpu() for p in conv.parameters()])
-    finally:
-        agg.set_deterministic(old)
+    runs = []
+    for _ in range(2):
+        conv.zero_grad(set_to_none=True)
+        x = h.clone().requires_grad_(True)
+        att, summed = conv(blk, x), agg.aggregate_sum(blk, x, w, backend="torch", deterministic=True)
+        (att.square().sum() + summed.square().sum()).backward()
+        runs.append([att.detach().cpu(), summed.detach().cpu(), x.grad.cpu()]
+                    + [p.grad.cpu() for p in conv.parameters()])
     for a, b in zip(*runs):
         assert torch.equal(a, b)

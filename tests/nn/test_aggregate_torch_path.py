@@ -141,27 +141,58 @@ def test_csr_tensors_are_built_once_per_block_and_device():
     assert "transpose" in moved._cache and not any(isinstance(k, tuple) for k in moved._cache)
 
 
-def test_deterministic_setting_scopes_torch_algorithms():
+def test_deterministic_setting_scopes_torch_algorithms(monkeypatch):
+    """deterministic=True runs the torch path's kernels, forward and backward, under torch's
+    deterministic algorithms and restores the switch at once; False leaves them alone."""
     blk = random_block(20, 8, 40, seed=1)
-    x = torch.randn(20, 3)
-    old = agg.set_deterministic(True)
-    try:
-        seen = []
-        orig = torch.sparse.mm
+    x = torch.randn(20, 3, requires_grad=True)
+    w = torch.rand(40, requires_grad=True)
+    seen = []
+    orig_mm, orig_sddmm = torch.sparse.mm, torch.sparse.sampled_addmm
 
-        def spy(a, b):
-            seen.append(torch.are_deterministic_algorithms_enabled())
-            return orig(a, b)
+    def spy_mm(a, b):
+        seen.append(("mm", torch.are_deterministic_algorithms_enabled()))
+        return orig_mm(a, b)
 
-        torch.sparse.mm = spy
-        try:
-            out = agg.aggregate_sum(blk, x, backend="torch")
-        finally:
-            torch.sparse.mm = orig
-        assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
-        _close(out, agg.aggregate_sum(blk, x, backend="native"))
-    finally:
-        agg.set_deterministic(old)
+    def spy_sddmm(*args, **kwargs):
+        seen.append(("sddmm", torch.are_deterministic_algorithms_enabled()))
+        return orig_sddmm(*args, **kwargs)
+
+    monkeypatch.setattr(torch.sparse, "mm", spy_mm)
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", spy_sddmm)
+    out = agg.aggregate_sum(blk, x, w, backend="torch", deterministic=True)
+    assert seen == [("mm", True)] and not torch.are_deterministic_algorithms_enabled()
+    out.square().sum().backward()   # grad x: SpMM on the transpose; grad w: SDDMM
+    assert sorted(seen) == [("mm", True), ("mm", True), ("sddmm", True)]
+    assert not torch.are_deterministic_algorithms_enabled()
+    _close(out, agg.aggregate_sum(blk, x, w, backend="native"))
+    seen.clear()
+    agg.aggregate_sum(blk, x, w, backend="torch").square().sum().backward()
+    assert sorted(seen) == [("mm", False), ("mm", False), ("sddmm", False)]
+
+
+def test_deterministic_layers_carry_the_setting(monkeypatch):
+    """build_model(deterministic=True) gives every layer the flag, and a GAT layer's edge
+    softmax and attention sums (forward and backward) run under it."""
+    from hpcgnn.nn.models import build_model
+
+    blk = random_block(30, 10, 60, seed=4)
+    flags = []
+    orig = agg._det_scope
+
+    def spy(det):
+        flags.append(det)
+        return orig(det)
+
+    monkeypatch.setattr(agg, "_det_scope", spy)
+    for det in (True, False):
+        flags.clear()
+        model = build_model("gat", 6, 4, 3, num_layers=2, heads=2, dropout=0.0, backend="torch",
+                            deterministic=det, seed=0)
+        assert all(layer.deterministic is det for layer in model.layers)
+        x = torch.randn(30, 6, requires_grad=True)
+        model.layers[0](blk, x).sum().backward()   # GAT: logits, edge softmax, attention sums
+        assert flags and set(flags) == {det}
 
 
 MEMORY_SCRIPT = r"""
@@ -220,3 +251,16 @@ def test_torch_path_extra_memory_is_not_one_row_per_edge():
     assert grown < 0.25 * per_edge_rows, (grown, per_edge_rows)
     old, _ = _growth("index_select")
     assert old > per_edge_rows, (old, per_edge_rows)
+
+
+def test_train_deterministic_reaches_the_model_layers():
+    """``train.deterministic = true`` in a config gives every layer of the built model the flag
+    (and ``false`` none), with ``train.kernels`` as every layer's backend."""
+    from hpcgnn.engine.model import build_model_from_config
+    from hpcgnn.run.config import load_config
+
+    for det in (True, False):
+        cfg = load_config(None, ["data.partitions=unused", "model.arch=gat", "model.layers=3", "train.kernels=torch",
+                                 f"train.deterministic={str(det).lower()}"])
+        model = build_model_from_config(cfg, 5, 3)
+        assert [(layer.backend, layer.deterministic) for layer in model.layers] == [("torch", det)] * 3
