@@ -411,6 +411,15 @@ class _TorchWork(Pending):
         return self.result
 
 
+def copy_back_into(buf: torch.Tensor):
+    """The ``finish`` of a :class:`_TorchWork` that reduced a copy of ``buf`` on the
+    communicator's device: copies the result into ``buf`` (on its own device) and returns None."""
+    def finish(result: torch.Tensor) -> None:
+        buf.copy_(result)
+
+    return finish
+
+
 def _byte_rows(x: torch.Tensor) -> torch.Tensor:
     """A contiguous ``x`` [n, ...] viewed as uint8 rows [n, row bytes] (moves of rows need no
     arithmetic, and gloo has no int16/bfloat16 collectives)."""
@@ -466,9 +475,9 @@ class TorchCommunicator(Communicator):
         sc = self._counts(send_counts, "send_counts")
         self._check_rows(send, sc)
         rc = self.exchange_counts(sc) if recv_counts is None else self._counts(recv_counts, "recv_counts")
+        if self.size == 1:        # one rank: a copy on the sender's device (as every rank's result)
+            return _Done(send.detach().contiguous().clone())
         x = self._on(send)
-        if self.size == 1:
-            return _Done(x.clone() if x.data_ptr() == send.data_ptr() else x)
         xb = _byte_rows(x)
         out = xb.new_empty((int(rc.sum()), xb.shape[1]))
         work = dist.all_to_all_single(out, xb, output_split_sizes=rc.tolist(),
@@ -487,7 +496,7 @@ class TorchCommunicator(Communicator):
         work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True, group=self.group)
         if t is buf:
             return _TorchWork(work)
-        return _TorchWork(work, t, lambda r: buf.copy_(r) and None)
+        return _TorchWork(work, t, copy_back_into(buf))
 
     def allreduce_(self, buf, op: str = "sum"):
         import torch.distributed as dist
@@ -512,11 +521,11 @@ class TorchCommunicator(Communicator):
         import torch.distributed as dist
 
         c = self._counts(counts, "counts")
-        x = self._on(send)
-        if x.shape[0] != c[self.rank]:
-            raise ValueError(f"allgatherv: rank {self.rank} sends {x.shape[0]} rows, counts say {c[self.rank]}")
+        if send.shape[0] != c[self.rank]:
+            raise ValueError(f"allgatherv: rank {self.rank} sends {send.shape[0]} rows, counts say {c[self.rank]}")
         if self.size == 1:
-            return x.clone().to(send.device)
+            return send.detach().contiguous().clone()
+        x = self._on(send)
         # equal pieces (padded to the largest count), then the padding dropped
         most = int(c.max())
         xb = _byte_rows(x)

@@ -47,10 +47,9 @@ class StreamStep:
 
     def sources(self) -> torch.Tensor:
         """The chunk's source rows from the buffer (tracked by the meter when gathered)."""
-        slots = self.stream.dev(self.slots)
-        if self.identity:
-            return self.buf[:slots.shape[0]]
-        x = self.buf.index_select(0, slots)
+        if self.identity:             # the buffer's prefix: no slot index to copy to the device
+            return self.buf[:self.slots.shape[0]]
+        x = self.buf.index_select(0, self.stream.dev(self.slots))
         self.stream.meter.track(x)
         return x
 

@@ -223,14 +223,12 @@ class OffloadEngine:
         return [self._copy_inputs(c) for c in range(len(self.chunks))]
 
     def _copy_inputs(self, c: int):
-        from hpcgnn.sampling.block import Block
-
+        """Chunk ``c``'s block and context copied to the device (h2d ``topo``); the block's
+        backward takes the host block's transpose (built once) instead of sorting on the device."""
         block, ctx = self.blocks[c], self.contexts[c]
-        dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-        self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes
-                             + sum(v.nbytes for v in ctx.values()))
-        return (Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices)),
-                {k: dev(v) for k, v in ctx.items()})
+        self.counter.add_h2d("topo", sum(v.nbytes for v in ctx.values()))
+        return (block.streamed_copy(self.device, self.pin, lambda n: self.counter.add_h2d("topo", n)),
+                {k: v.to(self.device, non_blocking=True) for k, v in ctx.items()})
 
     def _chunk_inputs(self, c: int):
         """Chunk ``c``'s block and context on the device: the host ones on the CPU, the

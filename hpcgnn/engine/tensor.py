@@ -142,7 +142,7 @@ class DeviceStage:
         self._pool: dict = {}
         self._dev_pool: dict = {}
         self._dev_blocks = None
-        self._dev_weight = (None, None)                # (source tensor's key, its device copy)
+        self._dev_weight = (None, 0, None)   # (the host weights copied, their version, the device copy)
         if self.resident and self.cuda:               # the topology, copied once and kept
             self._dev_blocks = [Block(b.num_src, b.num_dst, b.indptr.to(self.device), b.indices.to(self.device))
                                 for b in self.blocks]
@@ -185,23 +185,33 @@ class DeviceStage:
             t.zero_()
         return t
 
+    def _span_start(self):
+        """On CUDA, a timing event recorded now on the compute stream (the start of a chunk's
+        aggregation, :meth:`TPRun._agg`); None on the CPU (host time is the device's)."""
+        if self.device.type != "cuda":
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
     def _weight(self, weight):
         """The edge weights on the device: the host ones on the CPU; resident, one copy per
         distinct weight tensor (the matrix's own once, attention's once per pass)."""
         w = self.weight if weight is None else weight.detach()
         if w is None or not self.cuda or not self.resident:
             return w
-        key = (w.data_ptr(), w._version, tuple(w.shape))
-        if self._dev_weight[0] != key:
+        # the cache holds the host tensor it copied (detached: no autograd graph), so that its
+        # memory cannot go to the next pass's weights while the key still names it
+        held, version, dev = self._dev_weight
+        if held is None or not (held.data_ptr() == w.data_ptr() and held.shape == w.shape
+                                and held.dtype == w.dtype and version == w._version):
             self.counter.add_h2d("topo", w.nbytes)
-            self._dev_weight = (key, w.to(self.device))
-        return self._dev_weight[1]
+            self._dev_weight = (w, w._version, w.to(self.device, copy=True))
+        return self._dev_weight[2]
 
     def _inputs(self, j: int, weight):
         """Chunk ``j``'s block and edge weights on the device (streamed on CUDA: copied from
         host memory with the chunk's slots, counted as h2d ``topo``)."""
-        from hpcgnn.sampling.block import TRANSPOSE_FROM, Block
-
         e0, e1 = self.edges[j]
         w = self._weight(weight)
         w = None if w is None else w[e0:e1]
@@ -210,21 +220,11 @@ class DeviceStage:
             return block, w
         if self._dev_blocks is not None:
             return self._dev_blocks[j], w
-        dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
         slots = self.stream.chunk_slots[j][0]
-        self.counter.add_h2d("topo", block.indptr.nbytes + block.indices.nbytes + slots.nbytes
-                             + (0 if w is None else w.nbytes))
-        db = Block(block.num_src, block.num_dst, dev(block.indptr), dev(block.indices))
-        db._cache[TRANSPOSE_FROM] = functools.partial(self._transpose_to, j)   # backward: copied, not sorted
-        return db, None if w is None else dev(w)
-
-    def _transpose_to(self, j: int, device) -> tuple:
-        """Chunk ``j``'s transposed CSR on ``device``: built once in host memory (the native
-        counting sort, page-locked on CUDA, cached on the host block) and copied per use (h2d
-        ``topo``), so a streamed backward round sorts nothing on the device."""
-        parts = self.blocks[j].transpose(pin=self.pin)
-        self.counter.add_h2d("topo", sum(int(t.nbytes) for t in parts))
-        return tuple(t.to(device, non_blocking=True) for t in parts)
+        self.counter.add_h2d("topo", slots.nbytes + (0 if w is None else w.nbytes))
+        # backward: the host block's transpose copied, not sorted on the device every round
+        db = block.streamed_copy(self.device, self.pin, functools.partial(self.counter.add_h2d, "topo"))
+        return db, None if w is None else w.to(self.device, non_blocking=True)
 
     def _index(self, rows) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)).to(self.device)
@@ -293,6 +293,7 @@ class DeviceStage:
             with self.meter.scope(), torch.no_grad():
                 block, wj = self._inputs(j, weight)
                 x = step.sources()
+                start = self._span_start()             # after the wait for the chunk's rows
                 out = aggregate_sum(block, x, wj, **self.kernels)
                 self.meter.track(out)
                 if c != 1.0:
@@ -306,7 +307,7 @@ class DeviceStage:
                 else:
                     self.mover.store_range(out, nxt, a, "out")
             e0, e1 = self.edges[j]
-            run._agg(time.perf_counter() - t0 - (waited[0] - w0), (e1 - e0) * w)
+            run._agg(time.perf_counter() - t0 - (waited[0] - w0), (e1 - e0) * w, start)
             after_store(j)
         self.mover.synchronize()
 
@@ -350,6 +351,7 @@ class DeviceStage:
                     x = step.sources()
                     self.meter.track(x)
                 g = self._range(gk, a, b, "grad", gk_dev)
+                start = self._span_start()             # after the waits for the chunk's inputs
                 g_rows = g * c if c != 1.0 else g
                 gx = sum_adjoint(block, g_rows, wj, **self.kernels)
                 self.meter.track(g, g_rows, gx)
@@ -361,7 +363,7 @@ class DeviceStage:
                     self.mover.add_rows(edge_dot(block, g_rows, x, **self.kernels), grad_w,
                                         np.arange(e0, e1, dtype=np.int64), "edge_grad")
             e0, e1 = self.edges[j]
-            run._agg(time.perf_counter() - t0, (e1 - e0) * w)
+            run._agg(time.perf_counter() - t0, (e1 - e0) * w, start)
         self.mover.synchronize()
 
 
@@ -373,18 +375,39 @@ class TPRun:
     def __init__(self, tp: TPComm, layout: TPLayout, prop, pipeline: bool, stage: DeviceStage | None = None):
         self.tp, self.layout, self.prop, self.pipeline = tp, layout, prop, pipeline
         self.stage = stage
-        self.aggregate_s = 0.0
+        self._aggregate_s = 0.0
+        self._spans: list = []          # CUDA (start, end) event pairs of chunk aggregations
         self.edge_columns = 0
         self.alltoalls = 0
         self.record = True
 
     def reset(self) -> None:
-        self.aggregate_s, self.edge_columns, self.alltoalls = 0.0, 0, 0
+        self._aggregate_s, self._spans, self.edge_columns, self.alltoalls = 0.0, [], 0, 0
 
-    def _agg(self, seconds: float, columns: int = 0) -> None:
-        if self.record:
-            self.aggregate_s += seconds
-            self.edge_columns += columns
+    @property
+    def aggregate_s(self) -> float:
+        """Seconds of chunk aggregation since :meth:`reset`: host time on the CPU; on CUDA the
+        device time between each chunk's events, resolved here (once per epoch: it waits for
+        the last of them) instead of a synchronisation per chunk."""
+        if self._spans:
+            self._spans[-1][1].synchronize()
+            self._aggregate_s += sum(s.elapsed_time(e) for s, e in self._spans) / 1e3
+            self._spans = []
+        return self._aggregate_s
+
+    def _agg(self, seconds: float, columns: int = 0, start=None) -> None:
+        """Count one chunk's aggregation: ``seconds`` of host time, or, with ``start`` (a CUDA
+        event recorded on the compute stream before its kernels), the device time from
+        ``start`` to now (an end event of the same kind, recorded here)."""
+        if not self.record:
+            return
+        self.edge_columns += columns
+        if start is None:
+            self._aggregate_s += seconds
+            return
+        end = type(start)(enable_timing=True)
+        end.record()
+        self._spans.append((start, end))
 
     def _collective(self, count: int = 1) -> None:
         if self.record:

@@ -23,6 +23,7 @@ H200 with torch 2.11 (``make check-gpu``, docs/gpu.md).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 
@@ -132,6 +133,17 @@ class DeviceMover:
         self.pool = StagingPool(pin=self.cuda)
         self._flushes: list[_PendingFlush] = []
 
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """The side stream as the current stream, with the rank's device current too: the calls
+        may come from another thread (the store's gather thread, the minibatch loader), whose
+        current device is 0; leaving a stream scope restores that thread's previous device, and
+        on a rank whose GPU is not 0 a CUDA context would then be made on GPU 0 (hundreds of MiB
+        there, per rank). The device scope puts back the previous device only where it has a
+        context already."""
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
+
     def _h2d(self, kind: str, nbytes: int) -> None:
         if self.counter is not None:
             self.counter.add_h2d(kind, nbytes)
@@ -146,7 +158,7 @@ class DeviceMover:
         is final host data and the destination a fresh allocation of the side stream (handed
         to the consumer's stream by :meth:`Loaded.get`), so the copy need not wait for the
         compute stream."""
-        with torch.cuda.stream(self.stream):
+        with self._side_stream():
             dev = torch.empty(pinned.shape, dtype=pinned.dtype, device=self.device)
             dev.copy_(pinned, non_blocking=True)
             event = torch.cuda.Event()
@@ -220,7 +232,7 @@ class DeviceMover:
             target.copy_(dev)
             return
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        with self._side_stream():
             dev.record_stream(self.stream)
             target.copy_(dev, non_blocking=True)
 
@@ -243,7 +255,7 @@ class DeviceMover:
             return
         staged, flat = self._staged(tuple(dev.shape), dev.dtype)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        with self._side_stream():
             dev.record_stream(self.stream)
             staged.copy_(dev, non_blocking=True)
             event = torch.cuda.Event()

@@ -147,3 +147,26 @@ def test_single_rank_planes_move_nothing():
     (ids,), src = c.open_capped([0]).start([torch.zeros(0, dtype=torch.int64)], [0], tag=0).wait()
     assert ids.shape == (0,) and src.shape == (0,)
     assert np.array_equal(c.exchange_counts([3]), [3])
+
+
+def test_single_rank_results_stay_on_the_senders_device():
+    """A one-rank torch communicator whose device is not the sender's (nccl on a GPU, host
+    buffers from the exact fetch) returns the rows on the sender's device, never on its own;
+    ``meta`` stands in for the GPU (nothing can be copied out of it)."""
+    from hpcgnn.comm.communicator import TorchCommunicator
+
+    c = TorchCommunicator("nccl", 0, 1, torch.device("meta"))
+    x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    for got in (c.alltoallv(x, [3], [3]), c.allgatherv(x, [3])):
+        assert got.device == x.device and torch.equal(got, x) and got.data_ptr() != x.data_ptr()
+
+
+def test_reduced_copy_goes_back_into_the_callers_buffer():
+    """An allreduce of a buffer that is not on the communicator's device reduces a copy there
+    and, on wait(), copies the sum back into the caller's buffer (any size) and returns None."""
+    from hpcgnn.comm.communicator import _TorchWork, copy_back_into
+
+    buf = torch.zeros(4, 3)
+    reduced = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    assert _TorchWork(None, reduced, copy_back_into(buf)).wait() is None
+    assert torch.equal(buf, reduced)

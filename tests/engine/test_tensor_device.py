@@ -356,3 +356,83 @@ def test_deterministic_reaches_the_chunk_operators(monkeypatch):
         TPPropagate.apply(h, prop.attention(el, er), run, 2, 0.9, 0.1).square().sum().backward()
         assert el.grad is not None and h.grad is not None
         assert len(flags) >= 6 and set(flags) == {det}, flags
+
+
+def test_resident_weight_copy_follows_each_pass_weights():
+    """A resident stage copies the edge weights to the device once per distinct weight tensor
+    (attention: one per pass). A pass's weights must never be served from the copy of an
+    earlier pass whose host tensor was freed and whose memory the new one reuses (same address,
+    version and shape): the stage holds the host tensor it copied. The CPU stands in for the
+    device here (``cuda`` set by hand: the copy is a real copy, as on a GPU)."""
+    import torch
+
+    from hpcgnn.engine.chunk_schedule import chunk_bounds
+    from hpcgnn.engine.tensor import DeviceStage
+    from hpcgnn.nn.decoupled import Propagation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    from toygraph import toy_graph
+
+    graph = toy_graph(60, 4.0, num_features=4, num_classes=3, seed=2)
+    prop = Propagation(graph.indptr, graph.indices, "attention", chunk_bounds(graph.indptr, 2))
+    stage = DeviceStage(prop, "cpu", resident=True)
+    stage.cuda = True
+    nnz = prop.indices.shape[0]
+    before = stage.counter.h2d["topo"]
+    for i in range(40):                      # fresh weights every pass, the last pass's dropped
+        w = torch.full((nnz,), float(i))
+        assert torch.equal(stage._weight(w), w), i
+        assert torch.equal(stage._weight(w), w)  # the same pass again: served from the copy
+        del w
+    assert stage.counter.h2d["topo"] - before == 40 * nnz * 4
+    w = torch.zeros(nnz)
+    stage._weight(w)
+    w += 1.0                                  # changed in place: copied again
+    assert torch.equal(stage._weight(w), w)
+
+
+def test_chunk_aggregation_time_on_cuda_is_the_events_device_time():
+    """On CUDA a chunk's aggregation is timed by events on the compute stream (its kernels run
+    after the host has moved on, so host time would be launch time only): the seconds between
+    each start event and the end event recorded at the count, resolved once when read, with one
+    wait (for the last end event); host seconds are counted as given. Stand-in events stamp
+    perf_counter."""
+    import time
+
+    from hpcgnn.engine.tensor import TPRun
+
+    class Event:
+        waits = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            Event.waits += 1
+
+        def elapsed_time(self, end) -> float:
+            return (end.t - self.t) * 1e3
+
+    run = TPRun(None, None, None, False)
+    run._agg(0.25, 10)                       # host time (CPU)
+    spans = []
+    for _ in range(3):
+        start = Event(enable_timing=True)
+        start.record()
+        time.sleep(0.02)
+        run._agg(123.0, 5, start)            # the host figure is not used with an event
+        spans.append(time.perf_counter() - start.t)
+    assert Event.waits == 0                  # nothing waits until the total is read
+    got = run.aggregate_s
+    assert Event.waits == 1 and run.edge_columns == 25
+    assert 0.25 + 3 * 0.02 <= got <= 0.25 + sum(spans) + 1e-6
+    assert run.aggregate_s == got            # resolved once
+    run.record = False
+    run._agg(1.0, 1, Event(enable_timing=True))
+    assert run.aggregate_s == got and run.edge_columns == 25
+    run.reset()
+    assert run.aggregate_s == 0.0 and run.edge_columns == 0

@@ -107,3 +107,33 @@ def test_degree_shape_checks_and_to():
     bad = Block(4, 2, torch.tensor([0, 1, 2]), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="num_src"):
         bad.transpose()
+
+
+def test_streamed_copy_takes_the_host_transpose_built_once(monkeypatch):
+    """Block.streamed_copy (a chunk streamed to the device for one use): its transpose is the
+    host block's, sorted once on the host however many copies ask for it, and the bytes of
+    every copy (the CSR at once, the transpose when asked) are reported. The CPU stands in for
+    the device."""
+    from hpcgnn.sampling import block as block_mod
+
+    host = random_block(40, 70, 6, seed=3)
+    sorts = []
+    real = block_mod._spmm.csr_transpose
+
+    def counting(*args):
+        sorts.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(block_mod._spmm, "csr_transpose", counting)
+    counted = []
+    csr_bytes = host.indptr.nbytes + host.indices.nbytes
+    t_bytes = (host.num_src + 1 + 2 * host.num_edges) * 8
+    for use in range(3):
+        copy = host.streamed_copy("cpu", count=counted.append)
+        assert counted[-1] == csr_bytes and torch.equal(copy.indices, host.indices)
+        got = copy.transpose()
+        assert counted[-1] == t_bytes and len(counted) == 2 * (use + 1)
+        for a, b in zip(got, host.transpose()):
+            assert torch.equal(a, b)
+        assert copy.transpose() is got                  # cached on the copy for its backward
+    assert len(sorts) == 1                              # one sort, on the host, for all uses
