@@ -41,6 +41,7 @@ import torch
 
 from hpcgnn.errors import InputError
 from hpcgnn.native import cache as _native
+from hpcgnn.upload import upload
 
 
 def _tags_numpy(tags) -> np.ndarray:
@@ -124,14 +125,14 @@ class HistoricalEmbeddingCache:
         if m == 0:
             return
         self._reserve(self._dir.rows_used)
-        data = rows.detach().to(device=self.feat.device, dtype=self.feat.dtype)
+        data = upload(rows.detach(), self.feat.device).to(self.feat.dtype)
         if m != data.shape[0]:          # duplicates or capacity cut: keep the chosen rows
-            data = data.index_select(0, torch.from_numpy(src_rows).to(self.feat.device))
+            data = data.index_select(0, upload(torch.from_numpy(src_rows), self.feat.device))
         first = int(where[0])
         if int(where[-1]) - first == m - 1 and (m == 1 or bool(np.all(np.diff(where) == 1))):
             self.feat[first:first + m].copy_(data)      # new rows, in order: one contiguous copy
         else:
-            self.feat.index_copy_(0, torch.from_numpy(where).to(self.feat.device), data)
+            self.feat.index_copy_(0, upload(torch.from_numpy(where), self.feat.device), data)
 
     def _reserve(self, rows: int) -> None:
         """Grow the row array (doubling, at most :attr:`max_rows`) to hold ``rows`` rows."""
@@ -152,7 +153,7 @@ class HistoricalEmbeddingCache:
     def load(self, slots) -> torch.Tensor:
         """Embeddings [len(slots), dim] of the given storage rows (from :meth:`lookup` hits), on the
         cache device."""
-        idx = torch.as_tensor(slots, dtype=torch.int64).to(self.feat.device)
+        idx = upload(torch.as_tensor(slots, dtype=torch.int64), self.feat.device)
         return self.feat.index_select(0, idx)
 
     def fetch(self, tags) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,6 +78,7 @@ from hpcgnn.seeding import numpy_rng, stream_seed, seed_torch
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
+from hpcgnn.upload import upload
 
 # Stream tags of stream_seed (distinct first parts keep the streams unrelated).
 _ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
@@ -94,7 +95,11 @@ def equalised_batches(num_local: int, batch_size: int, rt) -> tuple[int, list[in
 
 
 class HaloHooks:
-    """``hooks.before_layer(l, h, block)`` of one iteration: HEC receive/lookup, AEP push, drops."""
+    """``hooks.before_layer(l, h, block)`` of one iteration: HEC receive/lookup, AEP push, drops.
+    The model is given the sampled host blocks: the missed halo sources are dropped on the host
+    and the block that layer ``l`` runs on goes to the device here
+    (:meth:`MinibatchEngine._device_block`), so that nothing of a block is decided on the device
+    (a boolean selection there waits for it)."""
 
     def __init__(self, trainer: "MinibatchEngine", epoch: int, k: int, m: int, frontiers: list[np.ndarray]):
         self.t = trainer
@@ -117,8 +122,8 @@ class HaloHooks:
             if block is not None and halo_pos.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
                 keep[torch.from_numpy(halo_pos)] = False
-                block = block.drop_sources(keep.to(block.device))
-            return h, block
+                block = block.drop_sources(keep)
+            return h, None if block is None else t._device_block(block)
         hec, aep, timer = t.hecs[l], t.aep, t.timer
         if self.k >= t.delay:
             ids, rows = aep.receive(l, self.k)
@@ -131,11 +136,11 @@ class HaloHooks:
                 hit_np = hit.numpy()
                 t.store.count_hec(l, hit_np.size, int(hit_np.sum()), h.shape[1])
                 if hit_np.any():
-                    rows = hec.load(slots[hit]).to(h.device, h.dtype)
+                    rows = upload(hec.load(slots[hit]), h.device).to(h.dtype)
                     if tail is not None:
-                        tail.index_copy_(0, torch.from_numpy(halo_pos[hit_np] - computed).to(h.device), rows)
+                        tail.index_copy_(0, upload(torch.from_numpy(halo_pos[hit_np] - computed), h.device), rows)
                     else:
-                        idx = torch.from_numpy(halo_pos[hit_np]).to(h.device)
+                        idx = upload(torch.from_numpy(halo_pos[hit_np]), h.device)
                         # the layer-0 input is a fresh gather outside autograd: fill it in place
                         # (a copy of the whole frontier's rows otherwise)
                         h = h.index_copy_(0, idx, rows) if not h.requires_grad else h.index_copy(0, idx, rows)
@@ -143,14 +148,14 @@ class HaloHooks:
             if block is not None and missed.size:
                 keep = torch.ones(block.num_src, dtype=torch.bool)
                 keep[torch.from_numpy(missed)] = False
-                block = block.drop_sources(keep.to(block.device))
+                block = block.drop_sources(keep)
         if tail is not None:
             h = torch.cat([h, tail])
         if t.hooks.wants_layer_inputs:
             t.hooks.layer_input(t, self.epoch, self.k, l, f, h)
         if self.k < self.m - t.delay:
             aep.push(l, self.k, f, h, stream_seed(t.seed, _AEP, self.epoch, self.k, l, t.rt.rank))
-        return h, block
+        return h, None if block is None else t._device_block(block)
 
 
 class MinibatchEngine(Engine):
@@ -443,11 +448,28 @@ class MinibatchEngine(Engine):
         with timer.phase("store_wait"):
             x = self._input_rows(batch.frontiers[0], handle)
         with timer.phase("forward"):
-            blocks = [b.to(self.device) for b in batch.blocks]
-            logits = self.model(blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
-            y = self.labels[batch.seeds.to(self.device)]
+            # host blocks: the hooks drop missed halo sources there and send each layer's block
+            logits = self.model(batch.blocks, x, hooks=HaloHooks(self, epoch, k, m, frontiers))
+            y = self.labels[upload(batch.seeds, self.device)]
         f0 = frontiers[0]
         return logits, y, (batch.num_sampled_edges, f0.size, int((f0 >= self.num_solid).sum()))
+
+    def _device_block(self, b):
+        """Sampled host block ``b`` on the compute device: ``b`` itself on the CPU. On CUDA its
+        CSR is uploaded without waiting for the device (:func:`hpcgnn.upload.upload`); its
+        transpose, when backward asks for it, is built on the host (the native counting sort) and
+        uploaded the same way (on the device it would be a sort and a ``bincount``, which waits);
+        a GCN layer gets the block's scales from the host block for the same reason."""
+        if self.device.type != "cuda":
+            return b.to(self.device)
+        dev = self.device
+        db = b.streamed_copy(dev, copy=lambda t: upload(t, dev))
+        if self.cfg.model.arch == "gcn":
+            from hpcgnn.nn.conv import gcn_block_norm
+
+            src_scale, dst_scale = gcn_block_norm(b)
+            db.src_scale, db.dst_scale = upload(src_scale, dev), upload(dst_scale, dev)
+        return db
 
     def _input_rows(self, frontier: torch.Tensor, handle) -> torch.Tensor:
         """Layer-0 input of a local frontier on the device: features of its solid vertices (the
@@ -468,9 +490,9 @@ class MinibatchEngine(Engine):
         if seeds.size == 0:
             return None, None, (0, 0, 0)
         with timer.phase("forward"):
-            blocks = [b.to(self.device) for b in batch.blocks]
-            logits = self.model(blocks, torch.from_numpy(x).to(self.device))
-        y = self.labels[torch.from_numpy(seeds).to(self.device)]
+            blocks = [self._device_block(b) for b in batch.blocks]
+            logits = self.model(blocks, upload(torch.from_numpy(x), self.device))
+        y = self.labels[upload(torch.from_numpy(seeds), self.device)]
         f0 = batch.frontiers[0]
         remote = int(((f0 < part.solid_begin) | (f0 >= part.solid_end)).sum())
         return logits, y, (sum(b.num_edges for b in batch.blocks), f0.size, remote)
@@ -525,8 +547,8 @@ class MinibatchEngine(Engine):
             batch = self.fetch.sample(seeds + part.solid_begin, -1, k)
             x = self.fetch.fetch_features(batch.frontiers[0])
             if seeds.size:
-                logits = self.model([b.to(self.device) for b in batch.blocks],
-                                    torch.from_numpy(x).to(self.device))
+                logits = self.model([self._device_block(b) for b in batch.blocks],
+                                    upload(torch.from_numpy(x), self.device))
                 pred[torch.from_numpy(seeds)] = logits.argmax(dim=1).cpu()
         return pred
 

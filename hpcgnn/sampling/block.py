@@ -128,21 +128,24 @@ class Block:
         torch.cumsum(keep_edge, 0, out=kept_before[1:])
         return Block(self.num_src, self.num_dst, kept_before[self.indptr], self.indices[keep_edge])
 
-    def streamed_copy(self, device, pin: bool = False, count=None) -> "Block":
-        """A copy of this host block on ``device`` for one use (chunks streamed through PCIe:
-        copies are non-blocking, so the host tensors should be page-locked) whose transpose,
-        when asked for, is this block's: built once here (the native counting sort, page-locked
-        when ``pin``, cached on this block) and copied, instead of sorted on the device every
-        use. ``count(nbytes)`` is told the bytes of each copy: the CSR now, the transpose when
-        it is copied."""
-        def copy(t):
-            return t.to(device, non_blocking=True)
+    def streamed_copy(self, device, pin: bool = False, count=None, copy=None) -> "Block":
+        """A copy of this host block on ``device`` for one use (chunks streamed through PCIe,
+        sampled blocks) whose transpose, when asked for, is this block's: built once here (the
+        native counting sort, page-locked when ``pin``, cached on this block) and copied, instead
+        of sorted on the device every use (on CUDA a sort and a ``bincount``, which waits for the
+        device). ``copy(t)``: how a host tensor goes to the device, default
+        ``t.to(device, non_blocking=True)`` (the host tensors should then be page-locked);
+        ``count(nbytes)`` is told the bytes of each copy: the CSR now, the transpose when it is
+        copied."""
+        if copy is None:
+            def copy(t):
+                return t.to(device, non_blocking=True)
 
         def load_transpose(dev):
             parts = self.transpose(pin=pin)
             if count is not None:
                 count(sum(int(t.nbytes) for t in parts))
-            return tuple(t.to(dev, non_blocking=True) for t in parts)
+            return tuple(copy(t) for t in parts)
 
         if count is not None:
             count(int(self.indptr.nbytes + self.indices.nbytes))

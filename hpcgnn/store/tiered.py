@@ -20,6 +20,7 @@ import torch
 from hpcgnn.nn.aggregate import gather_rows
 from hpcgnn.store.base import FeatureStore, GatherPlan
 from hpcgnn.store.host import _gather_into, as_rows, pin_in_place
+from hpcgnn.upload import upload
 
 
 class TieredFeatureStore(FeatureStore):
@@ -88,11 +89,11 @@ class TieredFeatureStore(FeatureStore):
         dev = self.device
         out = torch.empty(plan.num, self.dim, dtype=self.dtype, device=dev)
         if plan.hit_pos.numel():
-            out.index_copy_(0, plan.hit_pos.to(dev), gather_rows(self.hot_rows, plan.hit_slots.to(dev)))
+            out.index_copy_(0, upload(plan.hit_pos, dev), gather_rows(self.hot_rows, upload(plan.hit_slots, dev)))
         if plan.miss_pos.numel():
-            out.index_copy_(0, plan.miss_pos.to(dev), misses)
+            out.index_copy_(0, upload(plan.miss_pos, dev), misses)
         if plan.zero_pos.numel():
-            out.index_fill_(0, plan.zero_pos.to(dev), 0)
+            out.index_fill_(0, upload(plan.zero_pos, dev), 0)
         return out
 
     def full_rows(self) -> torch.Tensor:
