@@ -87,3 +87,20 @@ def cora_parts(cora_graph, tmp_path_factory):
         return cache[key]
 
     return get
+
+
+@pytest.fixture
+def deterministic_flags(monkeypatch) -> list:
+    """The ``deterministic`` flag of every torch-path operator scope entered from now on
+    (``hpcgnn.nn.aggregate``: one entry per operator run, forward or backward), in order."""
+    from hpcgnn.nn import aggregate as agg
+
+    flags: list = []
+    scope = agg._det_scope
+
+    def recording(deterministic):
+        flags.append(deterministic)
+        return scope(deterministic)
+
+    monkeypatch.setattr(agg, "_det_scope", recording)
+    return flags

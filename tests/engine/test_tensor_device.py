@@ -319,7 +319,7 @@ def test_streamed_chunks_copy_the_host_transpose_instead_of_sorting_each_round(k
     assert streamed_topo - plain_topo >= 3 * t_bytes   # each backward round copies every chunk's transpose
 
 
-def test_deterministic_reaches_the_chunk_operators(monkeypatch):
+def test_deterministic_reaches_the_chunk_operators(deterministic_flags):
     """``train.deterministic``: the staged path's chunk operators (forward aggregation, the
     adjoint, the edge-score SDDMM) and the attention's logits and softmax all run under torch's
     deterministic algorithms when the propagation and the stage carry the flag, and none do
@@ -329,20 +329,12 @@ def test_deterministic_reaches_the_chunk_operators(monkeypatch):
     from hpcgnn.comm.tensor_parallel import TPComm, TPLayout
     from hpcgnn.engine.chunk_schedule import chunk_bounds
     from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun
-    from hpcgnn.nn import aggregate as agg
     from hpcgnn.nn.decoupled import Propagation
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
     from toygraph import toy_graph
 
-    flags = []
-    orig = agg._det_scope
-
-    def spy(det):
-        flags.append(det)
-        return orig(det)
-
-    monkeypatch.setattr(agg, "_det_scope", spy)
+    flags = deterministic_flags
     graph = toy_graph(80, 4.0, num_features=4, num_classes=3, seed=5)
     cb = chunk_bounds(graph.indptr, 2)
     lay = TPLayout.build(graph.indptr, graph.indices, cb, 1, 0)

@@ -171,20 +171,13 @@ def test_deterministic_setting_scopes_torch_algorithms(monkeypatch):
     assert sorted(seen) == [("mm", False), ("mm", False), ("sddmm", False)]
 
 
-def test_deterministic_layers_carry_the_setting(monkeypatch):
+def test_deterministic_layers_carry_the_setting(deterministic_flags):
     """build_model(deterministic=True) gives every layer the flag, and a GAT layer's edge
     softmax and attention sums (forward and backward) run under it."""
     from hpcgnn.nn.models import build_model
 
     blk = random_block(30, 10, 60, seed=4)
-    flags = []
-    orig = agg._det_scope
-
-    def spy(det):
-        flags.append(det)
-        return orig(det)
-
-    monkeypatch.setattr(agg, "_det_scope", spy)
+    flags = deterministic_flags
     for det in (True, False):
         flags.clear()
         model = build_model("gat", 6, 4, 3, num_layers=2, heads=2, dropout=0.0, backend="torch",
