@@ -237,6 +237,30 @@ def choose_cuda_device(local_rank: int, local_size: int, visible: int,
                                       f"{visible} visible GPU(s)")
 
 
+def gpu_identity(torch_device) -> str:
+    """The physical GPU behind ``torch_device``: ``host:uuid`` (the same GPU under different
+    ``CUDA_VISIBLE_DEVICES`` of two ranks is one identity), ``host:cuda:i`` where torch gives no
+    UUID; ``""`` off CUDA."""
+    import torch
+
+    torch_device = torch.device(torch_device)
+    if torch_device.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"{socket.gethostname()}:{uuid if uuid is not None else f'cuda:{index}'}"
+
+
+def shared_gpus(identities: list[str]) -> dict[str, int]:
+    """``{gpu: ranks}`` of the GPUs that more than one rank uses, from every rank's
+    :func:`gpu_identity` (``""``: no GPU)."""
+    counts: dict[str, int] = {}
+    for gpu in identities:
+        if gpu:
+            counts[gpu] = counts.get(gpu, 0) + 1
+    return {gpu: n for gpu, n in counts.items() if n > 1}
+
+
 # ---- starting a child MPI job from this process (a bench, the planner's calibration) ---------
 # launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
 CHILD_STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
@@ -442,6 +466,11 @@ class Runtime:
         first = next((e for e in errors if e), None)
         if first is not None:
             raise InputError(first)
+
+    def shared_gpus(self, device) -> dict[str, int]:
+        """Collective: ``{gpu: ranks}`` of the GPUs that more than one rank of the job computes
+        on (every rank's :func:`gpu_identity` of its ``device``); the same on every rank."""
+        return shared_gpus(self.comm.allgather(gpu_identity(device)))
 
     def agree_on(self, fn):
         """Collective: ``fn()`` on every rank; an InputError on any rank stops all of them with

@@ -52,17 +52,20 @@ def choose_backend(backend: str, device: str) -> str:
     """The data-plane backend for ``runtime.backend`` = ``backend`` on compute ``device``
     ('cpu', 'cuda', 'cuda:1'); InputError (one line) for a pair that cannot work.
 
-    ``auto``: nccl with CUDA, ccl on the CPU when oneccl_bindings_for_pytorch imports, else
-    mpi4py. Refused: nccl without CUDA (NCCL moves device buffers only), ccl with CUDA (the
-    oneCCL bindings move CPU or XPU tensors), ccl when the bindings do not import, nccl when
-    this torch build has none.
+    ``auto``: nccl with CUDA (mpi4py when this torch build has no NCCL), ccl on the CPU when
+    oneccl_bindings_for_pytorch imports, else mpi4py. Refused: nccl without CUDA (NCCL moves
+    device buffers only), ccl with CUDA (the oneCCL bindings move CPU or XPU tensors), ccl when
+    the bindings do not import, nccl when this torch build has none. Ranks that share a GPU
+    are :func:`make_communicator`'s to check (NCCL takes one rank per GPU).
     """
     cuda = str(device).startswith("cuda")
     if backend not in CHOICES:
         raise InputError(f"runtime.backend = {backend!r}, expected one of {', '.join(CHOICES)}")
     if backend == "auto":
         if cuda:
-            return "nccl"
+            import torch.distributed as dist
+
+            return "nccl" if dist.is_nccl_available() else "mpi4py"
         return "ccl" if ccl_available() else "mpi4py"
     if backend == "nccl":
         if not cuda:
@@ -670,8 +673,19 @@ def make_communicator(rt, backend: str, device: torch.device | str = "cpu") -> C
     """The data plane for ``runtime.backend`` = ``backend`` on compute ``device`` (collective:
     a torch.distributed backend initialises its process group on every rank). One per job:
     the communicator is kept on ``rt`` and the same one is returned to later callers (a second,
-    different backend in one job is an InputError)."""
+    different backend in one job is an InputError). NCCL takes one rank per GPU: where ranks
+    share one (more ranks than GPUs on a node), ``auto`` carries the data plane with mpi4py
+    instead and ``nccl`` is an InputError on every rank."""
     name = choose_backend(backend, str(device))
+    if name == "nccl" and rt.size > 1:
+        shared = rt.shared_gpus(device)        # collective; the same answer on every rank
+        if shared:
+            if backend == "nccl":
+                gpu, ranks = max(shared.items(), key=lambda kv: kv[1])
+                raise InputError(f"runtime.backend = 'nccl' but {ranks} ranks share GPU {gpu} (more ranks than "
+                                 "GPUs): NCCL takes one rank per GPU; use 'auto' or 'mpi4py' (host buffers), or "
+                                 "as many GPUs as ranks")
+            name = "mpi4py"
     have = getattr(rt, "data_plane", None)
     if have is not None:
         if have.name != name:

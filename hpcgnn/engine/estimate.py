@@ -1087,25 +1087,9 @@ def estimate_attrs(rt, host: MemoryEstimate | None, device: MemoryEstimate | Non
             "estimated_device_terms": [r[2] for r in rows]}
 
 
-def gpu_identity(torch_device) -> str:
-    """The physical GPU behind ``torch_device``: ``host:uuid`` (the same GPU under different
-    ``CUDA_VISIBLE_DEVICES`` of two ranks is one identity), ``host:cuda:i`` where torch gives no
-    UUID; ``""`` off CUDA."""
-    import socket
-
-    import torch
-
-    torch_device = torch.device(torch_device)
-    if torch_device.type != "cuda" or not torch.cuda.is_available():
-        return ""
-    index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return f"{socket.gethostname()}:{uuid if uuid is not None else f'cuda:{index}'}"
-
-
 def device_overcommit(rows: list[tuple]) -> tuple | None:
     """The worst over-committed device of ``rows`` (one per rank: ``(rank, need, largest,
-    shrink, limit, gpu)``, ``gpu`` from :func:`gpu_identity` when ``limit`` is the GPU's measured
+    shrink, limit, gpu)``, ``gpu`` from :func:`hpcgnn.runtime.gpu_identity` when ``limit`` is the GPU's measured
     free memory, else ``""``): ranks that name the same GPU share its free memory, so their needs
     add up (the free memory was measured after every rank's CUDA context existed); every other
     rank stands alone against its own limit. Returns ``(ranks, need, limit, row of the neediest
@@ -1125,7 +1109,7 @@ def device_overcommit(rows: list[tuple]) -> tuple | None:
 def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | None:
     """Collective: refuse (InputError, exit 2 on every rank) before the first epoch when a rank's
     estimated device peak (:func:`estimate_device_memory`) exceeds what its device offers
-    (:func:`device_limit`), or, on CUDA, when the ranks sharing one GPU (:func:`gpu_identity`)
+    (:func:`device_limit`), or, on CUDA, when the ranks sharing one GPU (:func:`hpcgnn.runtime.gpu_identity`)
     need more together than its free memory (:func:`device_overcommit`); ``runtime.memory_check
     = false`` skips the refusal. On CUDA each rank first picks its GPU (:func:`resolve_device`) and
     creates its context, and the free memory is read after every rank has done so. With
@@ -1135,6 +1119,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     applies)."""
     from hpcgnn.engine.device import resolve_device
     from hpcgnn.run.memory import device_free_bytes
+    from hpcgnn.runtime import gpu_identity
     from hpcgnn.units import fmt_bytes
 
     error, est, limit, source, gpu = None, None, None, "", ""

@@ -125,7 +125,8 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "backend": Key(str, "mpi4py", "what carries the data plane (halo, AEP, fetch, gradient "
                        "allreduce ...): 'mpi4py' (host buffers, the CPU default), a torch.distributed "
                        "backend 'gloo', 'nccl' (CUDA only), 'ccl' (CPU, oneCCL bindings), or 'auto' "
-                       "(nccl with CUDA, else ccl when it imports, else mpi4py); MPI stays the launcher",
+                       "(nccl with CUDA and one rank per GPU, else ccl when it imports, else mpi4py); "
+                       "MPI stays the launcher",
                        choices=("mpi4py", "auto", "gloo", "nccl", "ccl")),
         "host_memory": Key(str, "release", "what freed host memory does: 'release' (glibc's "
                            "default: large blocks go back to the system) or 'retain' (kept for "

@@ -170,3 +170,47 @@ def test_reduced_copy_goes_back_into_the_callers_buffer():
     reduced = torch.arange(12, dtype=torch.float32).reshape(4, 3)
     assert _TorchWork(None, reduced, copy_back_into(buf)).wait() is None
     assert torch.equal(buf, reduced)
+
+
+class _TwoRanks:
+    """Stands in for an MPI communicator of 2 ranks (make_communicator only asks its shape)."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
+
+
+def _job(shared: dict):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rank=0, size=2, comm=_TwoRanks(), data_plane=None,
+                           shared_gpus=lambda device: shared)
+
+
+def test_ranks_sharing_a_gpu_get_no_nccl(monkeypatch):
+    """NCCL takes one rank per GPU: where ranks share one, ``auto`` carries the data plane with
+    mpi4py and ``nccl`` is refused with one line naming the GPU and the way out; ranks on GPUs
+    of their own keep nccl (its set-up is not reached here: recorded instead). A torch without
+    NCCL makes ``auto`` on CUDA mpi4py."""
+    import torch.distributed as dist
+
+    from hpcgnn.comm import communicator as c
+    from hpcgnn.errors import InputError
+    from hpcgnn.runtime import shared_gpus
+
+    assert shared_gpus(["n1:GPU-a", "n1:GPU-a", "n1:GPU-b", ""]) == {"n1:GPU-a": 2}
+    assert shared_gpus(["n1:GPU-a", "n1:GPU-b", "", ""]) == {}
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert c.choose_backend("auto", "cuda") == "mpi4py"
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    job = _job({"n1:GPU-a": 2})
+    assert c.make_communicator(job, "auto", "cuda:0").name == "mpi4py"
+    with pytest.raises(InputError, match=r"runtime.backend = 'nccl' but 2 ranks share GPU n1:GPU-a .* "
+                                         r"NCCL takes one rank per GPU; use 'auto' or 'mpi4py'"):
+        c.make_communicator(_job({"n1:GPU-a": 2}), "nccl", "cuda:0")
+    started = []
+    own = _job({})
+    own.init_torch_distributed = lambda name, device: started.append(name) or "gloo"
+    assert c.make_communicator(own, "auto", "cuda:0").name == "gloo" and started == ["nccl"]

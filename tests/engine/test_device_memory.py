@@ -168,6 +168,6 @@ def test_ranks_on_one_gpu_add_up_and_ranks_on_their_own_gpus_do_not():
 
 
 def test_gpu_identity_is_empty_off_cuda():
-    from hpcgnn.engine.estimate import gpu_identity
+    from hpcgnn.runtime import gpu_identity
 
     assert gpu_identity("cpu") == ""
