@@ -241,7 +241,8 @@ $(DGL_STAMP):
 # GPU_CHECK_ARGS: options of the driver, e.g. GPU_CHECK_ARGS="--ranks 1 --modes fullgraph-memory".
 # make check-gpu-all: the same set-up, then every GPU check within a time budget
 # (hpcgnn/bench/gpu_session.py: check-gpu, pytest -m cuda, bench-aggregate and bench-scale at
-# products-like 0.25 on the GPU; GPU_CHECK_ARGS="--budget 540 --work DIR" for instance), in
+# products-like 0.25 on the GPU; GPU_CHECK_ARGS="--budget 540 --work DIR" for instance, or
+# "--deadline UNIX_TIME --archive FILE.tar.gz" to count the set-up and carry one file back), in
 # $(RUNS)/gpu-session: for a GPU machine lent for minutes (docs/gpu.md).
 PYTHON         :=# on the command line only (an environment PYTHON is not this one)
 WHEELS         ?= .whl

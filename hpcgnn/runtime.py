@@ -291,7 +291,10 @@ def fresh_world_env(environ: Mapping[str, str] | None = None) -> dict:
     :data:`CHILD_STRIP_PREFIXES`); for Open MPI in a container: as root, told that root is meant
     (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor ``rsh`` installed,
     given ``false`` as its remote agent (it aborts at start-up looking for one even when every
-    rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is kept)."""
+    rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is kept); and Open MPI binds
+    nothing (``OMPI_MCA_hwloc_base_binding_policy=none``, a user's own kept): by default it binds
+    a job of one or two ranks to cores 0 and 1, so that several jobs started side by side (a
+    bench's concurrent runs) would all share those two cores."""
     import shutil
 
     environ = os.environ if environ is None else environ
@@ -303,6 +306,7 @@ def fresh_world_env(environ: Mapping[str, str] | None = None) -> dict:
         env["OMPI_MCA_plm_rsh_agent"] = agent
     elif not (shutil.which("ssh") or shutil.which("rsh")):
         env["OMPI_MCA_plm_rsh_agent"] = "false"
+    env["OMPI_MCA_hwloc_base_binding_policy"] = environ.get("OMPI_MCA_hwloc_base_binding_policy", "none")
     return env
 
 

@@ -2,7 +2,7 @@
 
     python -m hpcgnn.bench.gpu_check [--out runs/gpu-check] [--ranks 1,2] [--modes M,...]
         [--epochs 4] [--graph cora|sbm:N] [--rtol 1e-4] [--set key=value ...] [--device cuda|cpu]
-        [--jobs J]
+        [--jobs J] [--deadline UNIX_SECONDS]
 
 For each mode (:data:`MODES`) and rank count, ``hpcgnn train`` runs under ``mpiexec -n K`` twice
 on the same partition store (Cora imported from ``inputs/data/cora``, or a small synthetic SBM
@@ -24,7 +24,9 @@ wrong kernel, a stale halo row or TF32 GEMMs (10-bit mantissa, ~1e-3 per product
 Table: mode, ranks, backend, epoch seconds (median over epochs 2.., slowest rank; ``infer``: the
 command's wall seconds), peak device memory (largest rank, MiB), host-to-device MiB per epoch
 (all ranks), loss max deviation, status: ``ok``, ``DEVIATES`` (above ``--rtol``), ``FAILED`` (the
-one-line error; the check continues) or ``skipped``. Printed, and written with both loss curves
+one-line error; the check continues) or ``skipped``. Each row's line is printed when it is done and the file is written again
+after every row, so that what finished is kept if the check is stopped; the whole table is
+printed at the end. Written with both loss curves
 to ``OUT/gpu-check.h5`` (:mod:`hpcgnn.bench.results_file`, format ``hpcgnn-bench-gpu-check``);
 each run's log and run directory stay in ``OUT/work``. Exit 0 when every row is ``ok`` or
 ``skipped``, 1 otherwise. Without a CUDA GPU (``--device cuda``) one line, exit 0.
@@ -34,6 +36,10 @@ runs need no GPU, so with ``J > 1`` they all start at once on ``J - 1`` workers 
 runs go one after another; every run then gets ``cores / (2 J)`` threads a rank
 (``HPCGNN_THREADS``), the same for a row's two runs. On a 16-core GPU node this about halves the
 check's wall time (the device time a lent machine is charged for); on 2 cores it stays serial.
+
+**Deadline** (``--deadline``, a Unix time): for a machine lent by the minute. No run starts
+after it (its rows are ``skipped``, "no time left") and no run may last beyond it (its timeout is
+cut to what is left), so the check ends by then with its file written.
 
 ``--device cpu`` is a self-check of this driver on a machine without a GPU: the "device" runs are
 CPU runs too (identical curves expected), ``comm-nccl`` is skipped.
@@ -155,6 +161,8 @@ def launch(args: list[str], ranks: int, log: Path, timeout: float, mpiexec: str 
     one-line error)."""
     if mpiexec is None and ranks > 1:
         return 0.0, "no mpiexec found (beside the interpreter, in the MPICH wheel or on PATH)"
+    if timeout <= 0:
+        return 0.0, "no time left (--deadline)"
     cmd = ([mpiexec, "-n", str(ranks)] if mpiexec else []) + [*python_command(), "-m", "hpcgnn", *args]
     env = child_env(NVIDIA_TF32_OVERRIDE="0", **({"HPCGNN_THREADS": str(threads)} if threads > 0 else {}))
     rc, wall = run_logged(cmd, log, timeout, env)
@@ -272,12 +280,34 @@ def prepare_graph(graph: str, work: Path, ranks: list[int], timeout: float, mpie
     return stores
 
 
+def run_timeout(args) -> float:
+    """Seconds a run may take now: ``--timeout``, cut to what is left before ``--deadline``."""
+    if not args.deadline:
+        return args.timeout
+    return min(args.timeout, args.deadline - time.time())
+
+
+def check_attrs(args, mpiexec) -> dict:
+    """The check's attributes in its file (settings, versions, the GPU)."""
+    attrs = {"rtol": args.rtol, "epochs": args.epochs, "graph": args.graph, "device": args.device, "jobs": args.jobs,
+             "python": sys.version.split()[0], "mpiexec": mpiexec or "", "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        import torch
+        attrs.update(torch=torch.__version__, torch_cuda=torch.version.cuda or "")
+        if args.device == "cuda":
+            attrs["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - the attributes are informative only
+        pass
+    return attrs
+
+
 def check(args) -> tuple[list[dict], dict]:
-    """Every (mode, ranks) row (see the module docstring) and the run's attributes."""
+    """Every (mode, ranks) row (see the module docstring) and the run's attributes; the file is
+    written after every row."""
     work = Path(args.out) / "work"
     work.mkdir(parents=True, exist_ok=True)
     mpiexec = find_mpiexec()
-    stores = prepare_graph(args.graph, work, args.ranks, args.timeout, mpiexec)
+    stores = prepare_graph(args.graph, work, args.ranks, run_timeout(args), mpiexec)
     threads = run_threads(args.jobs, usable_cpus())
     pool = ThreadPoolExecutor(max_workers=args.jobs - 1) if args.jobs > 1 else None
     refs: dict[tuple[str, int], Future] = {}
@@ -287,7 +317,7 @@ def check(args) -> tuple[list[dict], dict]:
         path = work / tag
         wall, err = launch(["train", "--config", str(work / "base.toml"), "--force",
                             *train_sets(MODES[name], stores[k], path, device, backend, args.epochs, args.set)],
-                           k, work / f"{tag}.log", args.timeout, mpiexec, threads)
+                           k, work / f"{tag}.log", run_timeout(args), mpiexec, threads)
         run = Run(path, wall, err)
         if not err:
             try:
@@ -320,8 +350,8 @@ def check(args) -> tuple[list[dict], dict]:
             for role, device in (("ref", "cpu"), ("dev", args.device)):   # the device's wall time is kept
                 files[role] = work / f"{role}-{name}-{device}-{k}.h5"
                 wall, err = launch(["infer", str(ref.path), "--out", str(files[role]), "--device", device,
-                                    "--force"], k, work / f"{role}-{name}-{device}-{k}.log", args.timeout, mpiexec,
-                                   threads)
+                                    "--force"], k, work / f"{role}-{name}-{device}-{k}.log", run_timeout(args),
+                                   mpiexec, threads)
                 if err:
                     break
             dev = None if err else logits_deviation(files["dev"], files["ref"])
@@ -345,21 +375,19 @@ def check(args) -> tuple[list[dict], dict]:
     if pool is not None:            # every CPU reference starts now; the device rows wait for theirs
         for name, k in planned:
             start_reference(MODES[name].ref or name, k)
+    attrs = check_attrs(args, mpiexec)
+
+    def done(rows: list[dict]) -> None:
+        """After each row: its line printed, the file written with every row so far."""
+        print("\n".join(format_table(rows[-1:]).splitlines()[2:]), flush=True)
+        write(args.out, rows, attrs)
+
     rows = []
     try:
-        rows = _rows(args, planned, measure)
+        rows = _rows(args, planned, measure, done)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    attrs = {"rtol": args.rtol, "epochs": args.epochs, "graph": args.graph, "device": args.device, "jobs": args.jobs,
-             "python": sys.version.split()[0], "mpiexec": mpiexec or "", "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    try:
-        import torch
-        attrs.update(torch=torch.__version__, torch_cuda=torch.version.cuda or "")
-        if args.device == "cuda":
-            attrs["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - the attributes are informative only
-        pass
     return rows, attrs
 
 
@@ -372,8 +400,9 @@ def skip_reason(mode: Mode, k: int, device: str) -> str:
     return ""
 
 
-def _rows(args, planned: list, measure) -> list[dict]:
-    """The table's rows in order, the planned ones measured (``measure(name, k, row)``)."""
+def _rows(args, planned: list, measure, done=None) -> list[dict]:
+    """The table's rows in order, the planned ones measured (``measure(name, k, row)``; none
+    after ``args.deadline``); ``done(rows)`` after each measured row."""
     rows = []
     for name in args.modes:
         mode = MODES[name]
@@ -386,12 +415,17 @@ def _rows(args, planned: list, measure) -> list[dict]:
             if (name, k) not in planned:
                 row["error"] = skip_reason(mode, k, args.device)
                 continue
+            if run_timeout(args) <= 0:
+                row["error"] = "no time left (--deadline)"
+                continue
             print(f"gpu-check: {name} on {k} rank(s) ...", flush=True)
             try:
                 dev, err = measure(name, k, row)
             except Exception as exc:  # noqa: BLE001 - one row fails, the check goes on
                 dev, err = None, f"{type(exc).__name__}: {exc}"
             row["status"], row["error"] = row_status(dev, args.rtol, err)
+            if done is not None:
+                done(rows)
     return rows
 
 
@@ -435,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graph", default="cora", help="cora (inputs/data/cora) or sbm:N (synthetic, N vertices)")
     p.add_argument("--rtol", type=float, default=RTOL, help="largest relative loss deviation allowed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="Unix time by which the check ends: no run starts after it, none lasts beyond it")
     p.add_argument("--jobs", type=int, default=None,
                    help="concurrent runs: the device rows one at a time beside J - 1 CPU references "
                         "(default: one per 4 usable cores, 1 to 4)")

@@ -1,7 +1,8 @@
 """`make check-gpu-all`: every GPU check of the project in one command, within a time budget.
 
     python -m hpcgnn.bench.gpu_session [--out runs/gpu-session] [--work DIR] [--budget 540]
-        [--steps check,units,aggregate,scale] [--scale 0.25]
+        [--deadline UNIX_SECONDS] [--steps check,units,aggregate,scale] [--scale 0.25]
+        [--archive FILE.tar.gz]
 
 For a machine lent by the hour (or by the minute): the steps run one after another, most
 important first, each as a child process with its output in ``OUT/<step>.log`` and a timeout of
@@ -19,15 +20,24 @@ what is left of ``--budget`` seconds, so that the command ends in time and keeps
   and the pre-run device estimate beside it; its graph and stores go to ``--work``.
 
 A step starts only while at least its minimum seconds (:data:`MIN_S`) are left, else it is
-``skipped (no time left)``. Prints each step's last lines and a summary table; writes
-``OUT/gpu-session.h5`` (format ``hpcgnn-bench-gpu-session``: per step ``status``, ``rc``,
-``wall_s``, ``log``). Exit 0 when every step that ran passed, 1 otherwise. Without a CUDA GPU:
-one line, exit 0, nothing run.
+``skipped (no time left)``; the time ends ``--budget`` seconds after the start or at
+``--deadline`` (a Unix time, e.g. taken before the set-up that precedes the session: ``make
+check-gpu-all`` builds the project first), whichever is first. The ``check`` step is told the
+step's deadline less :data:`WRAP_UP_S`, so that it stops starting runs in time and keeps its
+rows (it writes its file after each one). A step killed at its timeout takes every process it
+started along (:func:`hpcgnn.bench.launch.kill_tree`). Prints each step's last lines and a
+summary table; writes ``OUT/gpu-session.h5`` (format ``hpcgnn-bench-gpu-session``: per step
+``status``, ``rc``, ``wall_s``, ``log``) and, with ``--archive``, one ``.tar.gz`` of ``OUT``'s
+logs, tables and files without the runs' work folders (one file to carry back from a node,
+written whatever the steps did). Exit 0 when every step that ran passed, 1 otherwise. Without
+a CUDA GPU: one line, exit 0, nothing run.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -36,15 +46,19 @@ from hpcgnn.bench.launch import run_logged
 FORMAT = "hpcgnn-bench-gpu-session"
 STEPS = ("check", "units", "aggregate", "scale")
 # the least time (s) worth starting a step with; less than that left: skipped
-MIN_S = {"check": 120.0, "units": 30.0, "aggregate": 20.0, "scale": 90.0}
+# (scale: its products-like 0.25 steps took 84 s on an H200, docs/gpu.md)
+MIN_S = {"check": 120.0, "units": 30.0, "aggregate": 20.0, "scale": 150.0}
+WRAP_UP_S = 15.0        # of the check step's time: for its last file write and exit
 TAIL_LINES = 40
 
 
-def step_command(step: str, args, out: Path, work: Path) -> list[str]:
-    """The child command of ``step`` (run from the repository root with this interpreter)."""
+def step_command(step: str, args, out: Path, work: Path, deadline: float | None = None) -> list[str]:
+    """The child command of ``step`` (run from the repository root with this interpreter);
+    ``deadline``: the Unix time by which the step must be done."""
     py = [sys.executable]
     if step == "check":
-        return py + ["-m", "hpcgnn.bench.gpu_check", "--out", str(out / "gpu-check")]
+        until = [] if deadline is None else ["--deadline", f"{deadline - WRAP_UP_S:.0f}"]
+        return py + ["-m", "hpcgnn.bench.gpu_check", "--out", str(out / "gpu-check"), *until]
     if step == "units":
         return py + ["-m", "pytest", "-q", "-m", "cuda", "tests", "-k", "not test_cuda_mode_matches_the_cpu",
                      "-p", "no:cacheprovider", f"--junitxml={out / 'cuda-tests.xml'}"]
@@ -76,10 +90,12 @@ def session(args) -> list[dict]:
     out, work = Path(args.out), Path(args.work) if args.work else Path(args.out) / "work"
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + args.budget
+    deadline = time.time() + args.budget
+    if args.deadline:
+        deadline = min(deadline, args.deadline)
     rows = []
     for step in args.steps:
-        left = deadline - time.monotonic()
+        left = deadline - time.time()
         log = out / f"{step}.log"
         row = {"step": step, "rc": None, "wall_s": None, "log": str(log)}
         rows.append(row)
@@ -88,7 +104,7 @@ def session(args) -> list[dict]:
             print(f"gpu-session: {step}: skipped, {left:.0f} s left (needs {MIN_S[step]:.0f})", flush=True)
             continue
         print(f"gpu-session: {step} (at most {left:.0f} s) ...", flush=True)
-        row["rc"], row["wall_s"] = run_step(step_command(step, args, out, work), log, left)
+        row["rc"], row["wall_s"] = run_step(step_command(step, args, out, work, deadline), log, left)
         row["status"] = status_of(row["rc"])
         lines = log.read_text(errors="replace").splitlines()
         print("\n".join(lines[-TAIL_LINES:]), flush=True)
@@ -96,11 +112,34 @@ def session(args) -> list[dict]:
     return rows
 
 
+def write_archive(out: Path, path: Path) -> Path:
+    """``path`` (.tar.gz): everything under ``out`` but the runs' ``work`` folders and the
+    archive itself, named relative to ``out``'s parent; written under a temporary name, then
+    renamed."""
+    out, path = Path(out), Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    skip = {path.resolve(), tmp.resolve()}
+
+    def keep(info: tarfile.TarInfo):
+        return None if "work" in Path(info.name).parts[1:] else info
+
+    with tarfile.open(tmp, "w:gz") as tar:
+        for item in sorted(out.iterdir()):
+            if item.resolve() not in skip:
+                tar.add(item, arcname=str(Path(out.name) / item.name), filter=keep)
+    os.replace(tmp, path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.gpu_session", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/gpu-session", help="output folder (logs, tables, HDF5 files)")
     p.add_argument("--work", default=None, help="folder for large inputs (default: OUT/work)")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all steps together")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="Unix time by which every step is done (the earlier of it and the budget)")
+    p.add_argument("--archive", default=None, help="also write the results (no work folders) to this .tar.gz")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, in order: {', '.join(STEPS)}")
     p.add_argument("--scale", type=float, default=0.25, help="products-like scale of the scale step")
     args = p.parse_args(argv)
@@ -116,6 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"gpu-session: {reason}; nothing to check")
         return 0
+    try:
+        return _run(args)
+    finally:
+        if args.archive:
+            print(f"gpu-session: results archived in {write_archive(Path(args.out), Path(args.archive))}", flush=True)
+
+
+def _run(args) -> int:
+    """The steps, the session's file and its summary; the exit code."""
     t0 = time.perf_counter()
     rows = session(args)
     import torch

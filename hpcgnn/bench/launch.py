@@ -22,7 +22,7 @@ from hpcgnn.runtime import find_mpiexec, fresh_world_env
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_VAR = "HPCGNN_BENCH_PYTHON"
 __all__ = ["ROOT", "PYTHON_VAR", "find_mpiexec", "python_command", "rank_command", "child_env", "run_logged",
-           "run_checked"]
+           "run_checked", "kill_tree"]
 
 
 def python_command() -> list[str]:
@@ -52,10 +52,49 @@ def child_env(**extra: str) -> dict:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), read from ``/proc``; [] where
+    there is none (or no ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue                       # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``, every process below it and their process groups: a child that starts
+    its own ``mpiexec`` in a session of its own (a bench driver) takes that launcher and its
+    ranks along, which killing the child's process group alone would leave running."""
+    below = descendants(pid)
+    for p in [pid, *below]:
+        try:
+            os.killpg(os.getpgid(p), 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in [pid, *below]:
+        try:
+            os.kill(p, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, float]:
     """Run ``cmd`` from the repository root in a session of its own, its command line and output
     in ``log``: (exit code, wall seconds); exit code None when it outlived ``timeout`` seconds
-    and was killed with its whole process group (an ``mpiexec`` and its ranks)."""
+    and was killed with every process below it (:func:`kill_tree`: an ``mpiexec`` and its ranks,
+    and what a bench driver started in sessions of their own)."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
@@ -65,7 +104,7 @@ def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = Non
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc.pid)
             proc.wait()
             rc = None
     return rc, time.perf_counter() - t0

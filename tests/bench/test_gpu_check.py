@@ -238,3 +238,26 @@ def test_cuda_mode_matches_the_cpu(cuda_rows, mode):
         assert r["status"] == "ok", (mode, k, r.get("error"), proc.stdout[-3000:])
         assert r["loss_max_dev"] <= 1e-4
         assert "infer" == mode or "cuda" in r.get("devices", "cuda")
+
+
+def test_rows_after_the_deadline_are_skipped_and_each_row_is_kept_when_done(tmp_path):
+    """--deadline: a row measured while time is left is reported (its line printed, the file
+    written) at once; the rows after the deadline are skipped with "no time left", none run."""
+    import time
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(modes=["fullgraph-memory", "fullgraph-offload-dedup"], ranks=[1], device="cpu",
+                           rtol=1e-4, timeout=900.0, deadline=time.time() + 3600)
+    measured, reported = [], []
+
+    def measure(name, k, row):
+        measured.append(name)
+        args.deadline = time.time() - 1          # the first row used up the time
+        return 0.0, ""
+
+    rows = gc._rows(args, [(m, 1) for m in args.modes], measure, lambda rows: reported.append(len(rows)))
+    assert measured == ["fullgraph-memory"] and reported == [1]
+    assert [r["status"] for r in rows] == ["ok", "skipped"]
+    assert rows[1]["error"] == "no time left (--deadline)"
+    assert gc.run_timeout(args) < 0 and gc.launch(["train"], 1, tmp_path / "x.log", -1.0, None)[1] == \
+        "no time left (--deadline)"

@@ -14,10 +14,10 @@ from hpcgnn.bench import gpu_session as gs
 def test_steps_run_in_order_within_the_budget(tmp_path, monkeypatch):
     sleeps = {"check": 0.1, "units": 30.0, "aggregate": 0.1, "scale": 0.1}
     monkeypatch.setattr(gs, "step_command",
-                        lambda step, args, out, work: [sys.executable, "-c",
+                        lambda step, args, out, work, deadline: [sys.executable, "-c",
                                                        f"import time; print('{step} ran'); time.sleep({sleeps[step]})"])
     monkeypatch.setattr(gs, "MIN_S", {"check": 1.0, "units": 1.0, "aggregate": 1.0, "scale": 1.0})
-    args = argparse.Namespace(out=str(tmp_path), work=None, budget=6.0, steps=list(gs.STEPS), scale=0.25)
+    args = argparse.Namespace(out=str(tmp_path), work=None, budget=6.0, deadline=0.0, steps=list(gs.STEPS), scale=0.25)
     t0 = time.monotonic()
     rows = gs.session(args)
     wall = time.monotonic() - t0
@@ -29,10 +29,48 @@ def test_steps_run_in_order_within_the_budget(tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == list(gs.STEPS) and rows[1]["rc"] == 124
 
 
+def test_a_deadline_before_the_budget_ends_the_session_and_is_passed_to_the_check(tmp_path, monkeypatch):
+    """--deadline (set before make's set-up) ends the session before its budget would; the
+    check step is told that deadline less its wrap-up time."""
+    seen = {}
+
+    def command(step, args, out, work, deadline):
+        seen[step] = deadline
+        return [sys.executable, "-c", "import time; time.sleep(30)"]
+
+    monkeypatch.setattr(gs, "step_command", command)
+    monkeypatch.setattr(gs, "MIN_S", {"check": 1.0, "units": 1.0, "aggregate": 1.0, "scale": 1.0})
+    until = time.time() + 3.0
+    args = argparse.Namespace(out=str(tmp_path), work=None, budget=600.0, deadline=until, steps=["check", "units"],
+                              scale=0.25)
+    t0 = time.monotonic()
+    rows = gs.session(args)
+    assert time.monotonic() - t0 < 3.0 + 3.0
+    assert [r["status"] for r in rows] == ["TIMED OUT", "skipped (no time left)"]
+    assert seen == {"check": until}
+
+
+def test_archive_holds_the_results_but_no_work_folders(tmp_path):
+    import tarfile
+
+    out = tmp_path / "gpu-session"
+    (out / "gpu-check" / "work" / "run").mkdir(parents=True)
+    (out / "gpu-check" / "gpu-check.h5").write_bytes(b"h5")
+    (out / "gpu-check" / "work" / "run" / "big.h5").write_bytes(b"x" * 1000)
+    (out / "check.log").write_text("log")
+    path = gs.write_archive(out, out / "results.tar.gz")
+    with tarfile.open(path) as tar:
+        names = sorted(tar.getnames())
+    assert names == ["gpu-session/check.log", "gpu-session/gpu-check", "gpu-session/gpu-check/gpu-check.h5"]
+    assert not list(out.glob("*.tmp*"))
+
+
 def test_step_commands_name_the_drivers(tmp_path):
     args = argparse.Namespace(scale=0.25)
     cmds = {s: " ".join(gs.step_command(s, args, tmp_path / "o", tmp_path / "w")) for s in gs.STEPS}
-    assert "-m hpcgnn.bench.gpu_check --out" in cmds["check"]
+    assert "-m hpcgnn.bench.gpu_check --out" in cmds["check"] and "--deadline" not in cmds["check"]
+    assert gs.step_command("check", args, tmp_path / "o", tmp_path / "w", 1000.0)[-2:] == [
+        "--deadline", f"{1000 - gs.WRAP_UP_S:.0f}"]
     assert "-m pytest -q -m cuda tests -k not test_cuda_mode_matches_the_cpu" in cmds["units"]
     assert "-m hpcgnn.bench.aggregate --device cuda" in cmds["aggregate"]
     assert "--scale 0.25 --ranks 2 --epochs 1 --engines minibatch,fullgraph,tensor --device cuda" in cmds["scale"]

@@ -71,3 +71,31 @@ def test_run_logged_and_run_checked_keep_the_log_and_stop_on_failure(tmp_path):
     assert rc is None and wall < 30                # killed with its process group
     with pytest.raises(SystemExit, match=r"timed out after 0\.5 s"):
         launch.run_checked(slow, tmp_path / "slow2.log", 0.5, "bench")
+
+
+def test_a_timed_out_child_takes_what_it_started_in_other_sessions_along(tmp_path):
+    """A bench driver starts each mpiexec in a session of its own: when the driver outlives its
+    timeout, those grandchildren die with it instead of holding the GPU and the cores."""
+    import os
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    driver = (f"import subprocess, sys, time\n"
+              f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+              f"start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+              f"time.sleep(120)\n")
+    rc, wall = launch.run_logged([sys.executable, "-c", driver], tmp_path / "driver.log", timeout=3)
+    assert rc is None and wall < 60
+    grandchild = int(pidfile.read_text())
+    for _ in range(100):                   # reaped by init once killed
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{grandchild}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break                      # killed, not yet reaped
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"grandchild {grandchild} still runs after its driver timed out")

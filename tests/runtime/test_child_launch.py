@@ -38,6 +38,15 @@ def test_a_user_with_ssh_or_an_own_agent_keeps_open_mpis_defaults(monkeypatch):
     assert runtime.fresh_world_env()["OMPI_MCA_plm_rsh_agent"] == "/opt/site/rsh"
 
 
+def test_open_mpi_binds_no_child_job_to_its_first_cores(monkeypatch):
+    """Jobs started side by side must not all be bound to cores 0 and 1 (Open MPI's default for
+    one or two ranks); a user's own binding policy is kept."""
+    monkeypatch.delenv("OMPI_MCA_hwloc_base_binding_policy", raising=False)
+    assert runtime.fresh_world_env()["OMPI_MCA_hwloc_base_binding_policy"] == "none"
+    monkeypatch.setenv("OMPI_MCA_hwloc_base_binding_policy", "core")
+    assert runtime.fresh_world_env()["OMPI_MCA_hwloc_base_binding_policy"] == "core"
+
+
 def test_find_mpiexec_prefers_the_interpreters_own(monkeypatch, tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
