@@ -13,6 +13,7 @@ itself through others (tests/test_layers.py computes the import graph and checks
   progress.py    progress bar for long preprocessing steps
   supervisor.py  a rank's watcher: which signal killed it, and why
   fileio.py      atomic file output, one-line errors for unreadable inputs
+  upload.py      host-to-device copies of a step that do not wait for the device
 1 kernels
   sampling/      neighbour sampler, sampled blocks
   cache/         caches of remote rows: historical embedding cache (HEC), two-tier halo cache
@@ -49,7 +50,7 @@ itself through others (tests/test_layers.py computes the import graph and checks
 __version__ = "0.1.0"
 
 LAYERS = (
-    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio"),
+    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio", "upload"),
     ("sampling", "cache", "nn"),
     ("runtime", "comm", "data", "store"),
     ("run",),
