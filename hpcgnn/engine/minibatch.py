@@ -299,7 +299,7 @@ class MinibatchEngine(Engine):
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
         overlapped = 0          # gradient buckets started during backward, over the epoch's steps
         hooks = self.hooks
-        overlap = self.store.prefetch.overlap
+        overlap = self.store.prefetch.loader     # sampling ahead on the worker thread
         self._loader_seconds = 0.0
         nxt, loading = None, None
         try:

@@ -80,26 +80,30 @@ class Prefetcher:
     plans the gather and starts its host reads; ``get(handle)`` returns the rows.
 
     ``threads``: the rank's thread count T (default: torch's count on the calling thread, which
-    must be the main thread). Attributes ``overlap`` (a gather thread exists),
-    ``gather_threads`` (its team, 0 without one) and ``compute_threads`` (the main thread's
-    team while a gather is in flight)."""
+    must be the main thread). Attributes ``loader`` (a worker thread exists: with ``overlap``
+    and T >= :data:`MIN_OVERLAP_THREADS`; the minibatch engine samples ahead on it, :meth:`run`),
+    ``overlap`` (the store's reads run on it too: a store whose ``read_misses`` does work; a
+    device store reads inline, on the compute stream, and still gets the loader),
+    ``gather_threads`` (the worker's team, 0 without one) and ``compute_threads`` (the main
+    thread's team while the worker has work)."""
 
     def __init__(self, store, overlap: bool = True, threads: int | None = None, share: float = GATHER_SHARE):
         self.store = store
         self.threads = max(1, int(threads if threads is not None else torch.get_num_threads()))
         g, c = split_threads(self.threads, share)
-        self.overlap = bool(overlap) and g > 0 and getattr(store, "reads_on_thread", True)
-        self.gather_threads, self.compute_threads = (g, c) if self.overlap else (0, self.threads)
+        self.loader = bool(overlap) and g > 0
+        self.overlap = self.loader and getattr(store, "reads_on_thread", True)
+        self.gather_threads, self.compute_threads = (g, c) if self.loader else (0, self.threads)
         self._pending = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcgnn-store",
                                         initializer=_start_gather_thread,
-                                        initargs=(g,)) if self.overlap else None
+                                        initargs=(g,)) if self.loader else None
 
     def submit(self, ids: torch.Tensor):
         t0 = time.perf_counter()
         plan = self.store.plan(ids)
         fut = None
-        if self._pool is not None:
+        if self.overlap:
             if self._pending == 0:
                 set_calling_thread_team(self.compute_threads)
             self._pending += 1
@@ -124,9 +128,9 @@ class Prefetcher:
     def run(self, fn, *args) -> Future:
         """Run ``fn(*args)`` on the gather thread, after the reads submitted before it (the
         minibatch engine's loader: the sampling of a later minibatch); the main thread's teams
-        are T - g until :meth:`wait` collects it. Needs ``overlap`` (a gather thread)."""
+        are T - g until :meth:`wait` collects it. Needs ``loader`` (a worker thread)."""
         if self._pool is None:
-            raise RuntimeError("Prefetcher.run needs a gather thread (overlap)")
+            raise RuntimeError("Prefetcher.run needs a worker thread (loader)")
         if self._pending == 0:
             set_calling_thread_team(self.compute_threads)
         self._pending += 1

@@ -1,7 +1,7 @@
 """MPI driver for test_minibatch_loader.py: the same minibatch run with the loader (store.overlap
 = true, 4 threads: a gather thread) and without it (store.overlap = false), with an event log.
 
-usage: mb_loader_driver.py PARTS RUN_ROOT CONFIG
+usage: mb_loader_driver.py PARTS RUN_ROOT CONFIG [KEY=VALUE ...]   (extra --set of both runs)
 Writes RUN_ROOT/on and RUN_ROOT/off. Prints one line per rank ``LOADER <rank> <json>``: per run,
 the minibatches sampled on the loader (``loaded``: [epoch, step]), those sampled on the main
 thread (``inline``), and ``while_computing``: for each loaded minibatch j, whether its sampling
@@ -21,6 +21,7 @@ from hpcgnn.engine import minibatch as mb_mod
 from hpcgnn.store import prefetch as prefetch_mod
 
 parts, root, config = sys.argv[1:4]
+extra = [a for kv in sys.argv[4:] for a in ("--set", kv)]
 log = {}
 done: dict = {}
 lock = threading.Lock()
@@ -71,7 +72,7 @@ for name, overlap in (("on", "true"), ("off", "false")):
     done.clear()
     rc = main(["train", "--config", config, "--set", f"data.partitions={parts}",
                "--set", f"output.dir={root}/{name}", "--set", f"store.overlap={overlap}",
-               "--set", "runtime.threads=4"])
+               "--set", "runtime.threads=4", *extra])
     if rc != 0:
         raise SystemExit(rc)
     out[name] = {k: (sorted(v) if isinstance(v, set) else v) for k, v in log.items()}

@@ -1,6 +1,8 @@
-"""The minibatch engine's loader (hpcgnn/engine/minibatch.py, store.overlap with a gather
-thread): minibatch k + 2 is sampled on the gather thread while k computes, and the run is
-bit-identical to the one that samples inline (store.overlap = false), at 1 and 2 ranks."""
+"""The minibatch engine's loader (hpcgnn/engine/minibatch.py, store.overlap with a worker
+thread): minibatch k + 2 is sampled on the worker thread while k computes, and the run is
+bit-identical to the one that samples inline (store.overlap = false), at 1 and 2 ranks; also
+with every feature row in the "device" store (the CPU standing in), whose reads run inline but
+whose sampling still goes ahead on the worker."""
 from __future__ import annotations
 
 import json
@@ -21,11 +23,12 @@ from hpcgnn.run.output import read_run, timing_parents  # noqa: E402
 CONFIG = mb.small_config(epochs=2, batch_size=12, fanouts=3, nc=6)
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_loader_samples_ahead_and_changes_no_result(tmp_path, ranks):
+@pytest.mark.parametrize("ranks,store", [(1, "host"), (2, "host"), (1, "device")])
+def test_loader_samples_ahead_and_changes_no_result(tmp_path, ranks, store):
     parts = mb.tiny_store(tmp_path / "parts", mb.tiny_graph(), ranks)
     cfg = mb.write_config(tmp_path / "cfg.toml", CONFIG)
-    proc = run_mpi(ranks, [str(Path(__file__).parent / "mb_loader_driver.py"), parts, tmp_path, cfg],
+    extra = ["store.device_memory=1GiB"] if store == "device" else []
+    proc = run_mpi(ranks, [str(Path(__file__).parent / "mb_loader_driver.py"), parts, tmp_path, cfg, *extra],
                    # no watcher fork between the driver's two runs: a process forked after
                    # OpenMP ran a team hangs in its next one (libgomp)
                    timeout=240, cwd=ROOT, env={"HPCGNN_SUPERVISE": "0"})
@@ -62,3 +65,4 @@ def test_loader_samples_ahead_and_changes_no_result(tmp_path, ranks):
     assert (on["timings"]["sample_loader"] > 0).all() and timing_parents(on)["sample"] == "epoch"
     assert json.loads(on["attrs"]["store_gather_threads"]) == [1] * ranks
     assert json.loads(off["attrs"]["store_gather_threads"]) == [0] * ranks
+    assert on["attrs"]["store_mode"] == store, on["attrs"]["store_mode"]

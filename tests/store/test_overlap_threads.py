@@ -117,11 +117,16 @@ def test_main_team_stays_split_while_any_gather_is_pending(main_team):
 
 @pytest.mark.parametrize("T", [1, 2, 4])
 def test_no_gather_thread_with_few_threads_or_nothing_to_read(main_team, T):
+    """Below 4 threads: no worker thread at all. A device store (nothing to read on a thread)
+    reads inline, on the main thread, with all T threads; from 4 threads it still gets the
+    worker thread as the engine's loader (sampling ahead), whose team is taken only while it
+    has work."""
     main_team(T)
     feats = _feats()
     store = HostFeatureStore(feats) if T < 4 else DeviceFeatureStore(feats)
     pf = Prefetcher(store, True, threads=T)
-    assert not pf.overlap and (pf.gather_threads, pf.compute_threads) == (0, T)
+    assert not pf.overlap and pf.loader == (T >= 4)
+    assert (pf.gather_threads, pf.compute_threads) == (split_threads(T) if T >= 4 else (0, T))
     threads = []
     read = store.read_misses
     store.read_misses = lambda plan: (threads.append(threading.current_thread()), read(plan))[1]
@@ -129,6 +134,13 @@ def test_no_gather_thread_with_few_threads_or_nothing_to_read(main_team, T):
     assert _teams() == (T, T)
     assert np.array_equal(pf.get(h).numpy(), feats[:10])
     assert threads == [threading.main_thread()]            # inline, in get
+    if pf.loader:
+        fut = pf.run(threading.current_thread)
+        assert _teams()[0] == pf.compute_threads           # the main team shrinks while it works
+        assert pf.wait(fut) is not threading.main_thread() and _teams() == (T, T)
+    else:
+        with pytest.raises(RuntimeError, match="needs a worker thread"):
+            pf.run(threading.current_thread)
     pf.close()
 
 
