@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from hpcgnn.upload import upload
+
 NEVER = np.iinfo(np.int64).min // 4   # "never sent / never written" epoch
 TIER_NONE, TIER_DEVICE, TIER_HOST = 0, 1, 2
 
@@ -93,8 +95,8 @@ class ReceiverCache:
                 if rows_host != on_host and block_host != on_host:   # neither copy is on the tier's side
                     moved["d2h" if on_host else "h2d"] += int(sel.size) * row_bytes
                 buf = bufs[layer]
-                vals = src.index_select(0, torch.from_numpy(sel).to(src.device))
-                buf[torch.from_numpy(self.slot[positions[sel]]).to(buf.device)] = vals.to(buf.device)
+                vals = src.index_select(0, upload(torch.from_numpy(sel), src.device))
+                buf[upload(torch.from_numpy(self.slot[positions[sel]]), buf.device)] = upload(vals, buf.device)
         cached = t != TIER_NONE
         self.written[layer, positions[cached]] = epoch_sent
         return moved
@@ -141,7 +143,7 @@ class ReceiverCache:
         row_bytes = 4 * w
         block_host = not on_device
         rows = rows.reshape(positions.shape[0], w)
-        rows_b = rows.to(device)
+        rows_b = upload(rows, device)
         moved = {"h2d": 0, "d2h": 0}
         if bool(rows_host) != block_host:
             moved["h2d" if rows_host else "d2h"] += int(positions.size) * row_bytes
@@ -151,7 +153,7 @@ class ReceiverCache:
         got = np.zeros(self.num_halo, dtype=bool)
         got[positions] = True
         if positions.size:
-            out[torch.from_numpy(positions).to(device)] = rows_b
+            out[upload(torch.from_numpy(positions), device)] = rows_b
         miss = ~got
         if np.any(miss & (self.tier == TIER_NONE)) or np.any(self.written[layer][miss] == NEVER):
             bad = np.flatnonzero(miss & ((self.tier == TIER_NONE) | (self.written[layer] == NEVER)))
@@ -161,8 +163,8 @@ class ReceiverCache:
         for tier, bufs, pos in ((TIER_DEVICE, self.dev, self.dev_pos), (TIER_HOST, self.host, self.host_pos)):
             use = pos[miss[pos]]
             if use.size:
-                slots = torch.from_numpy(self.slot[use]).to(bufs[layer].device)
-                out[torch.from_numpy(use).to(device)] = bufs[layer].index_select(0, slots).to(device)
+                slots = upload(torch.from_numpy(self.slot[use]), bufs[layer].device)
+                out[upload(torch.from_numpy(use), device)] = upload(bufs[layer].index_select(0, slots), device)
                 if (tier == TIER_HOST) != block_host:
                     moved["d2h" if block_host else "h2d"] += int(use.size) * row_bytes
             hits.append(int(use.size))

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from hpcgnn.errors import InputError
+from hpcgnn.upload import upload
 
 BACKENDS = ("mpi4py", "gloo", "nccl", "ccl")   # the data-plane implementations
 CHOICES = ("auto",) + BACKENDS                  # runtime.backend's values
@@ -215,7 +216,7 @@ def _from_host(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     out = torch.from_numpy(a)
     if like.dtype == torch.bfloat16:
         out = out.view(torch.bfloat16)
-    return out if like.device.type == "cpu" else out.to(like.device, non_blocking=False)
+    return out if like.device.type == "cpu" else upload(out, like.device)
 
 
 class _Done(Pending):

@@ -66,6 +66,7 @@ import torch
 from hpcgnn.cache.halo import NEVER, TIER_NONE, ReceiverCache, admission
 from hpcgnn.comm.communicator import Communicator, Pending
 from hpcgnn.comm.halo import WIRE_ITEMSIZE, HaloPlan, HaloProvider, alltoallv_rows, exchange_rows
+from hpcgnn.upload import upload
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,7 @@ class CachedHalo(HaloProvider):
         s, t = self.settings, self.epoch
         mask = self.sender.select(layer, t, s.staleness, lag, constant)
         sel = np.flatnonzero(mask)
-        rows = solid.index_select(0, torch.from_numpy(self.plan.send_index[sel]).to(solid.device)).float()
+        rows = solid.index_select(0, upload(torch.from_numpy(self.plan.send_index[sel]), solid.device)).float()
         if not constant and s.precision == "bf16":
             rows = rows.to(torch.bfloat16).view(torch.int16)   # to_wire: half the bytes
         host_plane = self._host_plane()

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from hpcgnn.comm.communicator import Communicator
+from hpcgnn.upload import upload
 
 
 def column_bounds(width: int, size: int) -> np.ndarray:
@@ -210,9 +211,9 @@ def _place(buf: torch.Tensor, index: torch.Tensor, span, rows: torch.Tensor, acc
         target = buf[span[0]:span[1]]
         target.add_(rows) if accumulate else target.copy_(rows)
     elif accumulate:
-        buf.index_add_(0, index.to(buf.device), rows)
+        buf.index_add_(0, upload(index, buf.device), rows)
     else:
-        buf.index_copy_(0, index.to(buf.device), rows)
+        buf.index_copy_(0, upload(index, buf.device), rows)
 
 
 class _Local:
@@ -291,7 +292,7 @@ class TPComm:
         c = int(x_rows.shape[1])
         cb = column_bounds(c, self.size)
         widths = np.diff(cb)
-        rows = _rows(x_rows.detach(), tr.local.to(x_rows.device), tr.contiguous_local)
+        rows = _rows(x_rows.detach(), upload(tr.local, x_rows.device), tr.contiguous_local)
         if self.size == 1:
             send = rows.contiguous()
         else:
@@ -339,7 +340,7 @@ class TPComm:
                 offs = np.concatenate([[0], np.cumsum(recv_counts)])
                 full = torch.cat([flat[offs[k]:offs[k + 1]].view(n_mine, int(widths[k])) for k in range(size)],
                                  dim=1)
-            _place(out_rows, tr.local, tr.contiguous_local, full.to(out_rows.device), accumulate)
+            _place(out_rows, tr.local, tr.contiguous_local, upload(full, out_rows.device), accumulate)
             return out_rows
 
         return Handle(self, kind, pending, place, nbytes, t0)

@@ -276,23 +276,43 @@ def _sizes(cfg, meta, s: dict):
     return ns, nh, ne, ns + nh, widths, cfg.model.layers, max(widths)
 
 
+def hec_bytes(cfg, meta, s: dict) -> tuple[int, int]:
+    """(embedding rows, tag directory) bytes of a rank's HECs (``minibatch.halo = "hec"``), for
+    partition shapes ``s``. Embedding rows exist only for lines written (at most min(cs, halo),
+    growing by doubling); the tag directory (native/cache.cpp) lives in host memory, allocated
+    and filled at construction: a hash table of the next power of two >= 2 cs entries (16 bytes
+    each) and three int64 per ring slot (tag, clock, storage row)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    mb = cfg.minibatch
+    iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
+    lines = min(mb.cs, nh, iters * max(meta.num_parts - 1, 0) * mb.nc)
+    table = 16
+    while table < 2 * mb.cs:
+        table *= 2
+    return int(lines * sum(widths[:layers]) * F32), int((table * 2 * I64 + mb.cs * 3 * I64) * layers)
+
+
+def hec_device_bytes(cfg, meta, s: dict, budget: int | None, feature_bytes: int) -> int:
+    """Device bytes of a rank's HEC rows on CUDA for a store ``budget`` (None: unlimited): all of
+    them when the budget holds every feature row and every HEC at capacity (the store's
+    all-on-device case, :func:`hpcgnn.store.rank.build_rank_store`); otherwise the placement
+    shares the budget between feature rows and HEC rows, and the HECs get at most what the
+    feature rows leave (none with ``store.device_memory = 'auto'``, whose budget is at most
+    the feature rows). The tag directory is host memory."""
+    rows, _ = hec_bytes(cfg, meta, s)
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    capacity = min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * F32
+    if budget is None or budget >= feature_bytes + capacity:
+        return rows
+    return int(min(rows, max(0, budget - min(budget, feature_bytes))))
+
+
 def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     """The minibatch engine's terms (``hec``, ``activations``, ``eval``) for partition shapes ``s``."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     mb = cfg.minibatch
-    parts = meta.num_parts
     if mb.halo == "hec":
-        iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
-        lines = min(mb.cs, nh, iters * max(parts - 1, 0) * mb.nc)
-        # embedding rows exist only for lines written (at most min(cs, halo), growing by
-        # doubling); the tag directory (native/cache.cpp) is allocated and filled at
-        # construction: a hash table of the next power of two >= 2 cs entries (16 bytes each)
-        # and three int64 per ring slot (tag, clock, storage row).
-        table = 16
-        while table < 2 * mb.cs:
-            table *= 2
-        directory = (table * 2 * I64 + mb.cs * 3 * I64) * layers
-        est.terms["hec"] = int(lines * sum(widths[:layers]) * F32 + directory)
+        est.terms["hec"] = int(sum(hec_bytes(cfg, meta, s)))
         est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
     # expected frontier sizes, output side first
     avg = ne / max(ns, 1)
@@ -902,8 +922,10 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             sampled = minibatch_sampled_sizes(cfg, meta, part_id) if sample else None
             out.terms["activations"] = minibatch_device_activations(cfg, meta, s, sampled)
             if dev == "cuda":
-                if t.get("hec"):
-                    out.terms["hec"] = int(t["hec"])
+                if cfg.minibatch.halo == "hec":   # rows on the device only where the store puts them
+                    hec = hec_device_bytes(cfg, meta, s, budget, feature_bytes)
+                    if hec:
+                        out.terms["hec"] = hec
                 if host.phases.get("eval"):
                     out.terms["eval"] = int(host.phases["eval"])
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))

@@ -55,6 +55,7 @@ from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
 from hpcgnn.engine.transfer import TransferCounter
 from hpcgnn.run.memory import DeviceMemoryMeter
+from hpcgnn.upload import upload
 
 
 @dataclass
@@ -112,8 +113,8 @@ def build_local_graph(part, comm, fetch_halo: bool = True, store=None) -> LocalG
 
 def masked_loss_sum(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of the cross-entropy of the masked rows (0 when the mask is empty)."""
-    idx = mask.nonzero().squeeze(1).to(logits.device)
-    return F.cross_entropy(logits.index_select(0, idx), labels.to(logits.device).index_select(0, idx),
+    idx = upload(mask.nonzero().squeeze(1), logits.device)
+    return F.cross_entropy(logits.index_select(0, idx), upload(labels, logits.device).index_select(0, idx),
                            reduction="sum")
 
 

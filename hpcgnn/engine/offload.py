@@ -47,6 +47,7 @@ from hpcgnn.engine.transfer import TransferCounter, host_empty, host_zeros
 from hpcgnn.errors import InputError
 from hpcgnn.run.memory import DeviceMemoryMeter
 from hpcgnn.store.mover import DeviceMover, Loaded
+from hpcgnn.upload import upload
 
 
 class LayerOps(Protocol):
@@ -257,7 +258,7 @@ class OffloadEngine:
         halo = np.flatnonzero(rows >= self.num_solid)
         if halo.size:
             got = self.mover.load_rows(self.h[0], rows[halo] - self.num_solid, kind).get()
-            out.index_copy_(0, torch.from_numpy(halo).to(self.device), got)
+            out.index_copy_(0, upload(torch.from_numpy(halo), self.device), got)
         return Loaded(out, None)
 
     def _count_nodedup(self, x: torch.Tensor, grads: bool = False) -> None:

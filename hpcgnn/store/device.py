@@ -11,6 +11,7 @@ import torch
 from hpcgnn.nn.aggregate import gather_rows
 from hpcgnn.store.base import FeatureStore, GatherPlan
 from hpcgnn.store.host import as_rows, count_valid
+from hpcgnn.upload import upload
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 
@@ -37,7 +38,7 @@ class DeviceFeatureStore(FeatureStore):
         return None
 
     def assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
-        return gather_rows(self.rows, plan.ids.to(self.device), self.num_rows)
+        return gather_rows(self.rows, upload(plan.ids, self.device), self.num_rows)
 
     def full_rows(self) -> torch.Tensor:
         return self.rows

@@ -57,13 +57,18 @@ def test_store_auto_on_a_gpu_gets_what_the_other_device_terms_leave(cora_parts):
     full = estimate_device_memory(cfg, meta, 0, device="cuda")          # 'auto', no figure: all rows
     rows = full.terms["store_rows"]
     assert rows > 0 and full.terms["cuda_context"] == CUDA_CONTEXT
-    others = full.total - rows
+    # no figure: the budget is unlimited and the HECs' rows go to the device too; with a figure
+    # 'auto' is at most the feature rows, so the HECs stay on the host (their tag directories
+    # always do)
+    assert full.terms["hec"] > 0
+    others = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=0).total
+    assert others == full.total - rows - full.terms["hec"]
     for free, want in ((others + rows // 3, rows // 3), (others + 2 * rows, rows), (others // 2, 0)):
         got = store_auto_bytes(cfg, meta, 0, free)
         assert got == max(free - others, 0)
         assert resolve_budget("auto", rows, "cuda", got) == want
         est = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=got)
-        assert est.terms["store_rows"] == want
+        assert est.terms["store_rows"] == want and "hec" not in est.terms
     assert resolve_budget("auto", rows, "cpu", 10 ** 9) == 0                # the CPU: host-only
 
 
@@ -171,3 +176,27 @@ def test_gpu_identity_is_empty_off_cuda():
     from hpcgnn.runtime import gpu_identity
 
     assert gpu_identity("cpu") == ""
+
+
+def test_hec_rows_count_on_the_device_only_where_the_store_puts_them(cora_parts):
+    """The CUDA estimate's ``hec`` term: the HECs' rows (never their tag directories, which are
+    host memory) when the store's budget holds every feature row and every HEC at capacity;
+    else at most what the feature rows leave of the budget."""
+    from hpcgnn.engine.estimate import _sizes, hec_bytes, hec_device_bytes, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    cfg = load_config(ROOT / "inputs" / "cora-sage.toml", [f"data.partitions={store}"])
+    s = part_shapes(store, 0)
+    rows, directory = hec_bytes(cfg, meta, s)
+    assert rows > 0 and directory > 0
+    ns, nh, _, _, widths, layers, _ = _sizes(cfg, meta, s)
+    feats = ns * int(meta.num_features) * 4
+    capacity = min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * 4
+    assert hec_device_bytes(cfg, meta, s, None, feats) == rows
+    assert hec_device_bytes(cfg, meta, s, feats + capacity, feats) == rows
+    assert hec_device_bytes(cfg, meta, s, feats + capacity - 1, feats) == min(rows, capacity - 1)
+    assert hec_device_bytes(cfg, meta, s, feats + rows // 2, feats) == rows // 2
+    assert hec_device_bytes(cfg, meta, s, feats, feats) == 0 == hec_device_bytes(cfg, meta, s, feats // 2, feats)
