@@ -254,11 +254,9 @@ def gpu_identity(torch_device) -> str:
 def shared_gpus(identities: list[str]) -> dict[str, int]:
     """``{gpu: ranks}`` of the GPUs that more than one rank uses, from every rank's
     :func:`gpu_identity` (``""``: no GPU)."""
-    counts: dict[str, int] = {}
-    for gpu in identities:
-        if gpu:
-            counts[gpu] = counts.get(gpu, 0) + 1
-    return {gpu: n for gpu, n in counts.items() if n > 1}
+    from collections import Counter
+
+    return {gpu: n for gpu, n in Counter(g for g in identities if g).items() if n > 1}
 
 
 # ---- starting a child MPI job from this process (a bench, the planner's calibration) ---------

@@ -35,7 +35,6 @@ a CUDA GPU: one line, exit 0, nothing run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tarfile
 import time
@@ -114,21 +113,20 @@ def session(args) -> list[dict]:
 
 def write_archive(out: Path, path: Path) -> Path:
     """``path`` (.tar.gz): everything under ``out`` but the runs' ``work`` folders and the
-    archive itself, named relative to ``out``'s parent; written under a temporary name, then
-    renamed."""
+    archive itself (and its temporaries), named relative to ``out``'s parent; written
+    atomically (:func:`hpcgnn.fileio.atomic_file`)."""
+    from hpcgnn.fileio import atomic_file
+
     out, path = Path(out), Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    skip = {path.resolve(), tmp.resolve()}
 
     def keep(info: tarfile.TarInfo):
         return None if "work" in Path(info.name).parts[1:] else info
 
-    with tarfile.open(tmp, "w:gz") as tar:
+    with atomic_file(path) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for item in sorted(out.iterdir()):
-            if item.resolve() not in skip:
+            if item.resolve() != path.resolve() and not item.name.startswith(f".{path.name}."):
                 tar.add(item, arcname=str(Path(out.name) / item.name), filter=keep)
-    os.replace(tmp, path)
     return path
 
 

@@ -78,9 +78,12 @@ def kill_tree(pid: int) -> None:
     its own ``mpiexec`` in a session of its own (a bench driver) takes that launcher and its
     ranks along, which killing the child's process group alone would leave running."""
     below = descendants(pid)
+    own = os.getpgid(0)
     for p in [pid, *below]:
         try:
-            os.killpg(os.getpgid(p), 9)
+            group = os.getpgid(p)
+            if group != own:           # a child left in this process's group dies by pid below
+                os.killpg(group, 9)
         except (ProcessLookupError, PermissionError):
             pass
     for p in [pid, *below]:

@@ -216,7 +216,7 @@ def _from_host(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     out = torch.from_numpy(a)
     if like.dtype == torch.bfloat16:
         out = out.view(torch.bfloat16)
-    return out if like.device.type == "cpu" else upload(out, like.device)
+    return upload(out, like.device)
 
 
 class _Done(Pending):

@@ -201,7 +201,8 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     of the last layer run] on ``device``; the model runs in eval mode and its mode is restored
     afterwards.
     """
-    from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv, kernels
+    from hpcgnn.nn.aggregate import kernel_options
+    from hpcgnn.nn.conv import GATConv, GCNConv, SAGEConv
 
     device = x_solid.device if device is None else torch.device(device)
     num_solid = int(x_solid.shape[0])
@@ -249,7 +250,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                     src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
                     if not conv.project_first:
                         h = src
-                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, kernels(conv))
+                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, kernel_options(conv))
                 out = None
                 for a in range(0, num_solid, rows):
                     b = min(num_solid, a + rows)
@@ -279,7 +280,7 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
                         kernels: dict | None = None) -> torch.Tensor:
     """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
     in-edges, the halo sources' rows arriving round by round from their owners (aggregation
-    ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.conv.kernels`)."""
+    ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.aggregate.kernel_options`)."""
     from hpcgnn.nn.aggregate import aggregate_sum
 
     num_solid = ip.shape[0] - 1

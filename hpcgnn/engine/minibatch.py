@@ -78,6 +78,7 @@ from hpcgnn.seeding import numpy_rng, stream_seed, seed_torch
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
+from hpcgnn.nn.conv import gcn_block_norm
 from hpcgnn.upload import upload
 
 # Stream tags of stream_seed (distinct first parts keep the streams unrelated).
@@ -465,8 +466,6 @@ class MinibatchEngine(Engine):
         dev = self.device
         db = b.streamed_copy(dev, copy=lambda t: upload(t, dev))
         if self.cfg.model.arch == "gcn":
-            from hpcgnn.nn.conv import gcn_block_norm
-
             src_scale, dst_scale = gcn_block_norm(b)
             db.src_scale, db.dst_scale = upload(src_scale, dev), upload(dst_scale, dev)
         return db

@@ -73,6 +73,7 @@ from hpcgnn.comm.tensor_parallel import CommStats, TPComm, TPLayout, column_boun
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.errors import InputError
+from hpcgnn.nn.aggregate import kernel_options
 from hpcgnn.nn.decoupled import edge_dot, sum_adjoint
 from hpcgnn.partition.store import read_store_topology, read_vertex_rows
 # the resident path's device bytes live with the estimate (which counts them) to avoid a cycle
@@ -121,7 +122,7 @@ class DeviceStage:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = self.cuda
-        self.kernels = {"backend": backend, "deterministic": bool(deterministic)}
+        self.backend, self.deterministic = backend, bool(deterministic)
         self.resident = bool(resident)
         self.counter = counter if counter is not None else TransferCounter()
         self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
@@ -294,7 +295,7 @@ class DeviceStage:
                 block, wj = self._inputs(j, weight)
                 x = step.sources()
                 start = self._span_start()             # after the wait for the chunk's rows
-                out = aggregate_sum(block, x, wj, **self.kernels)
+                out = aggregate_sum(block, x, wj, **kernel_options(self))
                 self.meter.track(out)
                 if c != 1.0:
                     out.mul_(c)
@@ -353,14 +354,14 @@ class DeviceStage:
                 g = self._range(gk, a, b, "grad", gk_dev)
                 start = self._span_start()             # after the waits for the chunk's inputs
                 g_rows = g * c if c != 1.0 else g
-                gx = sum_adjoint(block, g_rows, wj, **self.kernels)
+                gx = sum_adjoint(block, g_rows, wj, **kernel_options(self))
                 self.meter.track(g, g_rows, gx)
                 step.accumulate(gx)
                 if alpha:
                     self._add(g * alpha, g0, "dst", j, "grad", g0_dev)
                 if x is not None:
                     e0, e1 = self.edges[j]
-                    self.mover.add_rows(edge_dot(block, g_rows, x, **self.kernels), grad_w,
+                    self.mover.add_rows(edge_dot(block, g_rows, x, **kernel_options(self)), grad_w,
                                         np.arange(e0, e1, dtype=np.int64), "edge_grad")
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w, start)

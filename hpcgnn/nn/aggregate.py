@@ -46,6 +46,13 @@ BACKENDS = ("auto", "native", "torch")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
+def kernel_options(owner) -> dict:
+    """The aggregation keywords ``backend`` and ``deterministic`` (``train.kernels``,
+    ``train.deterministic``) of an object that carries them as attributes: a conv layer, the
+    tensor engine's propagation and device stage."""
+    return {"backend": owner.backend, "deterministic": owner.deterministic}
+
+
 @contextlib.contextmanager
 def _det_scope(deterministic: bool):
     """torch's deterministic algorithms for the duration of one operator, when ``deterministic``

@@ -31,16 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
-                                  aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate, mean_scale)
+                                  aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate,
+                                  kernel_options, mean_scale)
 from hpcgnn.nn.precision import Linear
 
 GAT_VARIANTS = ("distgnn", "standard")
-
-
-def kernels(layer) -> dict:
-    """The aggregation keywords of a layer (``train.kernels``, ``train.deterministic``): its
-    ``backend`` and ``deterministic`` attributes (:mod:`hpcgnn.nn.aggregate`)."""
-    return {"backend": layer.backend, "deterministic": layer.deterministic}
 
 
 def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, num_edges: int) -> bool:
@@ -77,7 +72,7 @@ class SAGEConv(nn.Module):
     def combine(self, block, src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
         """Output rows of ``block``'s destinations from ``src = source_rows(h)`` [num_src, ...]
         and the destinations' own input rows ``h_dst`` [num_dst, in_dim]."""
-        return self.update(aggregate_mean(block, src, **kernels(self)), h_dst)
+        return self.update(aggregate_mean(block, src, **kernel_options(self)), h_dst)
 
     def update(self, neigh: torch.Tensor, h_dst: torch.Tensor, projected: bool | None = None) -> torch.Tensor:
         """Output rows from the neighbour mean ``neigh`` and the destinations' own rows ``h_dst``.
@@ -113,7 +108,7 @@ class SAGEConv(nn.Module):
         if cd == torch.bfloat16 and bf16_gather_pays(block, h, self.backend):
             return self._forward_bf16_gather(block, h)
         # h is both the aggregated rows and the destinations' own: one gradient buffer for both
-        neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), **kernels(self))
+        neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), **kernel_options(self))
         return self.update(neigh, h_dst, projected=False)
 
     def _forward_bf16_gather(self, block, h: torch.Tensor) -> torch.Tensor:
@@ -144,7 +139,7 @@ class SAGEConv(nn.Module):
 
     def aggregate(self, block, h: torch.Tensor) -> torch.Tensor:
         """Parameter-free, linear: the neighbour mean of ``h`` at the input width [num_dst, in_dim]."""
-        return aggregate_mean(block, h, **kernels(self))
+        return aggregate_mean(block, h, **kernel_options(self))
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
         """The rest of the layer: ``forward(block, h) == update_from_aggregate(aggregate(block, h),
@@ -154,7 +149,7 @@ class SAGEConv(nn.Module):
     def aggregate_adjoint(self, block, grad_agg: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
         return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1),
-                                     **kernels(self))
+                                     **kernel_options(self))
 
 
 def gcn_norm(degree) -> torch.Tensor:
@@ -207,7 +202,7 @@ class GCNConv(nn.Module):
         y = self.source_rows(h, src_scale)
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
         # y is both the aggregated rows and the self loop's: one gradient buffer for both
-        agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, **kernels(self))
+        agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, **kernel_options(self))
         return self._finish(agg, y_dst, dst_scale)
 
     @property
@@ -226,7 +221,7 @@ class GCNConv(nn.Module):
         """Output rows of ``block``'s destinations from ``y = source_rows(h, src_scale)``, the
         destinations' own rows of ``y`` (``y_dst``, the self loop) and ``dst_scale`` [num_dst]."""
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
-        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, **kernels(self)), y_dst, dst_scale)
+        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, **kernel_options(self)), y_dst, dst_scale)
 
     def _finish(self, agg: torch.Tensor, y_dst: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
         """The layer's output from the scaled neighbour sum ``agg``, the self loop's rows and scale."""
@@ -245,7 +240,7 @@ class GCNConv(nn.Module):
         s_src = src_scale.to(h.dtype).unsqueeze(1)
         s_dst = dst_scale.to(h.dtype)
         y = h * s_src
-        return aggregate_sum(block, y, row_scale=s_dst, **kernels(self)) + dst_rows(block, y) * s_dst.unsqueeze(1)
+        return aggregate_sum(block, y, row_scale=s_dst, **kernel_options(self)) + dst_rows(block, y) * s_dst.unsqueeze(1)
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
         """``lin(agg) + bias``: ``forward(block, h, s, d) == update_from_aggregate(aggregate(block, h, s, d))``."""
@@ -256,7 +251,7 @@ class GCNConv(nn.Module):
                           dst_scale: torch.Tensor) -> torch.Tensor:
         """Gradient w.r.t. the source rows of :meth:`aggregate` [num_src, in_dim]."""
         g = grad_agg * dst_scale.to(grad_agg.dtype).unsqueeze(1)
-        gx = aggregate_sum_adjoint(block, g, **kernels(self))
+        gx = aggregate_sum_adjoint(block, g, **kernel_options(self))
         gx[:block.num_dst] += g
         return gx * src_scale.to(grad_agg.dtype).unsqueeze(1)
 
@@ -313,7 +308,7 @@ class GATConv(nn.Module):
         er = (z_dst * self.attn_dst).sum(-1)
         out = gat_aggregate(block, z, el, er, self.negative_slope,
                             self_loop=self.self_loop if self_loop is None else self_loop,
-                            attn_dropout=self.attn_dropout, training=self.training, **kernels(self))
+                            attn_dropout=self.attn_dropout, training=self.training, **kernel_options(self))
         if self.bias is not None:
             out = out + self.bias.view(1, self.heads, self.out_dim)
         return out

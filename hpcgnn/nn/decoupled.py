@@ -168,9 +168,9 @@ class Propagation:
     def attention(self, el: torch.Tensor, er: torch.Tensor, negative_slope: float = 0.2) -> torch.Tensor:
         """Edge weights [E + V] ``softmax_u(LeakyReLU(el[u] + er[v]))`` over each destination's
         in-edges and itself (autograd through both scalars; el, er: [V])."""
-        from hpcgnn.nn.aggregate import edge_softmax, gat_edge_logits
+        from hpcgnn.nn.aggregate import edge_softmax, gat_edge_logits, kernel_options
 
-        kernels = {"backend": self.backend, "deterministic": self.deterministic}
+        kernels = kernel_options(self)
         logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope, **kernels)
         return edge_softmax(self.block, logits, **kernels).squeeze(1)
 
