@@ -205,7 +205,9 @@ class GradientAllreduce:
                     p.wait()
             for p in pending:
                 p.wait()
-            if float(tail[2]) > 0:
+            # one host read of the step: Σ n_r, the 'late' flag and the finiteness sum
+            total, late, finite = self._read()
+            if late > 0:
                 # a gradient grew after its bucket left on some rank: every rank reduces the
                 # step again, from the gradients as they are now, and stops overlapping
                 self.overlap = False
@@ -216,16 +218,15 @@ class GradientAllreduce:
                 for p in self._pending:
                     if p is not True:
                         p.wait()
+                total, late, finite = self._read()
             elif self._expect is None and self._begun and any(self._hits):
                 self._expect = [max(h, 1) for h in self._hits]
         finally:
             self._reset_step()
-        if self.size > 1 and self.op == "mean":
-            total = float(tail[1])
-            if total > 0:
-                for buf in self._bufs:
-                    buf.div_(total)
-        self._check(epoch, step, steps)
+        self._check(finite, epoch, step, steps)
+        if self.size > 1 and self.op == "mean" and total > 0:
+            for buf in self._bufs:
+                buf.div_(total)
         for b, bucket in enumerate(self.buckets):
             buf = self._bufs[b]
             for p, off, n in bucket:
@@ -235,12 +236,20 @@ class GradientAllreduce:
                 else:
                     p.grad.copy_(g)
 
-    def _check(self, epoch, step: int, steps: int) -> None:
-        """Raise TrainingDiverged when a reduced value is not finite (the same on every rank)."""
+    def _read(self) -> tuple[float, float, bool]:
+        """(Σ n_r, the 'late' flag, whether the sum of every reduced value is finite), read from
+        the device in one copy (one wait for the device per step on a GPU data plane). A sum
+        over finite values is finite unless it overflows: :meth:`_check` then looks element-wise."""
         sums = [buf.sum() for buf in self._bufs] + [self._tail.sum().float()]
         total = torch.stack(sums).sum() if len(sums) > 1 else sums[0]
-        # a sum over finite values is finite unless it overflows: only then look element-wise
-        if math.isfinite(total.item()):
+        got = torch.stack([self._tail[1], self._tail[2], total.double()]).tolist()
+        return got[0], got[1], math.isfinite(got[2])
+
+    def _check(self, finite: bool, epoch, step: int, steps: int) -> None:
+        """Raise TrainingDiverged when a reduced value is not finite (the same on every rank);
+        ``finite``: :meth:`_read`'s sum test (element-wise only when it failed). Before the mean's
+        division: dividing by Σ n_r > 0 neither makes nor removes a NaN or an infinity."""
+        if finite:
             return
         bufs = self._bufs + [self._tail]
         if all(bool(torch.isfinite(b).all()) for b in bufs):

@@ -269,8 +269,8 @@ class DeviceStage:
         (else host [V, w]). ``capture``: a device [V, w] slice receiving every row of ``prev``
         that arrives (resident round 1: Z_0 kept on the device). ``before_load(j)`` runs before
         chunk ``j``'s rows are read from ``prev``, ``after_store(j)`` once its output rows are
-        written or their device->host copy is issued (call ``self.mover.synchronize()`` there
-        before reading host ``nxt[a:b]`` on CUDA)."""
+        written or their device->host copy is issued (on CUDA, host ``nxt[a:b]`` is complete
+        after ``self.mover.settle`` of a mark taken there, or after the round)."""
         from hpcgnn.nn.aggregate import aggregate_sum
 
         w = int(prev.shape[1])
@@ -310,7 +310,8 @@ class DeviceStage:
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0 - (waited[0] - w0), (e1 - e0) * w, start)
             after_store(j)
-        self.mover.synchronize()
+        if not nxt_dev:                 # host rows written: complete them (a resident round
+            self.mover.synchronize()    # leaves its rows on the device, for the next one)
 
     def backward_round(self, run, gk: torch.Tensor, gprev: torch.Tensor, g0: torch.Tensor, c: float,
                        alpha: float, weight, x_saved, grad_w, before_chunk, after_flush, gk_dev: bool = False,
@@ -365,7 +366,8 @@ class DeviceStage:
                                         np.arange(e0, e1, dtype=np.int64), "edge_grad")
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w, start)
-        self.mover.synchronize()
+        if not (gprev_dev and g0_host is None and x_saved is None):
+            self.mover.synchronize()    # host rows or flushes of the round (resident: none)
 
 
 class TPRun:
@@ -442,6 +444,32 @@ def _post(run: TPRun, handles: list, i: int, start) -> None:
     if not run.pipeline:
         _finish(handles, i)
     _drive(handles, i - 1)
+
+
+class _LaggedPosts:
+    """The gathers of the last round on the staged path, each posted (:func:`_post`) one chunk
+    late: chunk ``i``'s host rows are still being copied from the device when it is handed in,
+    so :meth:`add` waits only for the copies issued before the previous chunk's
+    (:meth:`DeviceMover.settle`) and posts that one, while the device works on this chunk;
+    :meth:`finish` posts the rest. Every rank posts the same exchanges in the same order."""
+
+    def __init__(self, run: TPRun, handles: list, mover):
+        self.run, self.handles, self.mover = run, handles, mover
+        self._queue: list = []
+
+    def add(self, i: int, start) -> None:
+        self._queue.append((i, start, self.mover.mark()))
+        if len(self._queue) > 1:
+            self._post_oldest()
+
+    def finish(self) -> None:
+        while self._queue:
+            self._post_oldest()
+
+    def _post_oldest(self) -> None:
+        i, start, mark = self._queue.pop(0)
+        self.mover.settle(mark)
+        _post(self.run, self.handles, i, start)
 
 
 def _finish_all(handles: list, n: int, run: TPRun) -> None:
@@ -569,6 +597,7 @@ def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: fl
     splits = _start_all(run, [(lambda j=j: tp.start_to_cols(lay.split_transfer(j), h, z0, "split"))
                               for j in range(n)])
     gathers, saved = [], []
+    posts = _LaggedPosts(run, gathers, st.mover)
     prev, prev_dev = z0, False
     for r in range(1, k + 1):
         tag = f"z{r}" if need_saved else f"z{2 - r % 2}"
@@ -581,11 +610,8 @@ def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: fl
                 _drive(splits, j + 1)
 
         def after_store(j, last=r == k, nxt=nxt):
-            if not last:
-                return
-            st.mover.synchronize()          # chunk j's rows are in host memory
-            start = (lambda j=j: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
-            _post(run, gathers, j, start)
+            if last:                        # posted once chunk j's rows are in host memory
+                posts.add(j, lambda j=j: tp.start_to_rows(lay.gather_transfer(j), nxt, width, out, "gather"))
 
         if r == 1:
             st.forward_round(run, prev, nxt, None, c, alpha, edge_weight, before_load, after_store,
@@ -596,6 +622,7 @@ def _staged_forward(ctx, h, edge_weight, run: TPRun, k: int, c: float, alpha: fl
         if need_saved:
             saved.append((z0d, True) if r == 1 and res else (prev, prev_dev))
         prev, prev_dev = nxt, nxt_dev
+    posts.finish()
     _finish_all(gathers, n, run)
     ctx.run, ctx.k, ctx.c, ctx.alpha, ctx.width, ctx.w = run, k, c, alpha, width, w
     ctx.saved_z = saved
@@ -622,6 +649,7 @@ def _staged_backward(ctx, grad_out):
     if edge_weight is not None and ctx.needs_input_grad[1]:
         grad_w = torch.zeros_like(edge_weight)
     gathers = []
+    posts = _LaggedPosts(run, gathers, st.mover)
     gk_dev = False
     for r in range(k, 0, -1):
         if r == 1:
@@ -637,17 +665,15 @@ def _staged_backward(ctx, grad_out):
                 _drive(splits, i + 1)
 
         def after_flush(i, j, last=r == 1):
-            if not last:
-                return
-            st.mover.synchronize()          # every gradient of the rows first read by chunk j is in g0
-            start = (lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0h, width, grad_h, "gather"))
-            _post(run, gathers, i, start)
+            if last:                        # posted once every gradient of chunk j's rows is in g0
+                posts.add(i, lambda j=j: tp.start_to_rows(lay.split_transfer(j), g0h, width, grad_h, "gather"))
 
         x_saved, x_dev = ctx.saved_z[r - 1] if grad_w is not None else (None, False)
         st.backward_round(run, gk, gprev, g0, c, alpha, edge_weight, x_saved, grad_w, before_chunk, after_flush,
                           gk_dev=gk_dev, gprev_dev=res, g0_dev=res, x_dev=x_dev,
                           g0_host=g0h if res and r == 1 else None)
         gk, gk_dev = gprev, res
+    posts.finish()
     _finish_all(gathers, n, run)
     ctx.saved_z = None
     return grad_h, grad_w, None, None, None, None

@@ -134,6 +134,7 @@ class DeviceMover:
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.pool = StagingPool(pin=self.cuda)
         self._flushes: list[_PendingFlush] = []
+        self._finished = 0              # flushes finished so far (drain, settle)
 
     @contextlib.contextmanager
     def _side_stream(self):
@@ -268,7 +269,30 @@ class DeviceMover:
         """Finish every pending gradient flush (host additions in issue order)."""
         for f in self._flushes:
             f.finish(self.pool)
+        self._finished += len(self._flushes)
         self._flushes.clear()
+
+    def mark(self):
+        """A point in the device->host copies issued so far, for :meth:`settle`: lets a caller
+        hand the host rows of one chunk on while the device computes the next, instead of
+        waiting for everything (:meth:`synchronize`) after every chunk."""
+        if not self.cuda:
+            return None, self._finished + len(self._flushes)
+        event = torch.cuda.Event()
+        event.record(self.stream)       # the side stream follows the compute stream's writes
+        return event, self._finished + len(self._flushes)
+
+    def settle(self, mark) -> None:
+        """Wait for the copies issued before ``mark`` (:meth:`mark`) and finish the flushes
+        among them (in issue order); later copies stay in flight."""
+        event, flushes = mark
+        if event is not None:
+            event.synchronize()
+        done = max(0, flushes - self._finished)
+        for f in self._flushes[:done]:
+            f.finish(self.pool)
+        del self._flushes[:done]
+        self._finished += done
 
     def synchronize(self) -> None:
         """Wait for every copy; host tensors are then up to date."""

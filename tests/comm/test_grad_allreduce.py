@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -275,8 +276,6 @@ def test_divergence_raises_the_same_line_on_every_rank(job, backend):
 
 
 def test_one_rank_passes_gradients_through_and_refuses_bad_arguments():
-    from types import SimpleNamespace
-
     from hpcgnn.comm.allreduce import GradientAllreduce
 
     model = _model()
@@ -292,6 +291,44 @@ def test_one_rank_passes_gradients_through_and_refuses_bad_arguments():
         GradientAllreduce(model, SimpleNamespace(size=1), "avg")
     with pytest.raises(ValueError, match="samples must be >= 0"):
         red.begin(-1)
+
+
+class _MirrorPlane:
+    """Stand-in for a 2-rank data plane whose other rank holds the same values (the sum doubles)."""
+    size, device = 2, "cpu"
+
+    def start_allreduce_(self, buf):
+        buf.mul_(2)
+        return SimpleNamespace(wait=lambda: None)
+
+
+def test_a_step_reads_the_device_once(monkeypatch):
+    """Σ n_r, the late flag and the finiteness test come back in one host read per step (one
+    wait for the device on a GPU data plane), counted over every tensor-to-host conversion."""
+    from hpcgnn.comm.allreduce import GradientAllreduce
+    from hpcgnn.errors import TrainingDiverged
+
+    model = _model()
+    red = GradientAllreduce(model, _MirrorPlane(), "mean", bucket_bytes=SMALL)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    x, y = _data(0, 6)
+    red.begin(6)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    before = _grads(model).clone()
+    reads.clear()
+    red(loss.detach())
+    assert reads == ["tolist"]
+    assert torch.allclose(_grads(model), before, rtol=1e-6, atol=0)   # (2 * 6 g) / (2 * 6)
+    x[0, 0] = float("nan")
+    red.begin(6)
+    F.cross_entropy(model(x), y).backward()
+    with pytest.raises(TrainingDiverged, match=r"not finite \(nan\)"):
+        red(None)
 
 
 MB_CONFIG = ("[model]\nhidden = 8\nlayers = 2\ndropout = 0.0\n[train]\nepochs = 2\neval_every = 0\nlr = 0.05\n"

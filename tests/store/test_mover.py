@@ -88,3 +88,53 @@ def test_cuda_mover_round_trip_reuses_staging():
         m.synchronize()
         assert torch.equal(acc[::3], host[::3])
     assert m.pool.allocated <= 3
+
+
+class FakeFlush:
+    """A gradient flush in flight; ``finish`` records its order."""
+
+    def __init__(self, name, done):
+        self.name, self.done = name, done
+
+    def finish(self, pool):
+        self.done.append(self.name)
+
+
+def test_settle_finishes_only_the_flushes_before_its_mark():
+    m = DeviceMover("cpu")
+    done = []
+    m._flushes += [FakeFlush("a", done), FakeFlush("b", done)]
+    first = m.mark()
+    m._flushes.append(FakeFlush("c", done))
+    second = m.mark()
+    m.settle(first)
+    assert done == ["a", "b"]
+    m.settle(first)                                   # settled already: nothing more
+    assert done == ["a", "b"]
+    m._flushes.append(FakeFlush("d", done))
+    m.drain()                                         # c and d
+    assert done == ["a", "b", "c", "d"]
+    m.settle(second)                                  # drained since: nothing more
+    m._flushes.append(FakeFlush("e", done))
+    third = m.mark()
+    m._flushes.append(FakeFlush("f", done))
+    m.settle(third)
+    assert done == ["a", "b", "c", "d", "e"] and len(m._flushes) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_settle_completes_the_copies_before_its_mark():
+    dev = torch.device("cuda")
+    m = DeviceMover(dev)
+    src = torch.randn(4096, 64, device=dev)
+    out = torch.zeros(4096, 64).pin_memory()
+    acc = torch.zeros(4096, 64).pin_memory()
+    m.store_range(src[:2048] * 2, out, 0, "out")
+    m.add_rows(src[:100], acc, np.arange(100), "grad")
+    mark = m.mark()
+    m.store_range(src[2048:] * 2, out, 2048, "out")
+    m.settle(mark)
+    assert torch.equal(out[:2048], (src[:2048] * 2).cpu()) and torch.equal(acc[:100], src[:100].cpu())
+    m.synchronize()
+    assert torch.equal(out, (src * 2).cpu())
