@@ -83,6 +83,8 @@ FULLGRAPH = ("train.engine=fullgraph", "model.arch=gcn", "fullgraph.offload=fals
 MODES: dict[str, Mode] = {
     "minibatch-hec-aep-tiered": Mode("minibatch, HEC + AEP halo, tiered store (30% of rows on the device)",
                                      MINIBATCH),
+    "minibatch-hec-aep-device": Mode("the same with store.device_memory = auto: every feature row and HEC line "
+                                     "on the device", MINIBATCH + ("store.device_memory=auto",)),
     "fullgraph-memory": Mode("full graph in device memory, exact halo", FULLGRAPH),
     "fullgraph-offload-dedup": Mode("full graph offloaded (HongTu): 4 chunks, 2 per batch, dedup",
                                     FULLGRAPH + ("fullgraph.offload=true", "fullgraph.chunks=4",

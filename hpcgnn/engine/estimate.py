@@ -292,16 +292,25 @@ def hec_bytes(cfg, meta, s: dict) -> tuple[int, int]:
     return int(lines * sum(widths[:layers]) * F32), int((table * 2 * I64 + mb.cs * 3 * I64) * layers)
 
 
+def hec_capacity_bytes(cfg, meta, s: dict) -> int:
+    """Bytes of a rank's HEC rows at capacity (``min(cs, halo)`` lines per layer input): what
+    :func:`hpcgnn.store.rank.build_rank_store` places beside the feature rows (0 without HECs)."""
+    if cfg.train.engine != "minibatch" or cfg.minibatch.halo != "hec":
+        return 0
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    return int(min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * F32)
+
+
 def hec_device_bytes(cfg, meta, s: dict, budget: int | None, feature_bytes: int) -> int:
     """Device bytes of a rank's HEC rows on CUDA for a store ``budget`` (None: unlimited): all of
     them when the budget holds every feature row and every HEC at capacity (the store's
     all-on-device case, :func:`hpcgnn.store.rank.build_rank_store`); otherwise the placement
     shares the budget between feature rows and HEC rows, and the HECs get at most what the
-    feature rows leave (none with ``store.device_memory = 'auto'``, whose budget is at most
-    the feature rows). The tag directory is host memory."""
+    feature rows leave (``store.device_memory = 'auto'`` asks for both: its budget is what the
+    device has left, up to the feature rows and the HECs at capacity). The tag directory is
+    host memory."""
     rows, _ = hec_bytes(cfg, meta, s)
-    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    capacity = min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * F32
+    capacity = hec_capacity_bytes(cfg, meta, s)
     if budget is None or budget >= feature_bytes + capacity:
         return rows
     return int(min(rows, max(0, budget - min(budget, feature_bytes))))
@@ -913,7 +922,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
         t = host.terms
         if dev == "cuda":
             feature_bytes = ns * int(meta.num_features) * F32
-            budget = resolve_budget(cfg.store.device_memory, feature_bytes, dev, store_available)
+            budget = resolve_budget(cfg.store.device_memory, feature_bytes, dev, store_available,
+                                    hec_capacity_bytes(cfg, meta, s))
             out.terms["store_rows"] = int(feature_bytes if budget is None else min(budget, feature_bytes))
             sizes = model_param_sizes(cfg, meta.num_features, meta.num_classes)
             out.terms["model_state"] = model_state_bytes(sizes, cfg.train.precision, MODEL_COPIES - 1)

@@ -4,8 +4,9 @@
 pre-run device check (:func:`hpcgnn.engine.estimate.check_device_memory`) states it on the
 runtime (``Runtime.store_device_available``: the GPU's free memory from
 ``torch.cuda.mem_get_info``, or ``runtime.device_memory_limit``, minus the engine's other device
-terms), and the engine passes it here as ``available``; without a figure ``'auto'`` keeps every
-row on the GPU."""
+terms), and the engine passes it here as ``available``; the store takes what it can use of it:
+every feature row and, for the minibatch engine, every HEC line at capacity (``extra_bytes``);
+without a figure ``'auto'`` keeps all of them on the GPU."""
 from __future__ import annotations
 
 import math
@@ -13,17 +14,21 @@ import math
 from hpcgnn.errors import InputError
 from hpcgnn.units import parse_size
 
-HELP = ("device memory per rank for the feature store of every engine: 'auto' (on a GPU as many rows as "
-        "fit in the device memory left by the engine's other terms, host-only on the CPU), 0 "
+HELP = ("device memory per rank for the feature store of every engine: 'auto' (on a GPU as many rows and "
+        "HEC lines as fit in the device memory left by the engine's other terms, host-only on the CPU), 0 "
         "(host-only), a fraction in (0, 1] of the rank's feature bytes, or a size such as '6GiB'")
 
-def resolve_budget(value, feature_bytes: int, device_type: str, available: int | None = None) -> int | None:
+def resolve_budget(value, feature_bytes: int, device_type: str, available: int | None = None,
+                   extra_bytes: int = 0) -> int | None:
     """Budget in bytes; None = unlimited; InputError for a bad value. ``'auto'``: 0 on the CPU;
-    on a GPU ``min(feature_bytes, available)``, None (all rows) when ``available`` is None."""
+    on a GPU ``min(feature_bytes + extra_bytes, available)`` (``extra_bytes``: what else the
+    store can place on the device, the HEC rows at capacity), None (all of it) when
+    ``available`` is None. A fraction is of ``feature_bytes`` alone."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         if device_type != "cuda":
             return 0
-        return None if available is None else int(min(int(feature_bytes), max(int(available), 0)))
+        want = int(feature_bytes) + max(int(extra_bytes), 0)
+        return None if available is None else int(min(want, max(int(available), 0)))
     if isinstance(value, bool):
         raise InputError(f"store.device_memory = {value!r}: expected {HELP}")
     if isinstance(value, (int, float)):

@@ -121,12 +121,12 @@ def build_rank_store(cfg, part, graph: HostGraphStore, sampler, device: torch.de
     feats = part.features
     row_bytes = int(feats.shape[1]) * feats.dtype.itemsize
     feature_bytes = int(feats.shape[0]) * row_bytes
-    budget = resolve_budget(st.device_memory, feature_bytes, device.type, available)
     layers = len(dims)
+    hec_bytes = [hec_lines * int(d) * F32 for d in dims] if hec_lines and sampler is not None else [0] * layers
+    budget = resolve_budget(st.device_memory, feature_bytes, device.type, available, sum(hec_bytes))
     if sampler is None:
         return RankStore(graph, full_pass_features(st.device_memory, feats, part.degree, device, available), None,
                          [False] * layers, device, False, budget, threads)
-    hec_bytes = [hec_lines * int(d) * F32 for d in dims] if hec_lines else [0] * layers
     if budget == 0:
         return RankStore(graph, HostFeatureStore(feats, device), None, [False] * layers, device,
                          st.overlap, 0, threads)

@@ -46,7 +46,8 @@ def test_a_config_the_stated_device_cannot_hold_is_refused_on_every_rank(cora_pa
 
 
 def test_store_auto_on_a_gpu_gets_what_the_other_device_terms_leave(cora_parts):
-    from hpcgnn.engine.estimate import CUDA_CONTEXT, estimate_device_memory, store_auto_bytes
+    from hpcgnn.engine.estimate import (CUDA_CONTEXT, estimate_device_memory, hec_capacity_bytes, part_shapes,
+                                        store_auto_bytes)
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
     from hpcgnn.store.budget import resolve_budget
@@ -54,21 +55,29 @@ def test_store_auto_on_a_gpu_gets_what_the_other_device_terms_leave(cora_parts):
     store = cora_parts(2)
     meta = read_meta(store)
     cfg = load_config(ROOT / "inputs" / "cora-sage.toml", [f"data.partitions={store}"])
+    shapes = part_shapes(meta.path, 0)
     full = estimate_device_memory(cfg, meta, 0, device="cuda")          # 'auto', no figure: all rows
     rows = full.terms["store_rows"]
     assert rows > 0 and full.terms["cuda_context"] == CUDA_CONTEXT
     # no figure: the budget is unlimited and the HECs' rows go to the device too; with a figure
-    # 'auto' is at most the feature rows, so the HECs stay on the host (their tag directories
-    # always do)
-    assert full.terms["hec"] > 0
+    # 'auto' asks for the feature rows and the HECs at capacity, the feature rows first (the
+    # HECs' tag directories are host memory whatever the budget)
+    hec = full.terms["hec"]
+    cap = hec_capacity_bytes(cfg, meta, shapes)
+    assert 0 < hec <= cap
     others = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=0).total
-    assert others == full.total - rows - full.terms["hec"]
-    for free, want in ((others + rows // 3, rows // 3), (others + 2 * rows, rows), (others // 2, 0)):
+    assert others == full.total - rows - hec
+    for free, want, want_hec in ((others + rows // 3, rows // 3, 0),
+                                 (others + rows + hec // 2, rows + hec // 2, hec // 2),
+                                 (others + rows + cap, rows + cap, hec),
+                                 (others + 2 * (rows + cap), rows + cap, hec),
+                                 (others // 2, 0, 0)):
         got = store_auto_bytes(cfg, meta, 0, free)
         assert got == max(free - others, 0)
-        assert resolve_budget("auto", rows, "cuda", got) == want
+        assert resolve_budget("auto", rows, "cuda", got, cap) == want
         est = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=got)
-        assert est.terms["store_rows"] == want and "hec" not in est.terms
+        assert est.terms["store_rows"] == min(want, rows) and est.terms.get("hec", 0) == want_hec
+    assert est.total == others                                           # nothing left: no store rows
     assert resolve_budget("auto", rows, "cpu", 10 ** 9) == 0                # the CPU: host-only
 
 

@@ -428,3 +428,56 @@ def test_chunk_aggregation_time_on_cuda_is_the_events_device_time():
     assert run.aggregate_s == got and run.edge_columns == 25
     run.reset()
     assert run.aggregate_s == 0.0 and run.edge_columns == 0
+
+
+def test_last_round_gathers_are_posted_one_chunk_late_in_order():
+    """The staged last round hands chunk i's gather on when chunk i + 1 is stored (after waiting
+    only for the copies issued before chunk i's mark), and the rest at the round's end: every
+    exchange posted once, in chunk order, each after its own chunk's copies settled."""
+    from types import SimpleNamespace
+
+    from hpcgnn.engine.tensor import _LaggedPosts
+
+    log = []
+
+    class Mover:
+        def __init__(self):
+            self.marks = 0
+
+        def mark(self):
+            self.marks += 1
+            return self.marks - 1
+
+        def settle(self, mark):
+            log.append(("settle", mark))
+
+    class Exchange:
+        def __init__(self, i):
+            self.i = i
+
+        def test(self):
+            return False
+
+        def finish(self):
+            log.append(("finish", self.i))
+
+    for pipeline in (True, False):
+        log.clear()
+        handles = []
+        posts = _LaggedPosts(SimpleNamespace(pipeline=pipeline), handles, Mover())
+
+        def start(i):
+            log.append(("post", i))
+            return Exchange(i)
+
+        posts.add(0, lambda: start(0))
+        assert log == []                                     # chunk 0's copy may still run
+        posts.add(1, lambda: start(1))
+        posts.add(2, lambda: start(2))
+        posts.finish()
+        posted = [("settle", 0), ("post", 0), ("settle", 1), ("post", 1), ("settle", 2), ("post", 2)]
+        if pipeline:
+            assert log == posted and len(handles) == 3
+        else:                                                # not pipelined: each runs to completion
+            assert log == [posted[0], posted[1], ("finish", 0), posted[2], posted[3], ("finish", 1),
+                           posted[4], posted[5], ("finish", 2)]
