@@ -14,6 +14,7 @@ itself through others (tests/test_layers.py computes the import graph and checks
   supervisor.py  a rank's watcher: which signal killed it, and why
   fileio.py      atomic file output, one-line errors for unreadable inputs
   upload.py      host-to-device copies of a step that do not wait for the device
+  ids.py         sets of integer IDs (np.unique's slow hash path avoided)
 1 kernels
   sampling/      neighbour sampler, sampled blocks
   cache/         caches of remote rows: historical embedding cache (HEC), two-tier halo cache
@@ -50,7 +51,7 @@ itself through others (tests/test_layers.py computes the import graph and checks
 __version__ = "0.1.0"
 
 LAYERS = (
-    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio", "upload"),
+    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio", "upload", "ids"),
     ("sampling", "cache", "nn"),
     ("runtime", "comm", "data", "store"),
     ("run",),

@@ -119,11 +119,16 @@ class TPLayout:
         chunk_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(cb))
         first = chunk_of.copy()
         if indices.shape[0]:
-            # edges are ordered by destination, hence by chunk: a source's first occurrence is in
-            # its first chunk
-            uniq, first_idx = np.unique(indices, return_index=True)
-            edge_chunk = np.searchsorted(indptr[cb], first_idx, side="right") - 1
-            first[uniq] = np.minimum(first[uniq], edge_chunk)
+            # edges are ordered by destination, hence by chunk: chunk by chunk, the sources not
+            # seen in an earlier chunk are first read here (one pass over the edges, vectorised
+            # per chunk)
+            seen = np.zeros(v, dtype=bool)
+            ends = indptr[cb]
+            for c in range(n):
+                s = indices[int(ends[c]):int(ends[c + 1])]
+                fresh = s[~seen[s]]
+                seen[fresh] = True
+                first[fresh] = np.minimum(first[fresh], c)
         split_order = np.argsort(first, kind="stable").astype(np.int64)
         split_bounds = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(first, minlength=n), out=split_bounds[1:])

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpcgnn.ids import unique_ids
+
 # Default Eq. 4 throughputs (bytes/s): host->device over PCIe 4.0 x16, and
 # device-local gathers (the "D2D" and "reuse" terms on one device).
 T_HOST_TO_DEVICE = 25e9
@@ -88,7 +90,7 @@ def build_chunks(indptr: np.ndarray, local_indices: np.ndarray, bounds: np.ndarr
         lo, hi = int(indptr[b]), int(indptr[e])
         edges = np.asarray(local_indices[lo:hi], dtype=np.int64)
         inside = (edges >= b) & (edges < e)
-        others = np.unique(edges[~inside])
+        others = unique_ids(edges[~inside])
         src = np.concatenate([np.arange(b, e, dtype=np.int64), others])
         pos = np.empty_like(edges)
         pos[inside] = edges[inside] - b
@@ -154,7 +156,7 @@ def greedy_schedule(chunks: list[Chunk], batch_chunks: int, num_vertices: int) -
             mask[chunks[best].src] = True
         groups.append(sorted(group))
     # phase 2: batch 0 stays first; next = the batch sharing most sources with the last placed
-    unions = [np.unique(np.concatenate([chunks[c].src for c in g])) for g in groups]
+    unions = [unique_ids(np.concatenate([chunks[c].src for c in g])) for g in groups]
     g = len(groups)
     uflat = np.concatenate(unions)
     useg = np.repeat(np.arange(g), [u.shape[0] for u in unions])
@@ -188,7 +190,7 @@ class Volumes:
 
 def batch_unions(chunks: list[Chunk], schedule: Schedule) -> list[np.ndarray]:
     """Sorted union of the source sets of each batch."""
-    return [np.unique(np.concatenate([chunks[c].src for c in batch])) if batch
+    return [unique_ids(np.concatenate([chunks[c].src for c in batch])) if batch
             else np.zeros(0, np.int64) for batch in schedule.batches]
 
 
@@ -272,7 +274,7 @@ def build_transfer_plan(chunks: list[Chunk], schedule: Schedule, num_vertices: i
         groups = [list(b) for b in schedule.batches if b]
     else:
         groups = [[c] for c in schedule.order()]
-    sets = [np.unique(np.concatenate([chunks[c].src for c in g])) for g in groups]
+    sets = [unique_ids(np.concatenate([chunks[c].src for c in g]), num_vertices) for g in groups]
     capacity = max((s.shape[0] for s in sets), default=0)
     slot_of = np.full(num_vertices, -1, dtype=np.int64)
     occupied = np.zeros(capacity, dtype=bool)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpcgnn.ids import unique_ids
 from hpcgnn.native import spmm as _spmm
 from hpcgnn.nn.dropout import Dropout
 from hpcgnn.nn.precision import Linear
@@ -114,7 +115,7 @@ class Propagation:
         if j not in self._chunks:
             a, b = int(self.chunk_bounds[j]), int(self.chunk_bounds[j + 1])
             ip, ix, _, _ = self._rows_csr(a, b)
-            src, local = np.unique(ix, return_inverse=True)
+            src, local = unique_ids(ix, self.num_nodes, return_inverse=True)
             t = _spmm.csr_transpose(ip, local.astype(np.int64), int(src.shape[0]))
             self._chunks[j] = (torch.from_numpy(src.astype(np.int64)), *t)
         return self._chunks[j]
