@@ -85,16 +85,21 @@ def chunk_bounds(indptr: np.ndarray, num_chunks: int) -> np.ndarray:
 def build_chunks(indptr: np.ndarray, local_indices: np.ndarray, bounds: np.ndarray) -> list[Chunk]:
     """Chunks for the ranges ``bounds`` of a local in-edge CSR (sources = local IDs)."""
     chunks = []
+    n = int(indptr[int(bounds[-1])]) if bounds.shape[0] else 0
+    v = int(np.max(local_indices[:n])) + 1 if n else 0
+    slot = np.empty(max(v, 0), dtype=np.int64)     # a source's position among a chunk's others
     for c in range(bounds.shape[0] - 1):
         b, e = int(bounds[c]), int(bounds[c + 1])
         lo, hi = int(indptr[b]), int(indptr[e])
         edges = np.asarray(local_indices[lo:hi], dtype=np.int64)
         inside = (edges >= b) & (edges < e)
-        others = unique_ids(edges[~inside])
+        outside = edges[~inside]
+        others = unique_ids(outside, v)
         src = np.concatenate([np.arange(b, e, dtype=np.int64), others])
         pos = np.empty_like(edges)
         pos[inside] = edges[inside] - b
-        pos[~inside] = (e - b) + np.searchsorted(others, edges[~inside])
+        slot[others] = np.arange(e - b, e - b + others.shape[0], dtype=np.int64)
+        pos[~inside] = slot[outside]
         chunks.append(Chunk(index=c, dst_begin=b, dst_end=e, src=src,
                             indptr=np.asarray(indptr[b:e + 1], dtype=np.int64) - lo, indices=pos))
     return chunks
