@@ -184,9 +184,9 @@ class Partition:
     def to_local(self, global_ids: np.ndarray) -> np.ndarray:
         """Local IDs of global IDs that are solid or halo here (undefined for others)."""
         g = np.asarray(global_ids, dtype=np.int64)
-        solid = (g >= self.solid_begin) & (g < self.solid_end)
-        out = np.searchsorted(self.halo_ids, g) + self.num_solid
-        out[solid] = g[solid] - self.solid_begin
+        out = g - self.solid_begin
+        halo = (g < self.solid_begin) | (g >= self.solid_end)   # searched for these only
+        out[halo] = np.searchsorted(self.halo_ids, g[halo]) + self.num_solid
         return out
 
     def to_global(self, local_ids: np.ndarray) -> np.ndarray:
