@@ -41,8 +41,11 @@ def unique_ids(ids, bound: int | None = None, return_inverse: bool = False):
         pos = np.cumsum(mask, dtype=np.int64)
         pos -= 1
         return uniq, pos[a]
-    order = np.argsort(a, kind="stable") if return_inverse else None
-    s = a[order] if return_inverse else np.sort(a)
+    if return_inverse:
+        order = np.argsort(a, kind="stable")
+        s = a[order]
+    else:
+        s = np.sort(a)
     keep = np.empty(s.shape[0], dtype=bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])

@@ -87,7 +87,7 @@ def build_chunks(indptr: np.ndarray, local_indices: np.ndarray, bounds: np.ndarr
     chunks = []
     n = int(indptr[int(bounds[-1])]) if bounds.shape[0] else 0
     v = int(np.max(local_indices[:n])) + 1 if n else 0
-    slot = np.empty(max(v, 0), dtype=np.int64)     # a source's position among a chunk's others
+    slot = np.empty(v, dtype=np.int64)     # a source's position among a chunk's others
     for c in range(bounds.shape[0] - 1):
         b, e = int(bounds[c]), int(bounds[c + 1])
         lo, hi = int(indptr[b]), int(indptr[e])

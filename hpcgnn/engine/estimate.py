@@ -1151,7 +1151,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     applies)."""
     from hpcgnn.engine.device import resolve_device
     from hpcgnn.run.memory import device_free_bytes
-    from hpcgnn.runtime import gpu_identity
+    from hpcgnn.runtime import gpu_identity, shared_gpus
     from hpcgnn.units import fmt_bytes
 
     error, est, limit, source, gpu = None, None, None, "", ""
@@ -1165,8 +1165,8 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     except InputError as exc:
         error = str(exc)
     rt.agree(error)                           # collective: every context exists from here on
-    gpus = rt.comm.allgather(gpu)
-    sharers = gpus.count(gpu) if gpu else 1   # ranks whose free memory is this same GPU's
+    # ranks whose free memory is this same GPU's
+    sharers = shared_gpus(rt.comm.allgather(gpu)).get(gpu, 1)
     try:
         limit, source = device_limit(cfg, dev, torch_device)
         if limit is not None:

@@ -276,11 +276,12 @@ class DeviceMover:
         """A point in the device->host copies issued so far, for :meth:`settle`: lets a caller
         hand the host rows of one chunk on while the device computes the next, instead of
         waiting for everything (:meth:`synchronize`) after every chunk."""
+        issued = self._finished + len(self._flushes)
         if not self.cuda:
-            return None, self._finished + len(self._flushes)
+            return None, issued
         event = torch.cuda.Event()
         event.record(self.stream)       # the side stream follows the compute stream's writes
-        return event, self._finished + len(self._flushes)
+        return event, issued
 
     def settle(self, mark) -> None:
         """Wait for the copies issued before ``mark`` (:meth:`mark`) and finish the flushes
