@@ -357,6 +357,13 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     _keep_largest(est, ("activations", "eval", "optimizer_step"))
 
 
+def inference_device_csr_bytes(num_solid: int, num_edges: int) -> int:
+    """Bytes layer-wise inference (engine/inference.py) copies to a GPU besides what the host
+    ``eval`` term counts: the partition's CSR (indptr and int64 indices) and the solid rows'
+    degree and inverse degree (float32)."""
+    return int((num_solid + 1 + num_edges) * I64 + 2 * num_solid * F32)
+
+
 def _inference_row_widths(w_in: int, w_out: int) -> int:
     """Floats per solid row that one SAGE/GCN layer of the layer-wise inference holds
     (engine/inference.py): its input; projecting first (``w_out < w_in``), the projected rows
@@ -936,8 +943,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                     hec = hec_device_bytes(cfg, meta, s, budget, feature_bytes)
                     if hec:
                         out.terms["hec"] = hec
-                if host.phases.get("eval"):
-                    out.terms["eval"] = int(host.phases["eval"])
+                if host.phases.get("eval"):     # plus the CSR and degree scales it copies there
+                    out.terms["eval"] = int(host.phases["eval"]) + inference_device_csr_bytes(ns, ne)
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))
             out.shrink["activations"] = "lower minibatch.batch_size or minibatch.fanouts"
         elif cfg.fullgraph.offload:

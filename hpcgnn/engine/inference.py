@@ -67,24 +67,26 @@ def auto_rows(model, num_solid: int, num_edges: int, budget_bytes: int = DEFAULT
 
 
 def chunk_block(indptr: torch.Tensor, indices: torch.Tensor, num_src: int, begin: int, end: int,
-                self_loops: bool = False) -> Block:
+                self_loops: bool = False, bounds: tuple[int, int] | None = None) -> Block:
     """Block of destinations ``begin .. end-1`` (local rows) over all ``num_src`` local rows.
 
     The CSR is a view of the partition's (``indptr`` [num_solid + 1], ``indices`` [nnz]); with
     ``self_loops`` every destination also gets the edge from its own row (appended last).
+    ``bounds``: ``(indptr[begin], indptr[end])`` known on the host (a device ``indptr`` is then
+    not read back); nothing here waits for the device when it is given.
     """
-    lo, hi = int(indptr[begin]), int(indptr[end])
+    lo, hi = (int(indptr[begin]), int(indptr[end])) if bounds is None else (int(bounds[0]), int(bounds[1]))
     ptr = indptr[begin:end + 1] - lo
     idx = indices[lo:hi]
     if self_loops:
-        n = end - begin
+        n, m = end - begin, hi - lo
         steps = torch.arange(n + 1, dtype=ptr.dtype, device=ptr.device)
         new_ptr = ptr + steps
-        new_idx = torch.empty(idx.shape[0] + n, dtype=idx.dtype, device=idx.device)
-        is_self = torch.zeros(new_idx.shape[0], dtype=torch.bool, device=idx.device)
-        is_self[new_ptr[1:] - 1] = True
-        new_idx[is_self] = torch.arange(begin, end, dtype=idx.dtype, device=idx.device)
-        new_idx[~is_self] = idx
+        new_idx = torch.empty(m + n, dtype=idx.dtype, device=idx.device)
+        # edge j of row r moves to j + r; row r's self loop is its last slot, new_ptr[r + 1] - 1
+        row = torch.repeat_interleave(steps[:-1], ptr[1:] - ptr[:-1], output_size=m)
+        new_idx[torch.arange(m, dtype=ptr.dtype, device=ptr.device) + row] = idx
+        new_idx[new_ptr[1:] - 1] = torch.arange(begin, end, dtype=idx.dtype, device=idx.device)
         ptr, idx = new_ptr, new_idx
     return Block(num_src, end - begin, ptr, idx)
 
@@ -206,8 +208,8 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
 
     device = x_solid.device if device is None else torch.device(device)
     num_solid = int(x_solid.shape[0])
-    num_local = num_solid + int(halo.num_halo)
-    ip = torch.from_numpy(np.ascontiguousarray(indptr, dtype=np.int64)).to(device)
+    ip_host = np.ascontiguousarray(indptr, dtype=np.int64)
+    ip = torch.from_numpy(ip_host).to(device)
     ix = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64)).to(device)
     if rows <= 0:
         rows = auto_rows(model, num_solid, int(ix.shape[0]))
@@ -216,15 +218,8 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
         raise ValueError(f"num_layers must be in 1..{model.num_layers}, got {layers}")
     if gcn_scale is not None:
         gcn_scale = gcn_scale.to(device=device, dtype=x_solid.dtype)
-    # Source group of every local row (0 = solid, k + 1 = halo round k) and its row in the
-    # group's buffer; the group of every edge is computed once.
-    group = torch.zeros(num_local, dtype=torch.int16)
-    group[num_solid:] = torch.from_numpy(halo.round_of).to(torch.int16) + 1
-    remap = torch.arange(num_local, dtype=torch.int64)
-    remap[num_solid:] = torch.from_numpy(halo.row_in_round)
-    edge_group = group.to(device)[ix]
-    remap = remap.to(device)
-    del group
+    chunks = [(a, min(num_solid, a + rows)) for a in range(0, num_solid, rows)]
+    edges = _EdgeGroups.build(ip_host, indices, num_solid, halo, chunks, device)
     deg = (ip[1:] - ip[:-1]).to(x_solid.dtype)
     inv_deg = torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros_like(deg))
 
@@ -236,24 +231,22 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
             conv = model.layers[l]
             final = l == model.num_layers - 1
             if isinstance(conv, GATConv):
-                out = _gat_layer(model, l, conv, h, halo, ip, ix, rows, final)
+                out = _gat_layer(model, l, conv, h, halo, ip, ix, ip_host, rows, chunks, final)
             elif isinstance(conv, (SAGEConv, GCNConv)):
                 if isinstance(conv, GCNConv):
                     if gcn_scale is None:
                         raise ValueError("layerwise_inference: GCN layers need gcn_scale")
                     src = torch.empty(num_solid, conv.out_dim if conv.project_first else conv.in_dim,
                                       dtype=h.dtype, device=device)
-                    for a in range(0, num_solid, rows):
-                        b = min(num_solid, a + rows)
+                    for a, b in chunks:
                         src[a:b] = conv.source_rows(_on(h[a:b], device), gcn_scale[a:b])
                 else:
                     src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
                     if not conv.project_first:
                         h = src
-                acc = _aggregate_streamed(src, halo, ip, ix, edge_group, remap, rows, kernel_options(conv))
+                acc = _aggregate_streamed(src, halo, ip, ix, edges, chunks, kernel_options(conv))
                 out = None
-                for a in range(0, num_solid, rows):
-                    b = min(num_solid, a + rows)
+                for a, b in chunks:
                     if isinstance(conv, SAGEConv):
                         res = conv.update(acc[a:b] * inv_deg[a:b].unsqueeze(1), _on(h[a:b], device))
                     else:
@@ -275,12 +268,46 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
         model.train(was_training)
 
 
+@dataclass(eq=False)
+class _EdgeGroups:
+    """Where every in-edge of the solid destinations reads its source during the streamed
+    aggregation, fixed for all layers: ``group`` [nnz] (int16) is 0 for a solid source and
+    k + 1 for a halo source arriving in round k, ``remap`` [num_local] the source's row in
+    its group's buffer (device tensors); ``counts`` [chunks, rounds + 1] (host) the edges of
+    each destination chunk per group and ``bounds`` [chunks, 2] (host) each chunk's edge range.
+    Built once on the host, so the chunk loop never reads the device back."""
+
+    group: torch.Tensor
+    remap: torch.Tensor
+    counts: np.ndarray
+    bounds: np.ndarray
+
+    @staticmethod
+    def build(ip_host: np.ndarray, indices, num_solid: int, halo, chunks: list, device) -> "_EdgeGroups":
+        num_local = num_solid + int(halo.num_halo)
+        groups = int(halo.rounds) + 1
+        local_group = np.zeros(num_local, dtype=np.int16)
+        local_group[num_solid:] = np.asarray(halo.round_of, dtype=np.int16) + 1
+        edge_group = local_group[np.asarray(indices)]
+        del local_group
+        bounds = np.array([(ip_host[a], ip_host[b]) for a, b in chunks], dtype=np.int64).reshape(-1, 2)
+        counts = np.zeros((len(chunks), groups), dtype=np.int64)
+        for c, (lo, hi) in enumerate(bounds):
+            counts[c] = np.bincount(edge_group[lo:hi], minlength=groups)[:groups]
+        remap = np.arange(num_local, dtype=np.int64)
+        remap[num_solid:] = halo.row_in_round
+        return _EdgeGroups(torch.from_numpy(edge_group).to(device), torch.from_numpy(remap).to(device),
+                           counts, bounds)
+
+
 def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Tensor,
-                        edge_group: torch.Tensor, remap: torch.Tensor, rows: int,
-                        kernels: dict | None = None) -> torch.Tensor:
+                        edges: _EdgeGroups, chunks: list, kernels: dict | None = None) -> torch.Tensor:
     """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
     in-edges, the halo sources' rows arriving round by round from their owners (aggregation
-    ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.aggregate.kernel_options`)."""
+    ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.aggregate.kernel_options`).
+    ``chunks``: the destination row ranges; ``edges``: the edges' groups (:class:`_EdgeGroups`).
+    A chunk's edges of one group are selected with ``nonzero_static`` at the count the host
+    knows, so no chunk waits for the device."""
     from hpcgnn.nn.aggregate import aggregate_sum
 
     num_solid = ip.shape[0] - 1
@@ -295,22 +322,28 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
             x = torch.from_numpy(halo.round_rows(src_np, g - 1)).reshape(-1, src.shape[1]).to(src.device)
         if x.shape[0] == 0:
             continue
-        for a in range(0, num_solid, rows):
-            b = min(num_solid, a + rows)
-            lo, hi = int(ip[a]), int(ip[b])
-            keep = edge_group[lo:hi] == g
-            if not bool(keep.any()):
+        for c, (a, b) in enumerate(chunks):
+            lo, hi = (int(v) for v in edges.bounds[c])
+            n = int(edges.counts[c, g])
+            if n == 0:
                 continue
-            kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
-            torch.cumsum(keep, 0, out=kept[1:])
-            blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], remap[ix[lo:hi][keep]])
+            if n == hi - lo:                 # every edge of the chunk reads this group
+                blk = _Csr(int(x.shape[0]), b - a, ip[a:b + 1] - lo, edges.remap[ix[lo:hi]])
+            else:
+                keep = edges.group[lo:hi] == g
+                kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
+                torch.cumsum(keep, 0, out=kept[1:])
+                pos = torch.nonzero_static(keep, size=n).squeeze(1)     # n is known: no wait
+                blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], edges.remap[ix[lo:hi][pos]])
             acc[a:b] += aggregate_sum(blk, x, **(kernels or {}))
         del x
     return acc
 
 
-def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, final: bool) -> torch.Tensor:
-    """One GAT layer over solid destinations with the halo input rows materialised."""
+def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, ip_host: np.ndarray, rows: int,
+               chunks: list, final: bool) -> torch.Tensor:
+    """One GAT layer over solid destinations with the halo input rows materialised
+    (``ip_host``: the CSR's indptr on the host, the chunks' edge bounds)."""
     num_solid = int(h.shape[0])
     halo_rows = torch.from_numpy(halo.all_rows(h.detach().cpu().contiguous().numpy()))
     h_local = torch.cat([h, halo_rows.reshape(-1, h.shape[1]).to(h.device, h.dtype)])
@@ -319,9 +352,8 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, rows: int, fi
     z, el = _rowwise(conv.source_rows, h_local, rows, ip.device)   # streamed when h is elsewhere
     del h_local
     out = None
-    for a in range(0, num_solid, rows):
-        b = min(num_solid, a + rows)
-        blk = chunk_block(ip, ix, num_local, a, b, self_loops=conv.self_loop)
+    for a, b in chunks:
+        blk = chunk_block(ip, ix, num_local, a, b, self_loops=conv.self_loop, bounds=(ip_host[a], ip_host[b]))
         res = conv.combine(blk, z, el, z[a:b], self_loop=False)
         res = res.mean(1) if final else res.flatten(1)
         out = _store_rows(out, res, a, b, num_solid, model, final)

@@ -209,3 +209,22 @@ def test_hec_rows_count_on_the_device_only_where_the_store_puts_them(cora_parts)
     assert hec_device_bytes(cfg, meta, s, feats + capacity - 1, feats) == min(rows, capacity - 1)
     assert hec_device_bytes(cfg, meta, s, feats + rows // 2, feats) == rows // 2
     assert hec_device_bytes(cfg, meta, s, feats, feats) == 0 == hec_device_bytes(cfg, meta, s, feats // 2, feats)
+
+
+def test_evaluation_on_a_gpu_counts_the_csr_it_copies_there(cora_parts):
+    """Layer-wise inference copies the partition's CSR and degree scales to the GPU (host
+    arrays on the CPU, where they are not copied): the CUDA estimate's ``eval`` is the host
+    ``eval`` phase plus (num_solid + 1 + nnz) int64 and 2 x num_solid float32."""
+    from hpcgnn.engine.estimate import _sizes, estimate_device_memory, estimate_rank_memory, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    cfg = load_config(ROOT / "inputs" / "cora-sage.toml",
+                      [f"data.partitions={store}", "minibatch.eval=\"full\"", "minibatch.batch_size=1"])
+    s = part_shapes(store, 0)
+    ns, _, ne, _, _, _, _ = _sizes(cfg, meta, s)
+    host = estimate_rank_memory(cfg, meta, 0, 0, s).phases["eval"]
+    dev = estimate_device_memory(cfg, meta, 0, s, device="cuda")
+    assert dev.terms["eval"] == host + (ns + 1 + ne) * 8 + 2 * ns * 4

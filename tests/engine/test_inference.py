@@ -131,3 +131,31 @@ def test_auto_rows_bounded_by_budget():
     rows = auto_rows(model, 600_000, 30_000_000, budget_bytes=256 << 20)
     assert 1024 <= rows < 600_000
     assert auto_rows(model, 500, 10_000) == 500
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+def test_chunks_never_wait_for_the_device(arch):
+    """Chunk bounds, the chunks' edges per halo round and the self loops come from the host:
+    with the device's aggregation kernels (``backend="torch"``, CUDA's), the calls that would
+    wait for a GPU (values read back, value-sized outputs) are the same with 1 chunk and with
+    50 (the per-layer reads of the halo exchange only), and none is a value read or a boolean
+    mask."""
+    from host_reads import HostReads
+
+    indptr, indices = _graph()
+    n, s = indptr.size - 1, 250
+    torch.manual_seed(0)
+    model = build_model(arch, 12, 8, 5, 2, heads=2, dropout=0.0, backend="torch").eval()
+    x = torch.randn(n, 12)
+    scale = (torch.from_numpy(np.diff(indptr)).float() + 1).rsqrt() if arch == "gcn" else None
+    ref = _reference(model, indptr, indices, x, scale)
+    seen, outs = {}, {}
+    for rows in (s, 5):
+        halo = SimulatedHalo(s, n - s, 3, _owner_rows(model, ref, x, scale, s))
+        with HostReads() as reads:
+            outs[rows] = layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo,
+                                             rows=rows, gcn_scale=None if scale is None else scale[:s])
+        seen[rows] = reads.names
+    assert torch.allclose(outs[5], outs[s], rtol=1e-5, atol=1e-6)
+    assert seen[5] == seen[s], (len(seen[5]), len(seen[s]))
+    assert not {"__int__", "__bool__", "item", "bool_index", "repeat_interleave"} & set(seen[5]), seen[5]
