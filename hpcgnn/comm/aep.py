@@ -19,6 +19,21 @@ O(|frontier| + candidates) vectorised numpy work, independent of the number of r
 and receive buffers of a layer are allocated once and reused: a push takes a free set, the
 receive that completes its exchange gives it back (at most ``d`` sets per layer are in flight).
 
+**Staged pushes** (rows on a device). A push whose layer input lives on a GPU gathers the rows
+there and copies them with ``non_blocking=True`` into its buffer set's page-locked host rows,
+then records an event after the copy: it never waits for the device. Such a push is *staged*:
+its exchange starts once the event has completed, from a later call (:meth:`push`,
+:meth:`progress`: the leading staged pushes whose events completed; :meth:`receive`: every
+staged push up to the one it consumes, waiting on their events). One FIFO of staged pushes per
+channel keeps the exchanges starting in the order they were posted, across layers, on every
+rank. A push from a CPU layer input writes its rows before returning and starts its exchange at
+once, as it always did. The start points of staged exchanges differ between ranks (they depend
+on each device's progress), so on a torch.distributed plane, whose capped exchanges are
+collectives of the plane's process group, the channel gets a group of its own
+(:meth:`~hpcgnn.comm.communicator.Communicator.duplicate`): that group's operations are the
+AEP's alone, started in the same order everywhere, whatever the gradient buckets on the
+plane's group do (mpi4py's channel is a duplicated communicator already).
+
 Every rank must call :meth:`AsyncEmbeddingPush.push` and :meth:`AsyncEmbeddingPush.receive` in
 the same order (they are collectives): the engine equalises the iteration count M over ranks
 and pushes for ``k < M - d`` and receives for ``k >= d`` at every layer, so nothing is
@@ -33,7 +48,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hpcgnn.comm.communicator import Communicator
+from hpcgnn.comm.communicator import Communicator, TorchCommunicator
+from hpcgnn.upload import upload
+
+
+def device_event(device: torch.device):
+    """The default ``copy_event`` of :class:`AsyncEmbeddingPush`: after the rows' copy from
+    ``device`` has been queued on its current stream, an event recorded there (``query()``: True
+    once the copy has run, without waiting; ``synchronize()``: wait for it), or None on the CPU
+    (the rows are in place when the copy returns)."""
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
+    event = torch.Event(device=device)
+    event.record()
+    return event
 
 
 class DestinationMap:
@@ -103,28 +135,39 @@ class PushRecord:
     rows: np.ndarray         # float32 [n, D]
 
 
-@dataclass
+@dataclass(eq=False)           # compared by identity (its buffers hold arrays)
 class _Pending:
+    """One posted push: staged (``exchange`` None, its rows' copy behind ``event``) until its
+    exchange starts, then in flight until received."""
+
     epoch: int
     iteration: int
     layer: int
-    exchange: object         # the capped exchange's Pending of (ids, rows)
     buffers: "_Buffers"      # its send and receive buffers, in use until it completes
+    counts: np.ndarray       # rows per destination rank (int64 [size])
+    event: object = None     # the rows' copy from the device (None: the rows are in place)
+    exchange: object = None  # the capped exchange's Pending of (ids, rows); None while staged
 
 
 @dataclass
 class _Buffers:
-    """One push's buffers: send IDs [send_cap] and rows [send_cap, D]; receive buffers (CPU
-    tensors, mpi4py only) per array, per other rank (``recv_caps[q]`` rows)."""
+    """One push's buffers: send IDs [send_cap] and rows [send_cap, D] (host float32, page-locked
+    when ``pinned``: the rows come from a CUDA device); receive buffers (CPU tensors, mpi4py
+    only) per array, per other rank (``recv_caps[q]`` rows)."""
 
     ids: np.ndarray
-    rows: np.ndarray
+    rows: torch.Tensor
     recv: list
+    pinned: bool = False
 
 
 @dataclass
 class AEPCounters:
-    """Per-epoch counters of one rank (bytes: IDs and rows)."""
+    """Per-epoch counters of one rank (bytes: IDs and rows). ``wait_seconds``: receives waiting
+    for exchanges, and for staged pushes' copies from the device; ``push_seconds``: posting
+    pushes and starting their exchanges in :meth:`~AsyncEmbeddingPush.push` and
+    :meth:`~AsyncEmbeddingPush.receive` (both in the engine's forward; starts from
+    :meth:`~AsyncEmbeddingPush.progress` are its caller's time, the engine's housekeeping)."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -141,11 +184,15 @@ class AsyncEmbeddingPush:
 
     ``comm``: the data plane (a :class:`~hpcgnn.comm.communicator.Communicator`); ``degrees``
     are the solid vertices' degrees (biasing the ``nc`` cap); ``max_degree`` the global maximum
-    degree (the paper's ``hil = floor(log2(max degree))``).
+    degree (the paper's ``hil = floor(log2(max degree))``). ``copy_event(device)``: called after
+    a push queued its rows' copy from ``device`` (only for pushes with rows), it returns an
+    object with ``query()`` and ``synchronize()`` that completes with that copy, or None when
+    the rows are in place already; a push with an event is staged (module docstring). Default
+    :func:`device_event` (None on the CPU); tests pass a stand-in that completes when told.
     """
 
     def __init__(self, comm: Communicator, part, num_layers: int, nc: int, delay: int, max_degree: int,
-                 record: bool = False):
+                 record: bool = False, copy_event=device_event):
         from hpcgnn.sampling.choice import degree_biased_choice
 
         if not isinstance(comm, Communicator):
@@ -167,7 +214,9 @@ class AsyncEmbeddingPush:
         self.recv_caps = np.minimum(owned[:self.size], self.nc)
         self.recv_caps[self.rank] = 0
         self.peers = [q for q in range(self.size) if q != self.rank]
-        self.channel = comm.open_capped(self.recv_caps)   # collective; the AEP's tags are its own
+        # collective; the AEP's tags (mpi4py) or process group (torch.distributed) are its own
+        plane = comm.duplicate() if isinstance(comm, TorchCommunicator) else comm
+        self.channel = plane.open_capped(self.recv_caps)
         # The most rows this rank pushes per layer: per destination nc, or its halo vertices there.
         sends = np.diff(np.asarray(part.send_indptr, dtype=np.int64))[:self.size].copy()
         sends[self.rank] = 0
@@ -176,7 +225,9 @@ class AsyncEmbeddingPush:
         self.record = record
         self.pushes: list[PushRecord] = []
         self.receives: list[PushRecord] = []
+        self.copy_event = copy_event
         self._queues = [collections.deque() for _ in range(self.num_layers)]
+        self._staged: collections.deque[_Pending] = collections.deque()   # posting order, all layers
         self._free: list[list[_Buffers]] = [[] for _ in range(self.num_layers)]
         self.reset_counters()
 
@@ -214,61 +265,112 @@ class AsyncEmbeddingPush:
             pos = np.concatenate(keep) if keep else pos[:0]
         return pos, counts, candidates
 
-    def _buffers(self, layer: int, width: int, rows: int) -> "_Buffers":
+    def _buffers(self, layer: int, width: int, rows: int, pinned: bool) -> "_Buffers":
         """A free buffer set of ``layer`` for ``rows`` send rows of ``width`` floats (allocated on
-        first use, when the width changed, or larger when ``rows`` exceeds ``send_cap``)."""
+        first use, when the width changed, or larger when ``rows`` exceeds ``send_cap``; its rows
+        page-locked iff ``pinned``, reallocated when that changed)."""
         free = self._free[layer]
         while free:
             b = free.pop()
             if b.rows.shape[1] == width:
-                if b.ids.shape[0] < rows:
-                    b.ids, b.rows = np.empty(rows, np.int64), np.empty((rows, width), np.float32)
+                if b.ids.shape[0] < rows or b.pinned != pinned:
+                    n = max(b.ids.shape[0], rows)
+                    b.ids = np.empty(n, np.int64)
+                    b.rows, b.pinned = torch.empty((n, width), dtype=torch.float32, pin_memory=pinned), pinned
                 return b
         n = max(self.send_cap, rows)
         recv = [[torch.empty(int(self.recv_caps[q]), dtype=torch.int64) for q in self.peers],
                 [torch.empty((int(self.recv_caps[q]), width), dtype=torch.float32) for q in self.peers]] \
             if self.backend == "mpi4py" else []
-        return _Buffers(np.empty(n, np.int64), np.empty((n, width), np.float32), recv)
+        return _Buffers(np.empty(n, np.int64), torch.empty((n, width), dtype=torch.float32, pin_memory=pinned),
+                        recv, pinned)
 
     def push(self, layer: int, iteration: int, frontier_local: np.ndarray, h: torch.Tensor,
              rng_key: int) -> None:
-        """Collective: post the push of layer ``layer`` at ``iteration`` (rows of ``h`` = frontier)."""
+        """Collective: post the push of layer ``layer`` at ``iteration`` (rows of ``h`` = frontier).
+
+        Never waits for a device: rows of a device ``h`` are gathered there and copied
+        asynchronously into page-locked host rows, and the push stays staged until that copy
+        has run (module docstring); ``h`` may be changed by work queued on its stream after this
+        call. Rows of a CPU ``h`` are copied before this returns and the exchange starts at once.
+        Staged pushes posted earlier whose copies have run are started first (posting order)."""
         t0 = time.perf_counter()
         pos, counts, candidates = self.select(frontier_local, rng_key)
         n = int(pos.shape[0])
-        buf = self._buffers(layer, int(h.shape[1]), n)
+        hd = h.detach()
+        buf = self._buffers(layer, int(h.shape[1]), n, pinned=hd.device.type == "cuda")
         ids = buf.ids[:n]
         np.take(np.asarray(frontier_local, dtype=np.int64), pos, out=ids)
         ids += self.solid_begin
         rows = buf.rows[:n]
-        hd = h.detach()
-        if n and hd.device.type == "cpu" and hd.dtype == torch.float32:
-            torch.index_select(hd, 0, torch.from_numpy(pos), out=torch.from_numpy(rows))
+        event = None
+        if n and hd.device.type == "cpu":
+            if hd.dtype == torch.float32:
+                torch.index_select(hd, 0, torch.from_numpy(pos), out=rows)
+            else:
+                rows.copy_(hd.index_select(0, torch.from_numpy(pos)))
+            event = self.copy_event(hd.device)
         elif n:
-            rows[...] = hd.index_select(0, torch.from_numpy(pos).to(hd.device)).to("cpu", torch.float32).numpy()
-        recv = buf.recv if self.backend == "mpi4py" else None
-        exchange = self.channel.start([torch.from_numpy(ids), torch.from_numpy(rows)], counts, tag=2 * layer,
-                                      recv_buffers=recv)
-        self._queues[layer].append(_Pending(self.epoch, iteration, layer, exchange, buf))
+            sel = hd.index_select(0, upload(torch.from_numpy(pos), hd.device))
+            rows.copy_(sel if sel.dtype == torch.float32 else sel.float(), non_blocking=True)
+            event = self.copy_event(hd.device)
+        pending = _Pending(self.epoch, iteration, layer, buf, counts, event)
+        self._queues[layer].append(pending)
+        self._staged.append(pending)
         c = self.counters
         c.bytes_sent += n * (8 + 4 * int(rows.shape[1]))
         c.rows_sent[layer] += n
         c.candidates[layer] += candidates
         c.max_rows_to_one_rank[layer] = max(int(c.max_rows_to_one_rank[layer]), int(counts.max(initial=0)))
-        if self.record:
-            dest = np.repeat(np.arange(self.size, dtype=np.int32), counts)
-            self.pushes.append(PushRecord(self.epoch, iteration, layer, ids.copy(), dest, rows.copy()))
         c.push_seconds += time.perf_counter() - t0
+        self._start_staged(None)
+
+    def _start_staged(self, until: _Pending | None, timed: bool = True) -> None:
+        """Start the exchanges of the leading staged pushes in posting order: while their copies
+        have run (``until`` None), or every one up to and including ``until``, waiting for their
+        copies (the wait counted as ``wait_seconds``; the starts as ``push_seconds`` if
+        ``timed``)."""
+        staged, c = self._staged, self.counters
+        while staged:
+            p = staged[0]
+            if p.event is not None and not p.event.query():
+                if until is None:
+                    return
+                t0 = time.perf_counter()
+                p.event.synchronize()
+                c.wait_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            staged.popleft()
+            p.event = None
+            n = int(p.counts.sum())
+            ids, rows = p.buffers.ids[:n], p.buffers.rows[:n]
+            recv = p.buffers.recv if self.backend == "mpi4py" else None
+            p.exchange = self.channel.start([torch.from_numpy(ids), rows], p.counts, tag=2 * p.layer,
+                                            recv_buffers=recv)
+            if self.record:             # the rows as sent: taken once their copy has run
+                dest = np.repeat(np.arange(self.size, dtype=np.int32), p.counts)
+                self.pushes.append(PushRecord(p.epoch, p.iteration, p.layer, ids.copy(), dest,
+                                              rows.numpy().copy()))
+            if timed:
+                c.push_seconds += time.perf_counter() - t0
+            if p is until:
+                return
 
     def receive(self, layer: int, iteration: int) -> tuple[np.ndarray, np.ndarray]:
-        """Collective completion: (global IDs, rows) posted at ``iteration - delay``, this layer."""
+        """Collective completion: (global IDs, rows) posted at ``iteration - delay``, this layer.
+
+        A staged push is started first, with every staged push posted before it (waiting for
+        their copies from the device: by now they were queued ``delay`` iterations ago)."""
         q = self._queues[layer]
         if not q:
             raise RuntimeError(f"AEP: nothing posted for layer {layer} to receive at iteration {iteration}")
-        pending = q.popleft()
+        pending = q[0]
         if pending.iteration != iteration - self.delay:
             raise RuntimeError(f"AEP: layer {layer} iteration {iteration} expected the push of iteration "
                                f"{iteration - self.delay}, found {pending.iteration}")
+        q.popleft()
+        if pending.exchange is None:                   # staged: start it (and those before it)
+            self._start_staged(pending)
         t0 = time.perf_counter()
         (ids, rows), sources = pending.exchange.wait()
         ids, rows, sources = ids.numpy(), rows.numpy(), sources.numpy()
@@ -281,27 +383,44 @@ class AsyncEmbeddingPush:
         return ids, rows
 
     def progress(self) -> None:
-        """Drive the progress of every posted exchange (cheap, non-blocking)."""
+        """Start the leading staged pushes whose copies have run (stopping at the first whose
+        copy has not: posting order), then drive the progress of every started exchange (cheap,
+        non-blocking)."""
+        self._start_staged(None, timed=False)
         for q in self._queues:
             for p in q:
-                p.exchange.test()
+                if p.exchange is not None:
+                    p.exchange.test()
 
     def buffer_sets(self) -> int:
         """Buffer sets this channel holds, free or in flight (``d`` per layer once warmed up)."""
         return sum(len(f) for f in self._free) + sum(len(q) for q in self._queues)
 
     def outstanding(self) -> int:
+        """Pushes posted and not yet received, staged ones included."""
         return sum(len(q) for q in self._queues)
 
+    def staged(self) -> int:
+        """Pushes posted whose exchange has not started (their copies from the device pending)."""
+        return len(self._staged)
+
     def close(self) -> None:
-        """Collective: release the channel (after the last epoch; every posted exchange has been
-        received by then)."""
+        """Collective: release the channel (after the last epoch; every posted push has been
+        received by then). Staged pushes left (an epoch that did not finish) are dropped
+        unstarted, after their copies have run: they never reached the wire."""
+        for p in self._staged:
+            if p.event is not None:
+                p.event.synchronize()
+            self._queues[p.layer].remove(p)
+        self._staged.clear()
         if self.channel is not None:
             self.channel.close()
             self.channel = None
 
     def assert_drained(self) -> None:
-        """Raise if a posted exchange was never received (the epoch schedule is broken)."""
+        """Raise if a posted push was never received, staged or started (the epoch schedule
+        is broken)."""
         n = self.outstanding()
         if n:
-            raise RuntimeError(f"AEP: {n} posted exchanges outstanding at the end of the epoch")
+            raise RuntimeError(f"AEP: {n} posted exchanges outstanding at the end of the epoch "
+                               f"({len(self._staged)} of them staged, never started)")

@@ -43,8 +43,10 @@ def driver(store: str, out: str, delay: int) -> None:
         pickle.dump(recs, fh)
 
 
-def run_schedule(store: str, plane, delay: int) -> dict:
-    """The engine's AEP schedule over ``plane`` (a Communicator); the record of this rank."""
+def run_schedule(store: str, plane, delay: int, copy_event=None, after_step=None) -> dict:
+    """The engine's AEP schedule over ``plane`` (a Communicator); the record of this rank.
+    ``copy_event``: the AEP's (its default when None); ``after_step(aep)``: called after each
+    iteration's ``progress()`` (tests/comm/test_aep_stage.py)."""
     import torch
     from mpi4py import MPI
 
@@ -55,7 +57,8 @@ def run_schedule(store: str, plane, delay: int) -> dict:
     rank = comm.Get_rank()
     part = load_partition(store, rank)
     aep = AsyncEmbeddingPush(plane, part, num_layers=L, nc=NC, delay=delay,
-                             max_degree=int(comm.allreduce(int(part.degree.max()), op=MPI.MAX)), record=True)
+                             max_degree=int(comm.allreduce(int(part.degree.max()), op=MPI.MAX)), record=True,
+                             **({} if copy_event is None else {"copy_event": copy_event}))
     n_local = part.num_solid + part.num_halo
     rec = {"rank": rank, "epochs": [], "inputs": {}, "end": []}
     for epoch, m in enumerate(EPOCH_ITERS):
@@ -78,6 +81,8 @@ def run_schedule(store: str, plane, delay: int) -> dict:
                     aep.push(layer, k, f, h, rng_key=int(rng.integers(1 << 62)))
                     rec["inputs"][(epoch, k, layer)] = (f.copy(), h.numpy().copy())
             aep.progress()
+            if after_step is not None:
+                after_step(aep)
         outstanding = aep.outstanding()
         aep.assert_drained()
         probe = False
