@@ -27,12 +27,12 @@ its exchange starts once the event has completed, from a later call (:meth:`push
 staged push up to the one it consumes, waiting on their events). One FIFO of staged pushes per
 channel keeps the exchanges starting in the order they were posted, across layers, on every
 rank. A push from a CPU layer input writes its rows before returning and starts its exchange at
-once, as it always did. The start points of staged exchanges differ between ranks (they depend
-on each device's progress), so on a torch.distributed plane, whose capped exchanges are
-collectives of the plane's process group, the channel gets a group of its own
-(:meth:`~hpcgnn.comm.communicator.Communicator.duplicate`): that group's operations are the
-AEP's alone, started in the same order everywhere, whatever the gradient buckets on the
-plane's group do (mpi4py's channel is a duplicated communicator already).
+once, as it always did. Pushes are staged only on an ``independent`` channel (mpi4py's: a
+communicator of its own whose point-to-point messages match by tag in posting order), where
+the start points may differ between ranks. On a torch.distributed plane the capped exchanges are
+collectives of the plane's process group, which the gradient allreduce uses too: collectives
+must start in the same order on every rank, so there a push waits for its copy and starts at
+once (NCCL's exchange takes device rows anyway).
 
 Every rank must call :meth:`AsyncEmbeddingPush.push` and :meth:`AsyncEmbeddingPush.receive` in
 the same order (they are collectives): the engine equalises the iteration count M over ranks
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hpcgnn.comm.communicator import Communicator, TorchCommunicator
+from hpcgnn.comm.communicator import Communicator
 from hpcgnn.upload import upload
 
 
@@ -214,9 +214,10 @@ class AsyncEmbeddingPush:
         self.recv_caps = np.minimum(owned[:self.size], self.nc)
         self.recv_caps[self.rank] = 0
         self.peers = [q for q in range(self.size) if q != self.rank]
-        # collective; the AEP's tags (mpi4py) or process group (torch.distributed) are its own
-        plane = comm.duplicate() if isinstance(comm, TorchCommunicator) else comm
-        self.channel = plane.open_capped(self.recv_caps)
+        self.channel = comm.open_capped(self.recv_caps)   # collective; the AEP's tags are its own
+        # staged pushes start late, at points that differ between ranks: only where that
+        # cannot reorder collectives (module docstring)
+        self.stages = bool(getattr(self.channel, "independent", False))
         # The most rows this rank pushes per layer: per destination nc, or its halo vertices there.
         sends = np.diff(np.asarray(part.send_indptr, dtype=np.int64))[:self.size].copy()
         sends[self.rank] = 0
@@ -289,11 +290,12 @@ class AsyncEmbeddingPush:
              rng_key: int) -> None:
         """Collective: post the push of layer ``layer`` at ``iteration`` (rows of ``h`` = frontier).
 
-        Never waits for a device: rows of a device ``h`` are gathered there and copied
-        asynchronously into page-locked host rows, and the push stays staged until that copy
-        has run (module docstring); ``h`` may be changed by work queued on its stream after this
-        call. Rows of a CPU ``h`` are copied before this returns and the exchange starts at once.
-        Staged pushes posted earlier whose copies have run are started first (posting order)."""
+        On an independent channel (mpi4py's) it never waits for a device: rows of a device ``h`` are gathered
+        there and copied asynchronously into page-locked host rows, and the push stays staged
+        until that copy has run (module docstring); ``h`` may be changed by work queued on its
+        stream after this call. Rows of a CPU ``h`` are copied before this returns and the
+        exchange starts at once, as on a torch.distributed plane after the copy. Staged pushes
+        posted earlier whose copies have run are started first (posting order)."""
         t0 = time.perf_counter()
         pos, counts, candidates = self.select(frontier_local, rng_key)
         n = int(pos.shape[0])
@@ -323,7 +325,7 @@ class AsyncEmbeddingPush:
         c.candidates[layer] += candidates
         c.max_rows_to_one_rank[layer] = max(int(c.max_rows_to_one_rank[layer]), int(counts.max(initial=0)))
         c.push_seconds += time.perf_counter() - t0
-        self._start_staged(None)
+        self._start_staged(None if self.stages else pending)
 
     def _start_staged(self, until: _Pending | None, timed: bool = True) -> None:
         """Start the exchanges of the leading staged pushes in posting order: while their copies

@@ -185,9 +185,15 @@ class CappedChannel(ABC):
     started. ``recv_buffers`` (optional, mpi4py): per array a list with, per other rank in
     ascending order, a CPU tensor of at least ``recv_caps[q]`` rows that is received into in
     place (not to be touched until ``wait()`` returned); other backends allocate their own.
+
+    ``independent``: the channel's exchanges are ordered apart from the plane's other operations
+    (a communicator of its own), so a rank may start one before or after a collective on the
+    plane where another rank starts it on the other side (still in the same order among the
+    channel's exchanges). False where they are collectives of the plane's own group.
     """
 
     recv_caps: np.ndarray
+    independent: bool = False
 
     @abstractmethod
     def start(self, arrays: list[torch.Tensor], send_counts, tag: int,
@@ -284,6 +290,8 @@ class _MpiCappedPending(Pending):
 class _MpiCappedChannel(CappedChannel):
     """Point-to-point Isend/Irecv on a duplicate of the job's communicator
     (:class:`hpcgnn.comm.alltoall.PendingCappedExchange`: counts travel as message lengths)."""
+
+    independent = True                  # point-to-point on a communicator of its own
 
     def __init__(self, comm, recv_caps: np.ndarray):
         self.comm = comm.Dup()          # collective; the channel's tags are its own

@@ -9,8 +9,10 @@ it consumes (``synchronize``); staged pushes count as outstanding; the starts, t
 and the debug records are those of the unstaged run, in the same order. On 2 MPI ranks (this
 file is also the driver: ``python test_aep_stage.py STORE OUT DELAY``): the schedule of
 tests/comm/test_aep_wire.py with events that complete at random, rank-dependent moments and an
-allreduce on the data plane after every iteration (the gradient allreduce's place), on mpi4py
-and on gloo, receives bit for bit what the unstaged run receives. On a CUDA GPU (skipped
+allreduce on the data plane after every iteration (the gradient allreduce's place) receives bit
+for bit what the unstaged run receives: on mpi4py with pushes deferred, on gloo (collectives
+of the group the allreduce shares, which must start in one order) with each push waiting for
+its copy. On a CUDA GPU (skipped
 without one): a push from a busy device returns without waiting for it, staged, into page-locked
 rows, and delivers the CPU path's rows.
 """
@@ -64,6 +66,8 @@ class _Started:
 class _Channel:
     """Records every start (tag, IDs, rows, counts, as passed); each exchange 'receives' the
     rows it sent."""
+
+    independent = True              # as mpi4py's: pushes may be staged
 
     def __init__(self):
         self.starts = []
@@ -269,8 +273,11 @@ def test_staged_receives_equal_unstaged_on_two_ranks(tmp_path, delay):
             plain, staged = recs[(backend, False)], recs[(backend, True)]
             log = staged["log"]
             assert plain["log"]["allreduce_ok"] and log["allreduce_ok"]
-            assert plain["log"]["most_staged"] == 0 and log["most_staged"] >= 2      # deferred
-            assert log["by_query"] > 0 and log["forced"] > 0, log       # started by progress and by receive
+            assert plain["log"]["most_staged"] == 0
+            if backend == "mpi4py":     # deferred, started by progress and by receive
+                assert log["most_staged"] >= 2 and log["by_query"] > 0 and log["forced"] > 0, log
+            else:                       # collectives of a shared group: started at the push
+                assert log["most_staged"] == 0 and log["forced"] > 0, log
             for what in ("pushes", "receives"):                         # records in start order
                 a, b = plain[what], staged[what]
                 assert len(a) == len(b) > 0
