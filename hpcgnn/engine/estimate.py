@@ -24,7 +24,9 @@
 
 The peak is ``baseline + partition`` + the terms held throughout + ``max(training, evaluation,
 optimizer step)``: the minibatch engine keeps only the largest of ``activations``, ``eval`` and
-``optimizer_step``, the tensor engine the larger of ``activations`` and ``optimizer_step``; the
+``optimizer_step``, the tensor engine the largest of ``setup`` (its construction's transient:
+the store's CSR, freed before the first epoch), ``activations`` and ``optimizer_step`` (and adds
+``kernels`` and ``heap``, see :func:`tensor_terms`); the
 full-graph engine adds the step (its ``activations`` include layer data resident for the whole
 run). The figures are checked against measured peaks in tests/engine/test_estimate.py and
 docs/benchmarks.md.
@@ -76,6 +78,15 @@ SAVED_PER_LAYER = 6
 # exp_avg and exp_avg_sq, and GradientAllreduce's flat buffer (hpcgnn/comm/allreduce.py)
 MODEL_COPIES = 5
 MODEL_SHRINK = "model.hidden or model.layers (the parameters' count)"
+# resident bytes torch's CPU compute libraries and thread pools add at the first operators, after
+# the baseline was measured (a Linear forward/backward and an Adam step: 88 MB, torch 2.x, 2 cores)
+TORCH_KERNELS = 88_000_000
+# the tensor engine's RSS beyond the bytes its terms count (freed blocks the allocator keeps,
+# fragmentation, per-thread arenas): HEAP_SLACK of the counted graph and epoch bytes plus
+# HEAP_FLOOR (products-like 0.04 / 0.25 on 2 ranks: the epoch peaks of one setting differ by
+# up to 6 % between ranks, and RSS at an epoch's start exceeds the held terms by 0.02-0.24 GB)
+HEAP_SLACK = 0.05
+HEAP_FLOOR = 32 << 20
 CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
 SAMPLED_BATCHES = 8            # minibatches the device estimate samples (minibatch_sampled_sizes)
 _ESTIMATE_STREAM = 11          # seed stream of the estimate's own sampling
@@ -578,16 +589,43 @@ def check_memory(cfg, meta, rt) -> MemoryEstimate:
 
 
 def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
-    """The tensor-parallel engine's terms (:mod:`hpcgnn.engine.tensor`): ``partition`` (the
-    rank's own ~V/P vertex rows), ``topology`` (the whole graph on every rank: CSR, the
-    propagation matrix with self loops, its weights and transpose, the layout; chunked, the
-    chunks' transposes) and ``activations`` (vertex-layout MLP tensors of the rank's rows, and
-    the [V, C/P] feature-layout slices of the aggregation: Z_0, two round buffers, the output
-    gradient and the gradient of Z_0, plus the k saved rounds for GAT); the NN layers keep two
-    tensors per layer and two gradients in flight. The MLP is replicated, not split: every rank
-    holds all its parameters (``model_state``, ``optimizer_step``; on CUDA only the allreduce's
-    host buffer and its copy, the rest is in ``est.device['nn']``). The epoch's tensors are
-    freed before the optimizer step: the larger of ``activations`` and ``optimizer_step`` counts."""
+    """The tensor-parallel engine's terms (:mod:`hpcgnn.engine.tensor`), attributed from peak RSS
+    traces (products-like 0.04 and 0.25 on 2 ranks; GCN, SAGE, GAT decoupled, GCN and SAGE
+    coupled; 1 and 16 chunks, staged or not: the total is 1.07-1.23x the measured epoch peak):
+
+    * ``partition``: the rank's own ~V/P vertex rows (features, labels, masks);
+    * ``topology``, held from set-up to the end: the propagation CSR with self loops (int64) and
+      its float32 weights (not GAT's: its weights are made per epoch), the layout (~6 V int64)
+      and what the first backward builds and keeps: unstaged with one chunk the matrix's
+      transpose; unstaged chunks, each chunk's sources, transposed CSR and edge ids
+      (:meth:`~hpcgnn.nn.decoupled.Propagation.chunk_transpose`); staged, each chunk's CSR with
+      local sources, the transfer plan's slots and rows (built in set-up) and each chunk block's
+      transpose; GAT also the matrix's transpose (its score gradients). Chunk sources:
+      :func:`_tensor_chunk_sources` (uniform draws, an upper bound);
+    * ``setup``: the construction's peak beyond ``partition`` and ``topology`` (0 when below):
+      the store's CSR (read whole, freed before the first epoch) with either the layout's
+      first-read pass (26 bytes per edge of one chunk: masks, fresh sources, their minimum) or
+      the propagation matrix being built (its CSR, the layout and the weights' float64
+      temporaries: two per edge for GCN, one for SAGE);
+    * ``activations``, the epoch at backward's peak: on the rank's rows the MLP's saved tensors
+      (the dropped-out input, two per hidden layer, the output) and three more of the widest
+      aggregation (the output, its gradient, the gradient reaching the NN layers; coupled
+      ``max(hidden, C)`` wide); the ``[V, C/P]`` feature-layout slices (four in backward: the
+      output gradient, two round gradients and the adjoint's buffer; GAT also the k saved
+      rounds) and GAT's four per-edge float32 tensors (logits, attention, their gradient, a
+      chunk's edge products); staged on the CPU, one chunk's working set (its sources' buffer
+      and, with more than one chunk, their gathered rows; three destination-row temporaries;
+      GAT also the saved round's source rows and the chunk's int64 edge ids and edge products);
+    * ``kernels`` (not on CUDA): torch's compute libraries, resident from the first operator on,
+      after the baseline was measured (:data:`TORCH_KERNELS`);
+    * ``heap`` (not on CUDA): the allocator's slack (:data:`HEAP_SLACK` of the counted graph and
+      epoch bytes plus :data:`HEAP_FLOOR`).
+
+    The MLP is replicated, not split: every rank holds all its parameters (``model_state``,
+    ``optimizer_step``; on CUDA only the allreduce's host buffer and its copy, the rest is in
+    ``est.device['nn']``). Set-up and the epoch never overlap, and the epoch's tensors are freed
+    before the optimizer step: the largest of ``setup``, ``activations`` and ``optimizer_step``
+    counts."""
     v, e = int(meta.num_nodes), int(meta.num_edges)
     parts = max(int(meta.num_parts), 1)
     t = cfg.tensor
@@ -596,43 +634,72 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.terms["partition"] = int(rows * (meta.num_features * F32 + I64 + 3))
     est.shrink["partition"] = "more ranks"
     ev = e + v
-    chunks = tensor_chunk_count(cfg, meta, parts)
+    chunks = max(1, min(tensor_chunk_count(cfg, meta, parts), v))
     staged = t.staged or cfg.train.device == "cuda"
-    topo = (v + 1 + e) * I64                       # the CSR read from the store
-    topo += (v + 1 + ev) * I64 + ev * F32          # with self loops, and its weights
-    if staged:                                     # the chunks' CSRs (local sources), source
-        topo += 6 * ev * I64                       # slots, transfer rows and their transposes
-                                                   # (streamed on CUDA: copied, not sorted, per round)
-    elif chunks > 1:                               # the chunks' own transposes ...
-        topo += 4 * ev * I64
-    else:                                          # ... or the transpose (one chunk)
-        topo += (v + 1 + 2 * ev) * I64
-    topo += 6 * v * I64                            # layout: owner, positions, orders
+    srcs = _tensor_chunk_sources(v, e, chunks)     # sum over chunks of their source rows
+    prop_csr = (v + 1 + ev) * I64                  # the propagation matrix with self loops
+    topo = prop_csr + 6 * v * I64                  # + the layout: owner, positions, orders
+    if m.arch != "gat":
+        topo += ev * F32                           # its fixed weights
+    if staged:                                     # chunk CSRs (local sources), sources, the plan's
+        topo += (3 * ev + 6 * srcs + v + 2 * chunks) * I64   # slots and rows, the blocks' transposes
+    elif chunks > 1:                               # the chunks' sources, transposes, edge ids
+        topo += (2 * ev + 2 * srcs + chunks) * I64
+    if (not staged and chunks == 1) or m.arch == "gat":   # the whole matrix's transpose: the
+        topo += (v + 1 + 2 * ev) * I64             # unchunked backward's, GAT's score gradients'
     est.terms["topology"] = int(topo)
     est.shrink["topology"] = "nothing (replicated by design; a smaller graph or more memory per rank)"
+    store_csr = (v + 1 + e) * I64
+    layout_pass = 26 * -(-e // chunks)             # per chunk: masks, the fresh sources, minimum
+    build_tmp = {"gcn": 2, "sage": 1}.get(m.arch, 0) * ev * I64
+    setup_peak = store_csr + max(layout_pass, est.terms["partition"] + prop_csr + 6 * v * I64 + build_tmp)
+    est.terms["setup"] = int(max(setup_peak - est.terms["partition"] - topo, 0))
+    est.shrink["setup"] = "more memory per rank (the store's CSR is read whole on every rank)"
     c = meta.num_classes
     hid = m.hidden
     cols = _tensor_cols(cfg, meta, parts)
     k = (t.k or m.layers) if t.mode == "decoupled" else 1
-    slices = 5 + (k if m.arch == "gat" else 0)
-    # the NN layers on the rank's rows keep two tensors per layer for backward (the linear's
-    # input and the fused ReLU + dropout output; native dropout keeps no mask) plus two
-    # gradients in flight (bench-plan: 6 per layer overcounted SAGE 3 x 256 by 56-62 %);
-    # on a GPU they live in device memory (est.device), the slices in host memory
+    slices = 4 + (k if m.arch == "gat" else 0)
     nn_bytes, chunk_bytes = tensor_device_bytes(cfg, meta, parts, chunks, cfg.train.device)
     act = slices * v * cols * F32
     if cfg.train.device != "cuda":
-        act += rows * (meta.num_features + (2 * m.layers + 2) * hid + 2 * c) * F32
+        # saved: the dropped-out input, two per hidden layer (decoupled: the linear's output and
+        # the ReLU + dropout's; coupled: the aggregate plus bias and the ReLU + dropout's), the
+        # output; then the output, its gradient and the gradient reaching the NN layers
+        wide = c if t.mode == "decoupled" else max(hid, c)
+        act += rows * (meta.num_features + 2 * (m.layers - 1) * hid + c + 3 * wide) * F32
         if staged:                                 # the CPU is the device: one chunk's working set
-            act += chunk_bytes
+            src = min(v, -(-srcs // chunks))       # (its sources' buffer and, chunked, their
+            gathered = 1 if chunks == 1 else 2     # gathered rows; three destination-row temporaries)
+            act += cols * F32 * (gathered * src + 3 * -(-v // chunks))
+            if m.arch == "gat":                    # backward's saved-round sources, the chunk's edge
+                act += 2 * src * cols * F32 + 2 * -(-ev // chunks) * I64   # ids and edge products
     else:
         est.device.update(nn=int(nn_bytes), chunk=int(chunk_bytes), chunks=int(chunks))
     if m.arch == "gat":
-        act += 4 * ev * F32                        # logits, attention, their gradients
+        act += 4 * ev * F32                        # at backward's peak: logits, attention, their
+                                                   # gradient and a chunk's edge products
     est.terms["activations"] = int(act)
     est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
     model_terms(cfg, meta, est, on_device=cfg.train.device == "cuda")
-    _keep_largest(est, ("activations", "optimizer_step"))
+    _keep_largest(est, ("setup", "activations", "optimizer_step"))
+    if cfg.train.device != "cuda":      # host-only terms (on CUDA every term past the host's
+        est.terms["kernels"] = TORCH_KERNELS    # own is read as device memory, device_split)
+        est.shrink["kernels"] = "nothing (torch's own)"
+        counted = sum(est.terms[name] for name in ("partition", "topology", "setup", "activations"))
+        est.terms["heap"] = int(HEAP_SLACK * counted + HEAP_FLOOR)
+        est.shrink["heap"] = "what shrinks the other terms (the allocator's share of them)"
+
+
+def _tensor_chunk_sources(v: int, e: int, chunks: int) -> int:
+    """Source rows summed over ``chunks`` destination chunks (``e`` edges without self loops):
+    ``v`` for one chunk, else per chunk its ``v / chunks`` destinations plus the expected distinct
+    vertices of ``e / chunks`` uniform draws (an upper bound: locality shrinks it; products-like
+    measured 0.77-0.79 of it)."""
+    if chunks <= 1:
+        return int(v)
+    per = min(v, -(-v // chunks) + expected_distinct(v, e / chunks))
+    return int(math.ceil(per * chunks))
 
 
 def _tensor_cols(cfg, meta, parts: int) -> int:
