@@ -515,8 +515,12 @@ def device_split(cfg, meta, s: dict, est: MemoryEstimate, ranks: int | None = No
     its activations and the model; offloaded only one batch of chunks
     (:func:`offload_batch_bytes`), the chunks' topology and the model. Host memory keeps the
     rest, the partition as loaded and :func:`model_host_bytes` (``ranks``: the job's, default
-    the store's)."""
+    the store's). The tensor engine's terms are host memory on a GPU too (the replicated
+    topology, the feature-layout slices): its device part is what :func:`tensor_terms` recorded
+    in ``est.device`` (the NN layers and one chunk)."""
     t = est.terms
+    if cfg.train.engine == "tensor":
+        return int(est.device.get("nn", 0) + est.device.get("chunk", 0))
     host_model = model_host_bytes(est, meta.num_parts if ranks is None else ranks)
     if cfg.train.engine == "fullgraph" and cfg.fullgraph.offload:
         model = t.get("model_state", 0) + t.get("optimizer_step", 0) - host_model
@@ -528,13 +532,13 @@ def host_device_peak(cfg, meta, s: dict, est: MemoryEstimate, ranks: int, device
     """``(host, device)`` peak bytes of the rank ``est`` estimates (partition shapes ``s``, a job
     of ``ranks`` ranks on ``device``): on the CPU ``(est.total, 0)``; on CUDA the device holds
     :func:`device_split` plus :data:`CUDA_CONTEXT`, the host the baseline, the partition as
-    loaded and :func:`model_host_bytes` (offloaded full graph: all of ``est``, its layer data is
-    host-resident)."""
+    loaded and :func:`model_host_bytes` (offloaded full graph and the tensor engine: all of
+    ``est``, their layer data and topology are host-resident)."""
     if device != "cuda":
         return est.total, 0
     on_dev = device_split(cfg, meta, s, est, ranks)
-    offloaded = cfg.train.engine == "fullgraph" and cfg.fullgraph.offload
-    host = est.total if offloaded else \
+    on_host = cfg.train.engine == "tensor" or (cfg.train.engine == "fullgraph" and cfg.fullgraph.offload)
+    host = est.total if on_host else \
         est.terms["baseline"] + est.terms.get("partition", 0) + model_host_bytes(est, ranks)
     return host, on_dev + CUDA_CONTEXT
 
@@ -616,14 +620,14 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
       chunk's edge products); staged on the CPU, one chunk's working set (its sources' buffer
       and, with more than one chunk, their gathered rows; three destination-row temporaries;
       GAT also the saved round's source rows and the chunk's int64 edge ids and edge products);
-    * ``kernels`` (not on CUDA): torch's compute libraries, resident from the first operator on,
-      after the baseline was measured (:data:`TORCH_KERNELS`);
-    * ``heap`` (not on CUDA): the allocator's slack (:data:`HEAP_SLACK` of the counted graph and
+    * ``kernels``: torch's compute libraries, resident from the first operator on, after the
+      baseline was measured (:data:`TORCH_KERNELS`);
+    * ``heap``: the allocator's slack (:data:`HEAP_SLACK` of the counted graph and
       epoch bytes plus :data:`HEAP_FLOOR`).
 
     The MLP is replicated, not split: every rank holds all its parameters (``model_state``,
     ``optimizer_step``; on CUDA only the allreduce's host buffer and its copy, the rest is in
-    ``est.device['nn']``). Set-up and the epoch never overlap, and the epoch's tensors are freed
+    ``est.device['nn']``). On CUDA every term here is host memory (:func:`host_device_peak`). Set-up and the epoch never overlap, and the epoch's tensors are freed
     before the optimizer step: the largest of ``setup``, ``activations`` and ``optimizer_step``
     counts."""
     v, e = int(meta.num_nodes), int(meta.num_edges)
@@ -683,12 +687,11 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.shrink["activations"] = "more ranks (the feature-layout slices are V x C/P)"
     model_terms(cfg, meta, est, on_device=cfg.train.device == "cuda")
     _keep_largest(est, ("setup", "activations", "optimizer_step"))
-    if cfg.train.device != "cuda":      # host-only terms (on CUDA every term past the host's
-        est.terms["kernels"] = TORCH_KERNELS    # own is read as device memory, device_split)
-        est.shrink["kernels"] = "nothing (torch's own)"
-        counted = sum(est.terms[name] for name in ("partition", "topology", "setup", "activations"))
-        est.terms["heap"] = int(HEAP_SLACK * counted + HEAP_FLOOR)
-        est.shrink["heap"] = "what shrinks the other terms (the allocator's share of them)"
+    est.terms["kernels"] = TORCH_KERNELS
+    est.shrink["kernels"] = "nothing (torch's own)"
+    counted = sum(est.terms[name] for name in ("partition", "topology", "setup", "activations"))
+    est.terms["heap"] = int(HEAP_SLACK * counted + HEAP_FLOOR)
+    est.shrink["heap"] = "what shrinks the other terms (the allocator's share of them)"
 
 
 def _tensor_chunk_sources(v: int, e: int, chunks: int) -> int:

@@ -333,8 +333,9 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
                 keep = edges.group[lo:hi] == g
                 kept = torch.zeros(hi - lo + 1, dtype=torch.int64, device=src.device)
                 torch.cumsum(keep, 0, out=kept[1:])
-                pos = torch.nonzero_static(keep, size=n).squeeze(1)     # n is known: no wait
-                blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], edges.remap[ix[lo:hi][pos]])
+                sel = ix[lo:hi][torch.nonzero_static(keep, size=n).squeeze(1)]   # n is known: no wait
+                blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], edges.remap[sel])
+                del keep, sel
             acc[a:b] += aggregate_sum(blk, x, **(kernels or {}))
         del x
     return acc

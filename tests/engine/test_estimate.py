@@ -227,3 +227,29 @@ def test_adam_step_temporaries_match_the_measured_peak(arch, weight_decay):
     copies = {("sage", 5e-4): 2.0, ("sage", 0.0): 1.5, ("gcn", 5e-4): 3.0}[arch, weight_decay]
     assert modelled == pytest.approx(copies * params, rel=0.01)
     assert 0.9 <= measured / modelled <= 1.1, (measured, modelled)
+
+
+def test_tensor_engine_on_a_gpu_keeps_its_topology_in_the_host_estimate(cora_parts):
+    """On CUDA the tensor engine's replicated topology and feature-layout slices stay in host
+    memory (only the NN layers and one chunk go to the device): the host part that the
+    pre-run check and the planner compare with the node's memory is the whole host estimate,
+    at least the CPU run's minus the model's device-resident copies, and the device part is
+    what tensor_terms put in ``est.device``."""
+    from hpcgnn.engine.estimate import CUDA_CONTEXT, estimate_rank_memory, host_device_peak, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    s = part_shapes(store, 0)
+    for staged in ("false", "true"):
+        base = [f"data.partitions={store}", f"tensor.staged={staged}"]
+        cpu = load_config(ROOT / "inputs" / "cora-tensor.toml", base)
+        gpu = load_config(ROOT / "inputs" / "cora-tensor.toml", [*base, "train.device=cuda"])
+        on_cpu = estimate_rank_memory(cpu, meta, 0, 0, s)
+        on_gpu = estimate_rank_memory(gpu, meta, 0, 0, s)
+        host, dev = host_device_peak(gpu, meta, s, on_gpu, 2, "cuda")
+        assert on_gpu.terms["topology"] > 0 and host == on_gpu.total
+        assert host >= on_gpu.terms["partition"] + on_gpu.terms["topology"] + on_gpu.terms["kernels"]
+        assert on_gpu.terms["topology"] >= on_cpu.terms["topology"]
+        assert dev == on_gpu.device["nn"] + on_gpu.device["chunk"] + CUDA_CONTEXT
