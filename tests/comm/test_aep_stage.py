@@ -138,19 +138,24 @@ def _same_records(a, b) -> bool:
                                         for u, v in zip(x, y)) for x, y in zip(a, b))
 
 
+def _stand_ins():
+    """(events made so far, a ``copy_event`` factory of StandInEvents the test completes)."""
+    log, events = {"by_query": 0, "forced": 0}, []
+
+    def stand_in(device):
+        events.append(StandInEvent(log))
+        return events[-1]
+
+    return events, stand_in
+
+
 def _push(aep, part, k, layer):
     f, h, key = _inputs(part, k, layer)
     aep.push(layer, k, f, h, key)
 
 
 def test_staged_pushes_start_in_posting_order(tmp_path):
-    log = {"by_query": 0, "forced": 0}
-    events = []
-
-    def stand_in(device):
-        events.append(StandInEvent(log))
-        return events[-1]
-
+    events, stand_in = _stand_ins()
     aep, part = _aep(tmp_path, stand_in)
     ch = aep.channel
     for layer in range(L):                          # iteration 0: three staged pushes
@@ -198,13 +203,7 @@ def test_staged_pushes_start_in_posting_order(tmp_path):
 
 
 def test_close_drops_staged_pushes(tmp_path):
-    log = {"by_query": 0, "forced": 0}
-    events = []
-
-    def stand_in(device):
-        events.append(StandInEvent(log))
-        return events[-1]
-
+    events, stand_in = _stand_ins()
     aep, part = _aep(tmp_path, stand_in)
     _push(aep, part, 0, 0)
     _push(aep, part, 0, 1)
