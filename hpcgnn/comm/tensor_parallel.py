@@ -82,6 +82,9 @@ class Transfer:
         return int(self.ids.shape[0])
 
 
+LAYOUT_SLICE = 1 << 20   # edges per slice of TPLayout.build's first-read pass (~26 bytes each)
+
+
 @dataclass
 class TPLayout:
     """Vertex ownership and the per-chunk transfers (identical on every rank; see the module
@@ -118,17 +121,19 @@ class TPLayout:
         n = int(cb.shape[0] - 1)
         chunk_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(cb))
         first = chunk_of.copy()
-        if indices.shape[0]:
+        if indices.shape[0] and n > 1:
             # edges are ordered by destination, hence by chunk: chunk by chunk, the sources not
             # seen in an earlier chunk are first read here (one pass over the edges, vectorised
-            # per chunk)
+            # per slice of at most LAYOUT_SLICE edges of a chunk: the masks and fresh sources
+            # stay bounded; one chunk reads everything first in chunk 0, which ``first`` holds)
             seen = np.zeros(v, dtype=bool)
             ends = indptr[cb]
             for c in range(n):
-                s = indices[int(ends[c]):int(ends[c + 1])]
-                fresh = s[~seen[s]]
-                seen[fresh] = True
-                first[fresh] = np.minimum(first[fresh], c)
+                for e0 in range(int(ends[c]), int(ends[c + 1]), LAYOUT_SLICE):
+                    s = indices[e0:min(e0 + LAYOUT_SLICE, int(ends[c + 1]))]
+                    fresh = s[~seen[s]]
+                    seen[fresh] = True
+                    first[fresh] = np.minimum(first[fresh], c)
         split_order = np.argsort(first, kind="stable").astype(np.int64)
         split_bounds = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(first, minlength=n), out=split_bounds[1:])

@@ -57,6 +57,18 @@ def with_self_loops(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray
     return new_indptr, new_indices
 
 
+WEIGHT_SLICE = 1 << 20   # edges per slice of Propagation's float64 weight computation
+
+
+def _row_slices(indptr: np.ndarray, per: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``(a, b)`` covering all rows, each of at most ``per`` edges plus
+    those of its first row."""
+    v = int(indptr.shape[0] - 1)
+    cuts = np.searchsorted(indptr, np.arange(per, int(indptr[-1]), per, dtype=np.int64), side="right") - 1
+    bounds = np.unique(np.concatenate(([0], cuts, [v])).astype(np.int64))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class Propagation:
     """``A`` of one graph (see the module docstring) as a self-loop CSR over destinations.
 
@@ -80,14 +92,18 @@ class Propagation:
         ip, ix = with_self_loops(indptr, indices)
         self.indptr, self.indices = ip, ix
         rows = np.diff(ip)
-        if kind == "gcn":
-            s = 1.0 / np.sqrt(deg + 1.0)
-            w = s[ix] * np.repeat(s, rows)
-        elif kind == "mean":
-            w = np.repeat(1.0 / (deg + 1.0), rows)
-        else:
-            w = None
-        self.weight = None if w is None else torch.from_numpy(w).to(dtype)
+        self.weight = None
+        if kind in ("gcn", "mean"):
+            # computed in float64 and rounded to ``dtype`` slice by slice of rows (about
+            # WEIGHT_SLICE edges each, see _row_slices): the float64 temporaries stay bounded
+            s = 1.0 / np.sqrt(deg + 1.0) if kind == "gcn" else 1.0 / (deg + 1.0)
+            self.weight = torch.empty(int(ix.shape[0]), dtype=dtype)
+            for a, b in _row_slices(ip, WEIGHT_SLICE):
+                e0, e1 = int(ip[a]), int(ip[b])
+                w = np.repeat(s[a:b], rows[a:b])
+                if kind == "gcn":
+                    w *= s[ix[e0:e1]]
+                self.weight[e0:e1] = torch.from_numpy(w)
         self.block = Block(v, v, torch.from_numpy(ip), torch.from_numpy(ix))
         cb = np.asarray(chunk_bounds if chunk_bounds is not None else [0, v], dtype=np.int64)
         self.chunk_bounds = cb

@@ -63,6 +63,34 @@ def test_layout_splits_each_vertex_once_before_its_first_use(graph, parts, chunk
         assert np.array_equal(np.sort(tr.ids.numpy()), np.arange(cb[j], cb[j + 1]))
 
 
+@pytest.mark.parametrize("chunks", [1, 4, 7])
+def test_layout_is_independent_of_the_first_read_slice(graph, chunks, monkeypatch):
+    import hpcgnn.comm.tensor_parallel as tpm
+
+    cb = chunk_bounds(graph.indptr, chunks)
+    ref = TPLayout.build(graph.indptr, graph.indices, cb, 3, 1)
+    for size in (1, 7, 100):
+        monkeypatch.setattr(tpm, "LAYOUT_SLICE", size)
+        lay = TPLayout.build(graph.indptr, graph.indices, cb, 3, 1)
+        for name in ("split_order", "split_bounds", "deal", "owner", "local_pos", "own_ids", "gather_perm"):
+            assert np.array_equal(getattr(lay, name), getattr(ref, name)), (size, name)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "mean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_propagation_weights_are_the_rounded_float64_ones_in_any_slices(graph, kind, dtype, monkeypatch):
+    import hpcgnn.nn.decoupled as dec
+
+    deg = np.diff(graph.indptr).astype(np.float64)
+    ip, ix = dec.with_self_loops(graph.indptr, graph.indices)
+    s = 1.0 / np.sqrt(deg + 1.0) if kind == "gcn" else 1.0 / (deg + 1.0)
+    w64 = s[ix] * np.repeat(s, np.diff(ip)) if kind == "gcn" else np.repeat(s, np.diff(ip))
+    want = torch.from_numpy(w64).to(dtype)     # computed whole in float64, then rounded
+    for size in (1, 5, 64, 1 << 20):
+        monkeypatch.setattr(dec, "WEIGHT_SLICE", size)
+        assert torch.equal(Propagation(graph.indptr, graph.indices, kind, dtype=dtype).weight, want), size
+
+
 def test_column_bounds_are_within_one():
     for width, size in [(7, 4), (47, 4), (3, 4), (16, 2)]:
         w = np.diff(column_bounds(width, size))
