@@ -361,9 +361,8 @@ class DeviceStage:
                 if alpha:
                     self._add(g * alpha, g0, "dst", j, "grad", g0_dev)
                 if x is not None:
-                    e0, e1 = self.edges[j]
-                    self.mover.add_rows(edge_dot(block, g_rows, x, **kernel_options(self)), grad_w,
-                                        np.arange(e0, e1, dtype=np.int64), "edge_grad")
+                    self.mover.add_range(edge_dot(block, g_rows, x, **kernel_options(self)), grad_w,
+                                         self.edges[j][0], "edge_grad")
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w, start)
         if not (gprev_dev and g0_host is None and x_saved is None):

@@ -104,18 +104,26 @@ class _PendingFlush:
     """A device->host row copy in flight; ``finish()`` adds it into the host rows (``add``) or
     writes them there."""
 
-    def __init__(self, staged: torch.Tensor, flat: torch.Tensor, host: torch.Tensor, rows: torch.Tensor, event,
+    def __init__(self, staged: torch.Tensor, flat: torch.Tensor, host: torch.Tensor, rows, event,
                  add: bool = True):
         self.staged, self.flat, self.host, self.rows, self.event = staged, flat, host, rows, event
         self.add = add
 
     def finish(self, pool: StagingPool) -> None:
         self.event.synchronize()
-        if self.add:
-            self.host.index_add_(0, self.rows, self.staged)
-        else:
-            self.host.index_copy_(0, self.rows, self.staged)
+        _write_rows(self.host, self.rows, self.staged, self.add)
         pool.give(self.flat)
+
+
+def _write_rows(host: torch.Tensor, rows, src: torch.Tensor, add: bool) -> None:
+    """``host[rows] += src`` (``add``) or ``= src``; ``rows``: an index tensor or a ``slice``."""
+    if isinstance(rows, slice):
+        target = host[rows]
+        target.add_(src) if add else target.copy_(src)
+    elif add:
+        host.index_add_(0, rows, src)
+    else:
+        host.index_copy_(0, rows, src)
 
 
 def _index(rows) -> torch.Tensor:
@@ -243,18 +251,20 @@ class DeviceMover:
         """``host[rows] += dev`` (host-side accumulation, HongTu's ⊕); complete after :meth:`drain`."""
         self._flush(dev, host, rows, kind, add=True)
 
+    def add_range(self, dev: torch.Tensor, host: torch.Tensor, begin: int, kind: str) -> None:
+        """``host[begin:begin+len] += dev`` (as :meth:`add_rows` on a contiguous range, without
+        an index array); complete after :meth:`drain`."""
+        self._flush(dev, host, slice(int(begin), int(begin) + int(dev.shape[0])), kind, add=True)
+
     def store_rows(self, dev: torch.Tensor, host: torch.Tensor, rows, kind: str) -> None:
         """``host[rows] = dev`` (scattered device rows written back); complete after :meth:`drain`."""
         self._flush(dev, host, rows, kind, add=False)
 
     def _flush(self, dev: torch.Tensor, host: torch.Tensor, rows, kind: str, add: bool) -> None:
-        idx = _index(rows)
+        idx = rows if isinstance(rows, slice) else _index(rows)
         self._d2h(kind, dev.nbytes)
         if not self.cuda:
-            if add:
-                host.index_add_(0, idx, dev)
-            else:
-                host.index_copy_(0, idx, dev)
+            _write_rows(host, idx, dev, add)
             return
         staged, flat = self._staged(tuple(dev.shape), dev.dtype)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))

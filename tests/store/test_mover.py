@@ -74,6 +74,32 @@ def test_cpu_mover_copies_and_counts_by_kind():
     assert torch.equal(m.receive(moved), host[:3]) and m.receive(None) is None
 
 
+def _add_range_matches_add_rows(device):
+    m = DeviceMover(device, TransferCounter())
+    g = torch.Generator().manual_seed(0)
+    host = torch.randn(50, generator=g)
+    parts = [(0, torch.randn(7, generator=g)), (30, torch.randn(20, generator=g)), (3, torch.randn(5, generator=g))]
+    by_range, by_rows = host.clone(), host.clone()
+    if device != "cpu":
+        by_range, by_rows = by_range.pin_memory(), by_rows.pin_memory()
+    for begin, dev in parts:            # overlapping ranges: accumulated in issue order
+        m.add_range(dev.to(device), by_range, begin, "edge_grad")
+        m.add_rows(dev.to(device), by_rows, np.arange(begin, begin + dev.shape[0]), "edge_grad")
+    m.synchronize()
+    assert torch.equal(by_range, by_rows)
+    assert m.counter.d2h == {"edge_grad": 2 * 32 * 4}
+
+
+def test_add_range_is_add_rows_on_a_contiguous_range():
+    _add_range_matches_add_rows("cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_add_range_is_add_rows_on_a_contiguous_range():
+    _add_range_matches_add_rows("cuda")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_mover_round_trip_reuses_staging():
