@@ -69,6 +69,7 @@ import numpy as np
 from hpcgnn.errors import InputError
 
 F32 = 4
+F64 = 8
 I64 = 8
 BF16 = 2
 # Tensors kept per layer for backward, in units of the layer's (rows x width): input, aggregate,
@@ -608,9 +609,11 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
       :func:`_tensor_chunk_sources` (uniform draws, an upper bound);
     * ``setup``: the construction's peak beyond ``partition`` and ``topology`` (0 when below):
       the store's CSR (read whole, freed before the first epoch) with either the layout's
-      first-read pass (26 bytes per edge of one chunk: masks, fresh sources, their minimum) or
-      the propagation matrix being built (its CSR, the layout and the weights' float64
-      temporaries: two per edge for GCN, one for SAGE);
+      first-read pass (chunked only; bounded: 26 bytes per edge of one slice of
+      :data:`~hpcgnn.comm.tensor_parallel.LAYOUT_SLICE` edges) or the propagation matrix being
+      built (its CSR, the layout, four per-vertex temporaries, the self loops' edge mask, GCN's
+      and SAGE's float32 weights with their float64 temporaries of one slice of rows,
+      :data:`~hpcgnn.nn.decoupled.WEIGHT_SLICE` edges: two per edge for GCN, one for SAGE);
     * ``activations``, the epoch at backward's peak: on the rank's rows the MLP's saved tensors
       (the dropped-out input, two per hidden layer, the output) and three more of the widest
       aggregation (the output, its gradient, the gradient reaching the NN layers; coupled
@@ -619,7 +622,7 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
       rounds) and GAT's four per-edge float32 tensors (logits, attention, their gradient, a
       chunk's edge products); staged on the CPU, one chunk's working set (its sources' buffer
       and, with more than one chunk, their gathered rows; three destination-row temporaries;
-      GAT also the saved round's source rows and the chunk's int64 edge ids and edge products);
+      GAT also the saved round's source rows and the chunk's edge products, 8 bytes per edge);
     * ``kernels``: torch's compute libraries, resident from the first operator on, after the
       baseline was measured (:data:`TORCH_KERNELS`);
     * ``heap``: the allocator's slack (:data:`HEAP_SLACK` of the counted graph and
@@ -653,9 +656,19 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         topo += (v + 1 + 2 * ev) * I64             # unchunked backward's, GAT's score gradients'
     est.terms["topology"] = int(topo)
     est.shrink["topology"] = "nothing (replicated by design; a smaller graph or more memory per rank)"
+    from hpcgnn.comm.tensor_parallel import LAYOUT_SLICE
+    from hpcgnn.nn.decoupled import WEIGHT_SLICE
+
     store_csr = (v + 1 + e) * I64
-    layout_pass = 26 * -(-e // chunks)             # per chunk: masks, the fresh sources, minimum
-    build_tmp = {"gcn": 2, "sage": 1}.get(m.arch, 0) * ev * I64
+    # the layout's first-read pass (chunked only): its mask and per slice of edges the masks,
+    # fresh sources and their minimum
+    layout_pass = (v + 26 * min(e, LAYOUT_SLICE)) if chunks > 1 else 0
+    # the propagation matrix being built: per vertex its degrees, scales, row lengths and self
+    # loops' positions; adding the self loops, a mask per edge; then GCN's and SAGE's weights
+    # (float32) with, per slice of rows, their float64 temporaries (two per edge for GCN, one
+    # for SAGE; a slice holds WEIGHT_SLICE edges plus its first row's: counted as twice that)
+    tmp64 = {"gcn": 2, "sage": 1}.get(m.arch, 0)
+    build_tmp = 4 * v * I64 + max(ev, (ev * F32 + tmp64 * min(ev, 2 * WEIGHT_SLICE) * F64) if tmp64 else 0)
     setup_peak = store_csr + max(layout_pass, est.terms["partition"] + prop_csr + 6 * v * I64 + build_tmp)
     est.terms["setup"] = int(max(setup_peak - est.terms["partition"] - topo, 0))
     est.shrink["setup"] = "more memory per rank (the store's CSR is read whole on every rank)"
@@ -677,7 +690,7 @@ def tensor_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
             gathered = 1 if chunks == 1 else 2     # gathered rows; three destination-row temporaries)
             act += cols * F32 * (gathered * src + 3 * -(-v // chunks))
             if m.arch == "gat":                    # backward's saved-round sources, the chunk's edge
-                act += 2 * src * cols * F32 + 2 * -(-ev // chunks) * I64   # ids and edge products
+                act += 2 * src * cols * F32 + -(-ev // chunks) * I64   # products
     else:
         est.device.update(nn=int(nn_bytes), chunk=int(chunk_bytes), chunks=int(chunks))
     if m.arch == "gat":
