@@ -165,10 +165,12 @@ def _halo_cache_row(pl: dict, i: int) -> dict:
 
 
 def _memory_per_rank(run: dict) -> list[dict]:
-    """Per rank: the largest epoch peak RSS over the run, the epoch and phase where it happened."""
+    """Per rank: the largest epoch peak RSS over the run, the epoch and phase where it happened,
+    and (runs that record it) the process's peak, set-up included."""
     c = run["counters"].get("peak_rss_bytes")
     if c is None or c.size == 0:
         return []
+    proc = run["counters"].get("peak_process_rss_bytes")
     phases = run.get("labels", {}).get("peak_rss_phase")
     epochs = run["metrics"].get("epoch", np.arange(1, c.shape[0] + 1))
     out = []
@@ -178,7 +180,9 @@ def _memory_per_rank(run: dict) -> list[dict]:
             continue
         i = int(np.nanargmax(col))
         out.append({"rank": r, "peak_rss_bytes": _clean(float(col[i])), "epoch": int(epochs[i]),
-                    "phase": None if phases is None else str(phases[i, r])})
+                    "phase": None if phases is None else str(phases[i, r]),
+                    "process_peak_rss_bytes": None if proc is None or not np.isfinite(proc[:, r]).any()
+                    else _clean(float(np.nanmax(proc[:, r])))})
     return out
 
 
@@ -285,6 +289,9 @@ def format_table(s: dict) -> str:
         lines.append("peak RSS   " + ", ".join(
             f"rank {m['rank']} {m['peak_rss_bytes'] / 2**30:.2f} GiB (epoch {m['epoch']}, {m['phase']})"
             for m in mem) + f"; sum {sum(m['peak_rss_bytes'] for m in mem) / 2**30:.2f} GiB")
+        if all(m.get("process_peak_rss_bytes") is not None for m in mem):
+            lines.append("process    peak RSS with set-up: " + ", ".join(
+                f"rank {m['rank']} {m['process_peak_rss_bytes'] / 2**30:.2f} GiB" for m in mem))
     for kind, per_rank in s.get("memory_estimates", {}).items():
         lines.append(f"estimate   {kind} peak estimated before the run / measured: " + ", ".join(
             f"rank {m['rank']} {m['estimated'] / 2**30:.2f} / {m['measured'] / 2**30:.2f} GiB"

@@ -134,7 +134,7 @@ class InMemoryFullGraph:
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
         self.features = graph.features      # with a feature store x0 ends up holding halo rows only
-        self.meter = DeviceMemoryMeter(self.device)
+        self.meter = DeviceMemoryMeter(self.device, rss=False)   # device accounting; the timer's meter has RSS
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
         # Layer 0's aggregation reads only the features, which never change (no dropout before
@@ -254,7 +254,7 @@ class OffloadedFullGraph:
         self.device = torch.device(device)
         self.ops = ModelLayerOps(model, graph.degree)
         self.counter = TransferCounter()
-        self.meter = DeviceMemoryMeter(self.device)
+        self.meter = DeviceMemoryMeter(self.device, rss=False)   # device accounting; the timer's meter has RSS
         self.engine = OffloadEngine(self.ops, graph.indptr, graph.local_indices, graph.num_solid,
                                     graph.num_local, graph.x0, self.halo, self.device, settings,
                                     self.counter, self.meter, features=graph.features)

@@ -153,7 +153,7 @@ class OffloadEngine:
         self.halo = halo
         self.settings = settings
         self.counter = counter or TransferCounter()
-        self.meter = meter or DeviceMemoryMeter(self.device)
+        self.meter = meter or DeviceMemoryMeter(self.device, rss=False)
         self.mover = DeviceMover(self.device, self.counter)
         self.rng = _RngReplay(self.device)
         self.chunks: list[Chunk] = make_chunks(indptr, local_indices, settings.chunks)

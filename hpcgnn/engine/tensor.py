@@ -125,7 +125,7 @@ class DeviceStage:
         self.backend, self.deterministic = backend, bool(deterministic)
         self.resident = bool(resident)
         self.counter = counter if counter is not None else TransferCounter()
-        self.meter = meter if meter is not None else DeviceMemoryMeter(self.device)
+        self.meter = meter if meter is not None else DeviceMemoryMeter(self.device, rss=False)
         self.mover = DeviceMover(self.device, self.counter)
         chunks = build_chunks(prop.indptr, prop.indices, prop.chunk_bounds)
         plan = build_transfer_plan(chunks, natural_schedule(len(chunks), 1), prop.num_nodes, dedup=True)

@@ -74,24 +74,33 @@ class DeviceMemoryMeter:
     tensor autograd saves inside it (each storage once) and releases them on exit.
 
     ``result()`` -> ``peak_rss_bytes`` / ``peak_rss_phase``, and ``peak_device_bytes`` /
-    ``peak_device_phase`` (on CUDA also under the names ``peak_cuda_bytes`` / ``peak_cuda_phase``).
+    ``peak_device_phase`` (on CUDA also under the names ``peak_cuda_bytes`` / ``peak_cuda_phase``),
+    and ``peak_process_rss_bytes``: the process's high-water mark since it started, set-up
+    included (resetting the kernel's mark for each epoch also resets what ``/usr/bin/time`` and
+    ``wait4`` report, so the meter reads the mark before every reset and keeps the largest).
+    ``rss=False``: a meter for device accounting only, which never resets the RSS mark (an
+    engine's own meter beside the timer's, so the rank's process peak stays whole).
     """
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device="cpu", rss: bool = True):
         import torch
 
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.rss = bool(rss)
         self.resettable = True
         self.current = 0
         self.peak = 0
+        self.process_peak = 0
         self._seen: list[set] = []
         self.start()
 
     # ---- the epoch ------------------------------------------------------------------------
     def start(self) -> None:
-        """A new epoch: reset the RSS high-water mark, the device peak (to what is held now)."""
-        self.resettable = reset_peak_rss()
+        """A new epoch: reset the RSS high-water mark (kept in the process peak first; not with
+        ``rss=False``), the device peak (to what is held now)."""
+        self.process_peak = max(self.process_peak, peak_rss_bytes())
+        self.resettable = reset_peak_rss() if self.rss else False
         self.peak_rss = peak_rss_bytes()
         self.rss_phase = "start"
         self.peak = self.current
@@ -114,7 +123,9 @@ class DeviceMemoryMeter:
             self.peak_dev, self.dev_phase = peak, phase
 
     def result(self) -> dict:
-        out = {"peak_rss_bytes": float(self.peak_rss), "peak_rss_phase": self.rss_phase}
+        self.process_peak = max(self.process_peak, peak_rss_bytes())
+        out = {"peak_rss_bytes": float(self.peak_rss), "peak_rss_phase": self.rss_phase,
+               "peak_process_rss_bytes": float(self.process_peak)}
         out.update(peak_device_bytes=float(self.peak_dev), peak_device_phase=self.dev_phase)
         if self.cuda:
             out.update(peak_cuda_bytes=float(self.peak_dev), peak_cuda_phase=self.dev_phase)
