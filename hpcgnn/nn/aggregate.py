@@ -24,7 +24,9 @@ Backends (``backend=``):
 
 ``deterministic=True`` (``train.deterministic``, a layer's ``deterministic`` attribute) runs
 every torch-path operator under ``torch.use_deterministic_algorithms(True)``, scoped to the
-operator; an autograd Function keeps the flag for its backward. The native kernels are
+operator; an autograd Function keeps the flag for its backward. On CUDA the SpMM then runs as a
+gather and a CSR segment sum per slice of columns (:func:`_spmm_by_segments`): cuSPARSE's SpMM
+differs run to run even in torch's deterministic mode (an H200, torch 2.11). The native kernels are
 deterministic anyway (no atomics, bitwise identical for any thread count) and ignore it.
 
 Parameters that are not differentiated (block structure, ``row_scale``) are treated as
@@ -206,9 +208,42 @@ def csr_spmm(block, x: torch.Tensor, weight: torch.Tensor | None = None, transpo
         return x.new_zeros(rows, x.shape[1])
     if x.dtype not in _NATIVE_DTYPES:   # the sparse kernels take float32/float64: widen, round back
         return csr_spmm(block, x.float(), weight, transpose, deterministic).to(x.dtype)
+    if deterministic and x.device.type == "cuda":    # cuSPARSE's SpMM is not run-to-run identical
+        return _spmm_by_segments(block, x.detach(), weight, transpose)
     a = _adjacency(block, x.device, x.dtype, None if weight is None else weight.detach(), transpose)
     with _det_scope(deterministic):
         return torch.sparse.mm(a, x.detach().contiguous())
+
+
+SEGMENT_SPMM_ELEMENTS = 1 << 25   # the [nnz, columns] gather of one column slice, at most
+
+
+def _spmm_by_segments(block, x: torch.Tensor, weight: torch.Tensor | None = None,
+                      transpose: bool = False, max_elements: int = SEGMENT_SPMM_ELEMENTS) -> torch.Tensor:
+    """:func:`csr_spmm` that is bit-identical run to run on CUDA (``deterministic``; cuSPARSE's
+    SpMM is not, measured on an H200): per slice of columns, the sources' rows gathered along
+    the CSR (times the edge weights) and summed per row by ``torch.segment_reduce``, which
+    adds each row's edges in order. Extra memory: one ``[nnz, columns]`` slice of at most
+    ``max_elements`` elements (one column when nnz exceeds it: O(nnz)); no host reads."""
+    parts = _device_csr(block, x.device, transpose)
+    ip, ix = parts[0], parts[1]
+    rows = block.num_src if transpose else block.num_dst
+    w = None
+    if weight is not None:
+        w = weight.detach().to(device=x.device, dtype=x.dtype)
+        if transpose:
+            w = w.index_select(0, parts[2])
+        w = w.unsqueeze(1)
+    nnz, d = int(ix.shape[0]), int(x.shape[1])
+    step = max(1, min(d, int(max_elements) // max(nnz, 1)))
+    out = x.new_empty(rows, d)
+    for c0 in range(0, d, step):
+        part = x[:, c0:c0 + step].index_select(0, ix)
+        if w is not None:
+            part.mul_(w)
+        out[:, c0:c0 + step] = torch.segment_reduce(part, "sum", offsets=ip, axis=0)
+        del part
+    return out
 
 
 def csr_sddmm(block, g: torch.Tensor, x: torch.Tensor, deterministic: bool = False) -> torch.Tensor:

@@ -301,6 +301,12 @@ def test_cuda_push_does_not_wait_for_the_device(tmp_path, dtype):
     aep, part = _aep(tmp_path)
     ref, _ = _aep(tmp_path)
     dev = torch.device("cuda")
+    warm, _ = _aep(tmp_path)            # the first launch of a kernel loads it (CUDA's lazy
+    for layer in range(L):              # loading), which can wait for the device: load them all
+        f, h, key = _inputs(part, 0, layer)
+        warm.push(layer, 0, f, h.to(dtype).to(dev), key)
+        torch.cuda.synchronize()
+        warm.progress()
     for k in range(2):
         for layer in range(L):
             f, h, key = _inputs(part, k, layer)

@@ -257,3 +257,19 @@ def test_train_deterministic_reaches_the_model_layers():
                                  f"train.deterministic={str(det).lower()}"])
         model = build_model_from_config(cfg, 5, 3)
         assert [(layer.backend, layer.deterministic) for layer in model.layers] == [("torch", det)] * 3
+
+
+@pytest.mark.parametrize("transpose,weighted,max_elements", [(False, False, 1 << 25), (False, True, 1000),
+                                                             (True, True, 1), (True, False, 5000)])
+def test_spmm_by_segments_equals_the_sparse_product(transpose, weighted, max_elements):
+    """The deterministic CUDA SpMM (gather + CSR segment sum per slice of columns) gives the
+    sparse product's result, whatever the column slice (one column when nnz exceeds the cap)."""
+    from hpcgnn.nn.aggregate import _spmm_by_segments, csr_spmm
+
+    blk = random_block(300, 120, 4000, seed=5)
+    x = torch.randn(120 if transpose else 300, 24, generator=torch.Generator().manual_seed(3))
+    w = torch.rand(4000, generator=torch.Generator().manual_seed(4)) if weighted else None
+    ref = csr_spmm(blk, x, w, transpose=transpose)
+    got = _spmm_by_segments(blk, x, w, transpose=transpose, max_elements=max_elements)
+    assert got.shape == ref.shape
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
