@@ -204,7 +204,13 @@ def run_figures(run_dir: Path) -> dict:
         keys = [k for k in c if re.fullmatch(r"h2d_\w+_bytes", k) and "nodedup" not in k]
         h2d = sum(c[k] for k in keys) if keys else None
     labels = r.get("labels", {})
+    terms = r["attrs"].get("estimated_device_terms")
+    phases = labels.get("peak_cuda_phase", labels.get("peak_device_phase"))
     return {"estimate_ratio": estimate_ratio(r["attrs"].get("estimated_peak_device_bytes"), peak),
+            # per rank, for calibrating the estimate: its terms and the phase of each epoch's peak
+            "estimated_device_terms": None if terms is None else (terms if isinstance(terms, str) else json.dumps(terms)),
+            "peak_device_phase": None if phases is None else json.dumps(
+                [[p.decode() if isinstance(p, bytes) else str(p) for p in row] for row in np.asarray(phases).tolist()]),
             "loss": np.asarray(r["metrics"]["loss"], dtype=np.float64),
             "epoch_s": float(np.median(np.nanmax(steady, axis=1))),
             "peak_device_bytes": None if peak is None else float(np.nanmax(peak)),
@@ -367,7 +373,8 @@ def check(args) -> tuple[list[dict], dict]:
             if not err:
                 dev = deviation(got.extra["loss"], ref.extra["loss"])
                 row.update({key: got.extra[key] for key in ("epoch_s", "peak_device_bytes", "h2d_bytes_per_epoch",
-                                                            "estimate_ratio")},
+                                                            "estimate_ratio", "estimated_device_terms",
+                                                            "peak_device_phase")},
                            loss_max_dev=dev, loss_device=got.extra["loss"].tolist(),
                            loss_cpu=ref.extra["loss"].tolist(), devices=", ".join(got.extra["devices"]))
         return dev, err

@@ -18,6 +18,7 @@ RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -151,6 +152,13 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                 if est and len(est) == args.ranks:   # the pre-run device estimate of every rank
                     g.create_dataset("estimated_peak_device_bytes_per_rank", data=np.asarray(est, dtype=np.float64))
                     row["dev_est"] = est
+                    terms = r["attrs"].get("estimated_device_terms")
+                    if terms is not None:            # per rank {term: bytes}, for calibration
+                        g.attrs["estimated_device_terms"] = terms if isinstance(terms, str) else json.dumps(terms)
+                phases = r.get("labels", {}).get("peak_device_phase")
+                if phases is not None:               # where each rank's device peak was reached
+                    g.attrs["peak_device_phase"] = json.dumps([[p.decode() if isinstance(p, bytes) else str(p)
+                                                                for p in row_] for row_ in np.asarray(phases).tolist()])
                 row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))
                 acc = r["metrics"].get("test_acc")
                 if acc is not None and np.isfinite(acc).any():

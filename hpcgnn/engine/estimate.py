@@ -89,6 +89,15 @@ TORCH_KERNELS = 88_000_000
 HEAP_SLACK = 0.05
 HEAP_FLOOR = 32 << 20
 CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy on the GPU
+# bytes the CUDA math libraries keep allocated through torch's allocator once used (the cuBLAS and
+# cuBLASLt workspaces): measured at run time (hpcgnn.run.memory.cuda_library_bytes); this without a
+# GPU (an H200 with torch 2.11: 50-65 MiB above the tensors in every Cora row of make check-gpu)
+CUDA_LIBRARIES = 64 << 20
+# device bytes per edge of the in-memory full graph's block on CUDA (torch kernels): the int64
+# indices, the transpose's int64 destinations and edge ids (built on the host, copied once) and the
+# float32 values of the two sparse CSR tensors (forward and transpose); GAT also the int64
+# destination of every edge
+DEVICE_BLOCK_EDGE_BYTES = 3 * I64 + 2 * F32
 SAMPLED_BATCHES = 8            # minibatches the device estimate samples (minibatch_sampled_sizes)
 _ESTIMATE_STREAM = 11          # seed stream of the estimate's own sampling
 
@@ -350,23 +359,53 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
     store_terms(cfg, meta, s, est)
     if mb.eval == "full":
-        from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
-
-        row_bytes = 6 * wmax * F32          # one destination row's temporaries
-        chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes,
-                    ns * row_bytes)
-        rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
-            nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
-        ev = rnd + chunk + ne * 2 + nl * I64
-        if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
-            ev += 3 * ns * wmax * F32 + nl * wmax * F32 * 2
-        else:                                # input, projected rows, accumulator, output
-            ev += ns * F32 * max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers))
-        est.terms["eval"] = int(ev)
+        est.terms["eval"] = minibatch_eval_bytes(cfg, s, widths)
         est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
     # the sampled frontiers, the optimizer step's temporaries and evaluation do not overlap
     model_terms(cfg, meta, est)
     _keep_largest(est, ("activations", "eval", "optimizer_step"))
+
+
+def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = None) -> int:
+    """Bytes the layer-wise full inference of the minibatch engine's evaluation holds at its
+    largest layer (engine/inference.py): one round of halo rows, one destination chunk's
+    temporaries (``row_bytes`` per destination row, default ``6 x`` the widest layer's floats;
+    the automatic chunk stays within ``DEFAULT_CHUNK_BYTES``), the edge groups and remap, and the
+    layer's input, projected rows, accumulator and output over the solid rows (GAT: its input
+    materialised over the halo)."""
+    from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
+
+    ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
+    nl, wmax, mb = ns + nh, max(widths), cfg.minibatch
+    if row_bytes is None:
+        row_bytes = 6 * wmax * F32
+    chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes, ns * row_bytes)
+    rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
+        nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
+    ev = rnd + chunk + ne * 2 + nl * I64
+    if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
+        ev += 3 * ns * wmax * F32 + nl * wmax * F32 * 2
+    else:                                # input, projected rows, accumulator, output
+        ev += ns * F32 * max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(len(widths) - 1))
+    return int(ev)
+
+
+def inference_chunk_row_bytes(cfg, widths: list, avg_degree: float) -> int:
+    """Bytes of temporaries per destination row of an inference chunk at the most expensive
+    layer, as :func:`hpcgnn.engine.inference.chunk_row_bytes` counts them for a built model
+    (widths ``widths``, ``model.arch`` / ``model.heads`` of ``cfg``)."""
+    heads = cfg.model.heads
+    worst = 1
+    for l in range(len(widths) - 1):
+        d_in, d_out = int(widths[l]), int(widths[l + 1])
+        if cfg.model.arch == "gat":
+            if l < len(widths) - 2:      # a hidden GAT layer's width is its heads' outputs
+                d_out //= heads
+            per_row = 3 * heads * (avg_degree + 1) + 2 * heads * d_out + 8
+        else:
+            per_row = min(d_in, d_out) + max(d_in, d_out) + 4 * d_out
+        worst = max(worst, int(per_row * F32))
+    return worst
 
 
 def inference_device_csr_bytes(num_solid: int, num_edges: int) -> int:
@@ -928,6 +967,9 @@ DEVICE_SHRINK = {
     "hec": "lower minibatch.cs",
     "activations": None,            # per engine, below
     "eval": "set minibatch.eval_rows / minibatch.eval_halo_rounds",
+    "backward": "set fullgraph.offload = true with fullgraph.chunks, or more ranks",
+    "deterministic": "set train.deterministic = false (its SpMM gathers a slice of edge rows)",
+    "cuda_libraries": "nothing (the CUDA math libraries' workspaces; CUBLAS_WORKSPACE_CONFIG sizes cuBLAS's)",
     "topology": "more ranks (hpcgnn partition --parts)",
     "chunks": "more ranks (hpcgnn partition --parts)",
     "chunk": "raise tensor.chunks (or tensor.chunks = 'auto' with tensor.device_memory)",
@@ -958,7 +1000,8 @@ def _device_type(cfg) -> str:
 
 
 def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, device: str | None = None,
-                           store_available: int | None = None, sample: bool = False) -> MemoryEstimate:
+                           store_available: int | None = None, sample: bool = False,
+                           libraries: int | None = None) -> MemoryEstimate:
     """Peak bytes on rank ``part_id``'s compute device, as named terms (``shrink``: the setting
     that makes each smaller). ``device``: ``cuda`` or ``cpu`` (default ``train.device``); on the
     CPU the terms are the tensors the engine places on its device, what
@@ -973,7 +1016,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     block's ``topology`` and a cached/pipelined halo's buffers; offloaded ``chunks`` (their
     topology) and ``activations`` (one batch of chunks); tensor ``nn`` (the NN layers on the
     rank's rows) and ``chunk`` (one chunk's working set, :func:`tensor_device_bytes`); on CUDA
-    ``cuda_context``; when the staged tensor path is resident (:func:`tensor_resident_bytes`)
+    ``cuda_context`` and ``cuda_libraries`` (``libraries`` bytes, measured by
+    :func:`hpcgnn.run.memory.cuda_library_bytes`; default :data:`CUDA_LIBRARIES`); when the staged tensor path is resident (:func:`tensor_resident_bytes`)
     also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
     frontiers of :func:`minibatch_sampled_sizes`, the tensor chunk of :func:`tensor_stage_rows`
     (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound)."""
@@ -1027,7 +1071,14 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                     if hec:
                         out.terms["hec"] = hec
                 if host.phases.get("eval"):     # plus the CSR and degree scales it copies there
-                    out.terms["eval"] = int(host.phases["eval"]) + inference_device_csr_bytes(ns, ne)
+                    # the chunk's temporaries as the inference sizes them, not the host's bound
+                    rb = inference_chunk_row_bytes(cfg, widths, ne / max(ns, 1))
+                    ev = minibatch_eval_bytes(cfg, s, widths, rb) + inference_device_csr_bytes(ns, ne)
+                    if out.terms["store_rows"] >= feature_bytes and cfg.model.arch != "gat" and \
+                            _inference_row_widths(widths[0], widths[1]) == \
+                            max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers)):
+                        ev -= ns * widths[0] * F32    # layer 0's input: the store's device rows
+                    out.terms["eval"] = int(ev)
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))
             out.shrink["activations"] = "lower minibatch.batch_size or minibatch.fanouts"
         elif cfg.fullgraph.offload:
@@ -1039,11 +1090,28 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["activations"] = fullgraph_device_activations(cfg, meta, s)
             out.shrink["activations"] = "set fullgraph.offload = true with fullgraph.chunks, or more ranks"
             if dev == "cuda":       # the block's CSR and the torch path's per-edge tensors
-                out.terms["topology"] = int((nl + 1 + ne) * I64 + ne * TORCH_CSR_EDGE_BYTES + (nl + 1) * I64)
+                per_edge = DEVICE_BLOCK_EDGE_BYTES + (I64 if cfg.model.arch == "gat" else 0)
+                out.terms["topology"] = int((ns + 1) * I64 + ne * per_edge + (nl + 1) * I64)
+                out.terms["backward"] = fullgraph_device_backward(cfg, meta, s)
+                if cfg.model.arch == "sage" and cfg.fullgraph.halo != "cached" \
+                        and out.terms["store_rows"] >= feature_bytes:
+                    # layer 0's own rows are the store's device rows (counted there), not a copy
+                    out.terms["activations"] -= ns * widths[0] * F32
+                elif cfg.model.arch != "gat" and cfg.fullgraph.halo == "cached" and widths[1] < widths[0]:
+                    # layer 0 projects first: its aggregate is w1 wide, not w0
+                    out.terms["activations"] -= ns * (widths[0] - widths[1]) * F32
                 for k in ("halo_cache", "halo_pipeline"):
                     if t.get(k):
                         out.terms[k] = int(t[k])
+    if dev == "cuda" and cfg.train.deterministic:
+        if eng == "tensor":
+            edges = -(-(int(meta.num_edges) + int(meta.num_nodes)) // max(chunks, 1))
+            width = _tensor_cols(cfg, meta, parts)
+        else:
+            edges, width = ne, wmax
+        out.terms["deterministic"] = deterministic_spmm_bytes(edges, width)
     if dev == "cuda":
+        out.terms["cuda_libraries"] = int(CUDA_LIBRARIES if libraries is None else libraries)
         out.terms["cuda_context"] = CUDA_CONTEXT
     for k in out.terms:
         out.shrink.setdefault(k, DEVICE_SHRINK.get(k) or "more ranks")
@@ -1168,11 +1236,44 @@ def fullgraph_device_activations(cfg, meta, s: dict) -> int:
     return int(act)
 
 
-def store_auto_bytes(cfg, meta, part_id: int, free: int, shapes: dict | None = None) -> int:
+def deterministic_spmm_bytes(edges: int, width: int) -> int:
+    """Bytes of the gathered ``[edges, columns]`` slice of one deterministic CUDA SpMM
+    (:func:`hpcgnn.nn.aggregate._spmm_by_segments`, ``train.deterministic``): at most
+    ``SEGMENT_SPMM_ELEMENTS`` floats, one column when ``edges`` exceeds that."""
+    from hpcgnn.nn.aggregate import SEGMENT_SPMM_ELEMENTS
+
+    edges, width = max(int(edges), 1), max(int(width), 1)
+    return int(min(edges * width, max(SEGMENT_SPMM_ELEMENTS, edges)) * F32)
+
+
+def fullgraph_device_backward(cfg, meta, s: dict) -> int:
+    """Bytes the in-memory full graph's backward allocates on the device beside what forward
+    kept (:func:`fullgraph_device_activations`), at its largest layer ``l >= 1`` (layer 0's
+    input, the features, needs no gradient): the gradient of the layer's exchanged input
+    ``nl x w_l`` twice (the destinations' own rows, written into a zero-filled full-size
+    buffer, and the linear or aggregation adjoint's) and the transposed SpMM's ``nl x w_{l+1}``
+    output, with the layer's saved ``ns x w_l`` aggregate and the ``ns x classes`` logits still
+    alive; GAT also a gradient of its two per-edge tensors per head. Measured: the largest live
+    set of one products-like 0.25 epoch's backward on 2 ranks (SAGE, 3 layers; every torch
+    allocation tracked on the CPU with ``train.kernels = "torch"``) holds these
+    ``nl x (2 w_1 + w_3) + ns x (w_1 + classes)`` floats. GCN, whose update reads the own rows
+    through the scaled source rows, needs the input's gradient once (its epochs peak in forward
+    on a 20k-vertex graph: tests/bench/test_alloc_trace.py)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    grads = 1 if cfg.model.arch == "gcn" else 2     # GCN reads its own rows through the scaled sources
+    out = max((nl * (grads * widths[l] + widths[l + 1]) + ns * (widths[l] + widths[-1]) for l in range(1, layers)),
+              default=0) * F32
+    if cfg.model.arch == "gat" and layers > 1:
+        out += 2 * ne * cfg.model.heads * F32
+    return int(out)
+
+
+def store_auto_bytes(cfg, meta, part_id: int, free: int, shapes: dict | None = None,
+                     libraries: int | None = None) -> int:
     """Device bytes ``store.device_memory = 'auto'`` gives the store on rank ``part_id``: ``free``
     (the device's free memory or ``runtime.device_memory_limit``) minus every other device term
     (:func:`estimate_device_memory` with an empty store), at least 0."""
-    est = estimate_device_memory(cfg, meta, part_id, shapes, "cuda", store_available=0)
+    est = estimate_device_memory(cfg, meta, part_id, shapes, "cuda", store_available=0, libraries=libraries)
     return max(int(free) - est.total, 0)
 
 
@@ -1240,7 +1341,7 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     equal parts). Returns this rank's estimate (None when no limit
     applies)."""
     from hpcgnn.engine.device import resolve_device
-    from hpcgnn.run.memory import device_free_bytes
+    from hpcgnn.run.memory import cuda_library_bytes, device_free_bytes
     from hpcgnn.runtime import gpu_identity, shared_gpus
     from hpcgnn.units import fmt_bytes
 
@@ -1259,15 +1360,18 @@ def check_device_memory(cfg, meta, rt, torch_device=None) -> MemoryEstimate | No
     sharers = shared_gpus(rt.comm.allgather(gpu)).get(gpu, 1)
     try:
         limit, source = device_limit(cfg, dev, torch_device)
+        # after the free memory was read: the workspaces then count in the estimate, not as used
+        libraries = None if torch_device is None else cuda_library_bytes(torch_device)
         if limit is not None:
             measured_free = dev == "cuda" and source != "runtime.device_memory_limit"
             auto = isinstance(cfg.store.device_memory, str) and cfg.store.device_memory.strip().lower() == "auto"
             store_avail = None
             if dev == "cuda" and auto:        # a GPU shared by k ranks: each store gets a k-th
                 room = limit // sharers + (CUDA_CONTEXT if measured_free else 0)
-                store_avail = store_auto_bytes(cfg, meta, rt.rank, room)
+                store_avail = store_auto_bytes(cfg, meta, rt.rank, room, libraries=libraries)
                 rt.store_device_available = store_avail
-            est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True)
+            est = estimate_device_memory(cfg, meta, rt.rank, device=dev, store_available=store_avail, sample=True,
+                                         libraries=libraries)
             if measured_free:                 # the context is already part of the used memory
                 est.terms.pop("cuda_context", None)
     except InputError as exc:

@@ -129,8 +129,14 @@ class InMemoryFullGraph:
         self.halo = halo if halo is not None else ExactHalo(comm, graph.halo)
         self.device = torch.device(device)
         self.ops = ModelLayerOps(model, graph.degree)
-        self.block = Block(graph.num_local, graph.num_solid, torch.from_numpy(graph.indptr),
-                           torch.from_numpy(graph.local_indices)).to(self.device)
+        host_block = Block(graph.num_local, graph.num_solid, torch.from_numpy(graph.indptr),
+                           torch.from_numpy(graph.local_indices))
+        if self.device.type != "cpu":
+            # backward's transpose: built once on the host by the native counting sort and copied
+            # with the block, not sorted on the device in the first backward (a sort's buffers
+            # and a per-edge destination vector, several bytes per edge beside the activations)
+            host_block.transpose()
+        self.block = host_block.to(self.device)
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)
         self.features = graph.features      # with a feature store x0 ends up holding halo rows only

@@ -219,7 +219,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     if gcn_scale is not None:
         gcn_scale = gcn_scale.to(device=device, dtype=x_solid.dtype)
     chunks = [(a, min(num_solid, a + rows)) for a in range(0, num_solid, rows)]
-    edges = _EdgeGroups.build(ip_host, indices, num_solid, halo, chunks, device)
+    edges = None          # the streamed aggregation's edge groups: built at the first SAGE/GCN layer
     deg = (ip[1:] - ip[:-1]).to(x_solid.dtype)
     inv_deg = torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros_like(deg))
 
@@ -244,6 +244,8 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                     src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
                     if not conv.project_first:
                         h = src
+                if edges is None:
+                    edges = _EdgeGroups.build(ip_host, indices, num_solid, halo, chunks, device)
                 acc = _aggregate_streamed(src, halo, ip, ix, edges, chunks, kernel_options(conv))
                 out = None
                 for a, b in chunks:

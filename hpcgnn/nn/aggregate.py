@@ -12,7 +12,7 @@ Backends (``backend=``):
   (``block.transpose()``), so neither direction uses atomics and results are bitwise
   identical for any thread count.
 * ``"torch"``: the device path (docs/kernels.md): torch's sparse CSR kernels (SpMM
-  ``torch.sparse.mm``: cuSPARSE on CUDA, MKL/native on the CPU; SDDMM
+  ``torch.addmm`` (:func:`sparse_dense_mm`): cuSPARSE on CUDA, MKL/native on the CPU; SDDMM
   ``torch.sparse.sampled_addmm``) and CSR segment reductions (``torch.segment_reduce``), with
   custom autograd Functions whose backward runs on the block's transposed CSR. No operator
   materialises one row per edge (an ``[nnz, D]`` temporary): extra memory is O(nnz) (O(nnz H)
@@ -212,7 +212,15 @@ def csr_spmm(block, x: torch.Tensor, weight: torch.Tensor | None = None, transpo
         return _spmm_by_segments(block, x.detach(), weight, transpose)
     a = _adjacency(block, x.device, x.dtype, None if weight is None else weight.detach(), transpose)
     with _det_scope(deterministic):
-        return torch.sparse.mm(a, x.detach().contiguous())
+        return sparse_dense_mm(a, x.detach().contiguous())
+
+
+def sparse_dense_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` for a sparse CSR ``a`` [m, k] and a dense ``x`` [k, n]: one new [m, n] tensor and
+    no other dense temporary. (``torch.sparse.mm`` adds into a zero-filled [m, n] input, a
+    second output-sized allocation alive during the product; here the zero input is one
+    broadcast scalar.)"""
+    return torch.addmm(x.new_zeros(()).expand(a.shape[0], x.shape[1]), a, x, beta=0.0)
 
 
 SEGMENT_SPMM_ELEMENTS = 1 << 25   # the [nnz, columns] gather of one column slice, at most

@@ -272,6 +272,38 @@ def device_free_bytes(device) -> tuple[int, int] | None:
     return int(free), int(total)
 
 
+def cuda_library_bytes(device) -> int:
+    """Device bytes the CUDA math libraries keep allocated through torch's caching allocator once
+    they have run on ``device`` (the cuBLAS and cuBLASLt workspaces, per stream; cuSPARSE's
+    buffers are per call and freed): ``torch.cuda.memory_allocated`` after a small linear layer
+    (bias: cuBLASLt) forward and backward, a plain product (cuBLAS) and a sparse CSR product
+    (cuSPARSE), less before, on the current stream. What a training epoch's
+    ``max_memory_allocated`` holds beside its tensors; 0 once the libraries have run (their
+    workspaces are then part of the allocated bytes already), None off CUDA or without a GPU."""
+    import warnings
+
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    x = torch.ones(64, 64, device=device, requires_grad=True)
+    lin = torch.nn.Linear(64, 64).to(device)
+    lin(x).sum().backward()
+    y = x.detach() @ x.detach()
+    ip = torch.arange(65, device=device)
+    with warnings.catch_warnings():     # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        a = torch.sparse_csr_tensor(ip, torch.arange(64, device=device), torch.ones(64, device=device), (64, 64),
+                                    check_invariants=False)
+    z = torch.addmm(y.new_zeros(()).expand(64, 64), a, y, beta=0.0)
+    del x, lin, y, ip, a, z
+    torch.cuda.synchronize(device)
+    return max(int(torch.cuda.memory_allocated(device)) - int(before), 0)
+
+
 def estimate_against_peak(estimates: str | None, peaks) -> list[dict]:
     """Each rank's pre-run estimate beside its measured peak: ``estimates`` is a run file's
     ``estimated_peak_*_bytes`` attribute (a JSON list per rank, None where none was made),

@@ -108,6 +108,11 @@ def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
         assert np.array_equal(cpu, dev) and r.attrs["loss_max_dev"] == 0.0   # CPU against CPU: bitwise
         assert r.attrs["h2d_bytes_per_epoch"] > 0 and r.attrs["peak_device_bytes"] > 0 and r.attrs["epoch_s"] > 0
         ratio = r.attrs["estimate_ratio"]
+        # for calibration: the estimate's terms per rank and where each epoch's peak was reached
+        terms = json.loads(r.attrs["estimated_device_terms"])
+        assert len(terms) == 1 and terms[0]["activations"] > 0 and "cuda_context" not in terms[0]
+        phases = json.loads(r.attrs["peak_device_phase"])
+        assert len(phases) == 2 and all(len(row) == 1 and row[0] for row in phases)
         assert s.attrs["status"] == "skipped" and "loss_max_dev" not in s.attrs
     # the run files the row came from
     from hpcgnn.run.output import read_run

@@ -65,8 +65,13 @@ def test_store_auto_on_a_gpu_gets_what_the_other_device_terms_leave(cora_parts):
     hec = full.terms["hec"]
     cap = hec_capacity_bytes(cfg, meta, shapes)
     assert 0 < hec <= cap
-    others = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=0).total
-    assert others == full.total - rows - hec
+    empty = estimate_device_memory(cfg, meta, 0, device="cuda", store_available=0)
+    others = empty.total
+    # with every row on the device, evaluation reads layer 0's input from the store (no copy);
+    # the empty store's estimate counts that input in its eval term instead
+    credit = empty.terms.get("eval", 0) - full.terms.get("eval", 0)
+    assert credit in (0, shapes["num_solid"] * meta.num_features * 4)
+    assert others == full.total - rows - hec + credit
     for free, want, want_hec in ((others + rows // 3, rows // 3, 0),
                                  (others + rows + hec // 2, rows + hec // 2, hec // 2),
                                  (others + rows + cap, rows + cap, hec),
@@ -212,19 +217,63 @@ def test_hec_rows_count_on_the_device_only_where_the_store_puts_them(cora_parts)
 
 
 def test_evaluation_on_a_gpu_counts_the_csr_it_copies_there(cora_parts):
-    """Layer-wise inference copies the partition's CSR and degree scales to the GPU (host
-    arrays on the CPU, where they are not copied): the CUDA estimate's ``eval`` is the host
-    ``eval`` phase plus (num_solid + 1 + nnz) int64 and 2 x num_solid float32."""
-    from hpcgnn.engine.estimate import _sizes, estimate_device_memory, estimate_rank_memory, part_shapes
+    """Layer-wise inference on a GPU: the CUDA estimate's ``eval`` is the host ``eval`` phase with
+    one destination chunk's temporaries as the inference sizes them (its own
+    ``chunk_row_bytes`` of the built model per row, not the host's bound of six widest rows),
+    plus the partition's CSR and degree scales it copies there ((num_solid + 1 + nnz) int64,
+    2 x num_solid float32); with every feature row on the device, less layer 0's input (the
+    store's rows, read in place)."""
+    from hpcgnn.engine.estimate import (_sizes, estimate_device_memory, estimate_rank_memory,
+                                        inference_chunk_row_bytes, part_shapes)
+    from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES, chunk_row_bytes
+    from hpcgnn.engine.model import build_model_from_config
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
     store = cora_parts(2)
     meta = read_meta(store)
-    cfg = load_config(ROOT / "inputs" / "cora-sage.toml",
-                      [f"data.partitions={store}", "minibatch.eval=\"full\"", "minibatch.batch_size=1"])
     s = part_shapes(store, 0)
-    ns, _, ne, _, _, _, _ = _sizes(cfg, meta, s)
-    host = estimate_rank_memory(cfg, meta, 0, 0, s).phases["eval"]
-    dev = estimate_device_memory(cfg, meta, 0, s, device="cuda")
-    assert dev.terms["eval"] == host + (ns + 1 + ne) * 8 + 2 * ns * 4
+    for arch in ("sage", "gcn", "gat"):
+        sets = [f"data.partitions={store}", "minibatch.eval=\"full\"", "minibatch.batch_size=1",
+                f"model.arch=\"{arch}\""]
+        cfg = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["store.device_memory=0"])
+        ns, _, ne, _, widths, _, wmax = _sizes(cfg, meta, s)
+        avg = ne / ns
+        model = build_model_from_config(cfg, meta.num_features, meta.num_classes)
+        row = inference_chunk_row_bytes(cfg, widths, avg)
+        assert row == chunk_row_bytes(model, avg), arch      # the estimate mirrors the inference
+        host = estimate_rank_memory(cfg, meta, 0, 0, s).phases["eval"]
+        dev = estimate_device_memory(cfg, meta, 0, s, device="cuda")
+        chunks = min(DEFAULT_CHUNK_BYTES, ns * 6 * wmax * 4), min(DEFAULT_CHUNK_BYTES, ns * row)
+        assert dev.terms["eval"] == host - chunks[0] + chunks[1] + (ns + 1 + ne) * 8 + 2 * ns * 4, arch
+        if arch != "gat":
+            every = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["store.device_memory=\"auto\""])
+            got = estimate_device_memory(every, meta, 0, s, device="cuda").terms["eval"]
+            assert got == dev.terms["eval"] - ns * meta.num_features * 4, arch
+
+
+def test_deterministic_device_runs_count_the_spmm_slice(cora_parts):
+    """``train.deterministic`` on CUDA: the SpMM's gathered slice of edge rows is a device term
+    (at most SEGMENT_SPMM_ELEMENTS floats, one column when the edges exceed it), absent without
+    the setting and on the CPU."""
+    from hpcgnn.engine.estimate import _sizes, deterministic_spmm_bytes, estimate_device_memory, part_shapes
+    from hpcgnn.nn.aggregate import SEGMENT_SPMM_ELEMENTS
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    s = part_shapes(store, 0)
+    for engine in ("fullgraph", "minibatch", "tensor"):
+        sets = [f"data.partitions={store}", f"train.engine={engine}"]
+        plain = estimate_device_memory(load_config(ROOT / "inputs" / "cora-sage.toml", sets), meta, 0, s, "cuda")
+        cfg = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["train.deterministic=true"])
+        det = estimate_device_memory(cfg, meta, 0, s, "cuda")
+        assert "deterministic" not in plain.terms
+        assert det.total - plain.total == det.terms["deterministic"] > 0, engine
+        assert "deterministic" not in estimate_device_memory(cfg, meta, 0, s, "cpu").terms
+        if engine == "fullgraph":
+            _, _, ne, _, widths, _, _ = _sizes(cfg, meta, s)
+            assert det.terms["deterministic"] == min(ne * max(widths), SEGMENT_SPMM_ELEMENTS) * 4
+    assert deterministic_spmm_bytes(1 << 26, 8) == (1 << 26) * 4          # one column at a time
+    assert deterministic_spmm_bytes(1000, 8) == 8000 * 4

@@ -101,6 +101,36 @@ def test_chunked_equals_whole_graph(arch, rows, rounds):
     assert rel <= 1e-5, float(rel)
 
 
+@pytest.mark.parametrize("arch,builds", [("sage", 1), ("gcn", 1), ("gat", 0)])
+def test_edge_groups_are_built_once_and_only_for_streamed_layers(arch, builds, monkeypatch):
+    """The streamed aggregation's edge groups are built at the first SAGE/GCN layer and reused
+    by every later one; a GAT model (its layers exchange their halo at once) builds none."""
+    from hpcgnn.engine import inference
+
+    calls = []
+    real = inference._EdgeGroups.build
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inference._EdgeGroups, "build", staticmethod(counting))
+    indptr, indices = _graph()
+    n = indptr.size - 1
+    torch.manual_seed(0)
+    model = build_model(arch, 24, 8, 5, 3, heads=2, dropout=0.0).eval()
+    x = torch.randn(n, 24)
+    deg = torch.from_numpy(np.diff(indptr)).float()
+    scale = (deg + 1).rsqrt() if arch == "gcn" else None
+    ref = _reference(model, indptr, indices, x, scale)
+    s = 250
+    halo = SimulatedHalo(s, n - s, 2, _owner_rows(model, ref, x, scale, s))
+    out = layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo,
+                              rows=64, gcn_scale=None if scale is None else scale[:s])
+    assert len(calls) == builds
+    assert torch.allclose(out, ref[-1][:s], rtol=1e-5, atol=1e-5)
+
+
 def test_hidden_layer_output():
     indptr, indices = _graph()
     n = indptr.size - 1
