@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import runpy
 import sys
 import traceback
 import weakref
@@ -160,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         p.error("give the hpcgnn command after --")
 
-    from hpcgnn.cli import main as hpcgnn_main
     from hpcgnn.run.timer import PhaseTimer
 
     tracker = AllocationTracker()
@@ -171,11 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         tracker.new_epoch()
 
     PhaseTimer.reset = new_epoch
+    argv0, rc = sys.argv, 0
+    sys.argv = ["hpcgnn", *command]
     try:
-        with tracker:
-            rc = hpcgnn_main(command)
+        with tracker:     # the program `python -m hpcgnn ...`, run as a profiler runs one
+            runpy.run_module("hpcgnn", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         PhaseTimer.reset = reset
+        sys.argv = argv0
     epochs = tracker.finish()
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     print(report(epochs, rank, args.top), file=sys.stderr, flush=True)

@@ -44,3 +44,38 @@ def test_a_device_accounting_meter_leaves_the_mark_alone():
     assert peak_rss_bytes() >= mark and not other.resettable
     other.hold(100)
     assert other.peak_bytes == 100
+
+
+def test_library_workspaces_are_none_off_cuda():
+    from hpcgnn.run.memory import cuda_library_bytes
+
+    assert cuda_library_bytes("cpu") is None
+
+
+LIBRARY_SCRIPT = r"""
+import torch
+from hpcgnn.run.memory import cuda_library_bytes
+torch.cuda.init()
+torch.cuda.synchronize()
+before = torch.cuda.memory_allocated()
+first = cuda_library_bytes("cuda")
+print("LIBS", first, torch.cuda.memory_allocated() - before, cuda_library_bytes("cuda"))
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_library_workspaces_are_measured_once_and_stay_allocated():
+    """On a GPU, in a fresh process: the first measurement is the workspaces the libraries keep
+    (positive, below 1 GiB), the allocator holds them afterwards (memory_allocated grew by
+    exactly that) and a second measurement finds nothing new."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_SCRIPT], capture_output=True, text=True, timeout=120,
+                          cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, held, again = (int(v) for v in proc.stdout.split("LIBS")[1].split())
+    assert 0 < first < (1 << 30) and held == first and again == 0, (first, held, again)
