@@ -1252,11 +1252,13 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     input, the features, needs no gradient): the gradient of the layer's exchanged input
     ``nl x w_l`` twice (the destinations' own rows, written into a zero-filled full-size
     buffer, and the linear or aggregation adjoint's) and the transposed SpMM's ``nl x w_{l+1}``
-    output, with the layer's saved ``ns x w_l`` aggregate and the ``ns x classes`` logits still
-    alive; GAT also a gradient of its two per-edge tensors per head. Measured: the largest live
-    set of one products-like 0.25 epoch's backward on 2 ranks (SAGE, 3 layers; every torch
-    allocation tracked on the CPU with ``train.kernels = "torch"``) holds these
-    ``nl x (2 w_1 + w_3) + ns x (w_1 + classes)`` floats. GCN, whose update reads the own rows
+    output, with an ``ns x w_l`` saved aggregate and the ``ns x classes`` logits still alive;
+    GAT also a gradient of its two per-edge tensors per head. Measured: the largest live set of
+    an epoch of products-like 0.25 and 1.0 on 2 ranks (SAGE 100-64-64-47; every torch
+    allocation tracked on the CPU with ``train.kernels = "torch"``) is in the last layer's
+    backward, which projects first (64 -> 47): the ``[nl, 64]`` own-rows buffer, the
+    projection's ``[nl, 64]`` input gradient and the SpMM's ``[nl, 47]``, with layer 1's
+    ``[ns, 64]`` aggregate and the logits, ``nl x (2 w_2 + w_3) + ns x (w_2 + classes)`` floats. GCN, whose update reads the own rows
     through the scaled source rows, needs the input's gradient once (its epochs peak in forward
     on a 20k-vertex graph: tests/bench/test_alloc_trace.py)."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
