@@ -1249,16 +1249,18 @@ def deterministic_spmm_bytes(edges: int, width: int) -> int:
 def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     """Bytes the in-memory full graph's backward allocates on the device beside what forward
     kept (:func:`fullgraph_device_activations`), at its largest layer ``l >= 1`` (layer 0's
-    input, the features, needs no gradient): the gradient of the layer's exchanged input
-    ``nl x w_l`` twice (the destinations' own rows, written into a zero-filled full-size
-    buffer, and the linear or aggregation adjoint's) and the transposed SpMM's ``nl x w_{l+1}``
-    output, with an ``ns x w_l`` saved aggregate and the ``ns x classes`` logits still alive;
-    GAT also a gradient of its two per-edge tensors per head. Measured: the largest live set of
-    an epoch of products-like 0.25 and 1.0 on 2 ranks (SAGE 100-64-64-47; every torch
-    allocation tracked on the CPU with ``train.kernels = "torch"``) is in the last layer's
-    backward, which projects first (64 -> 47): the ``[nl, 64]`` own-rows buffer, the
-    projection's ``[nl, 64]`` input gradient and the SpMM's ``[nl, 47]``, with layer 1's
-    ``[ns, 64]`` aggregate and the logits, ``nl x (2 w_2 + w_3) + ns x (w_2 + classes)`` floats. GCN, whose update reads the own rows
+    input, the features, needs no gradient): two gradients of the layer's exchanged input
+    ``nl x w_l`` and the transposed SpMM's ``nl x w_{l+1}`` output, with an ``ns x w_l``
+    saved aggregate and the ``ns x classes`` logits still alive; GAT also a gradient of its two
+    per-edge tensors per head. Measured: the largest live set of an epoch of products-like 0.25
+    and 1.0 on 2 ranks (SAGE 100-64-64-47; every torch allocation tracked on the CPU with
+    ``train.kernels = "torch"``) is in the last layer's backward, which projects first
+    (64 -> 47): the own rows' zero-filled ``[nl, 64]`` buffer, the projection's ``[nl, 64]``
+    input gradient and the SpMM's ``[nl, 47]``, with layer 1's ``[ns, 64]`` aggregate and the
+    logits: ``nl x (2 w_2 + w_3) + ns x (w_2 + classes)`` floats. Since the own rows share the
+    projection's gradient buffer (:class:`hpcgnn.nn.conv._ProjectWithDst`) that peak holds one
+    ``[nl, 64]`` gradient and ``[ns, 64]`` ones beside it, 4 % lower; the term keeps two input
+    gradients (1.07 of the traced peak at 0.25, on the safe side). GCN, whose update reads the own rows
     through the scaled source rows, needs the input's gradient once (its epochs peak in forward
     on a 20k-vertex graph: tests/bench/test_alloc_trace.py)."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)

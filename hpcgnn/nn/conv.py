@@ -47,6 +47,36 @@ def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, n
     return (num_src - num_dst) * in_dim * out_dim <= 8 * num_edges * (in_dim - out_dim)
 
 
+class _ProjectWithDst(torch.autograd.Function):
+    """``(h W^T, h[:num_dst])`` with one gradient buffer for ``h``: backward computes
+    ``g_z W`` (``[num_src, in]``, what the projection's own backward makes) and adds the
+    destinations' gradient into its first rows in place, where taking ``h[:num_dst]`` apart
+    would also fill a zero ``[num_src, in]`` buffer for the slice's gradient (the same sums:
+    adding a zero is exact). For a float32 projection without bias (SAGE's ``lin_neigh``)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, num_dst):
+        ctx.save_for_backward(h, weight)
+        ctx.num_dst = int(num_dst)
+        return F.linear(h, weight), h[:num_dst]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_z, grad_dst):
+        h, weight = ctx.saved_tensors
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            if grad_z is None:
+                grad_h = h.new_zeros(h.shape)
+            else:
+                grad_h = grad_z.mm(weight)
+            if grad_dst is not None:
+                grad_h[:ctx.num_dst] += grad_dst
+        if ctx.needs_input_grad[1] and grad_z is not None:
+            grad_w = grad_z.t().mm(h)
+        return grad_h, grad_w, None
+
+
 class SAGEConv(nn.Module):
     """GraphSAGE-mean (DistGNN-MB eq. 1 without the activation):
     ``out_v = W_n · mean_{u in N(v)} h_u + W_s · h_v + b``; mean over no neighbours = 0."""
@@ -103,6 +133,13 @@ class SAGEConv(nn.Module):
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         if self.projects_first(block):
+            lin = self.lin_neigh
+            if block.num_dst < h.shape[0] and h.dim() == 2 and lin.bias is None and lin.compute_dtype is None \
+                    and h.dtype == lin.weight.dtype and torch.is_grad_enabled() \
+                    and (h.requires_grad or lin.weight.requires_grad):
+                # the destinations' own rows are a prefix of h: one gradient buffer for both uses
+                src, h_dst = _ProjectWithDst.apply(h, lin.weight, block.num_dst)
+                return self.combine(block, src, h_dst)
             return self.combine(block, self.source_rows(h), dst_rows(block, h))
         cd = self.lin_self.compute_dtype
         if cd == torch.bfloat16 and bf16_gather_pays(block, h, self.backend):
