@@ -292,3 +292,41 @@ def test_sage_backward_keeps_destination_rows_not_all_source_rows():
     assert ref() is None                 # the source rows were freed after the forward
     out.sum().backward()
     assert leaf.grad is not None and leaf.grad.shape == leaf.shape
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_sage_projecting_first_shares_one_gradient_buffer_bit_for_bit(backend):
+    """A SAGE layer that projects first (the destinations a prefix of more source rows): its
+    output and every gradient equal, bit for bit, those of the unmerged formula (projection of
+    all rows, the own rows as a slice), and its backward makes no zero-filled source-sized
+    buffer for the slice (no ``slice_backward``, which the unmerged formula runs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    blk = random_block(300, 120, 4000, seed=5)
+    torch.manual_seed(0)
+    conv = SAGEConv(32, 8, backend=backend)
+    assert conv.projects_first(blk)
+    h0 = torch.randn(300, 32)
+    g = torch.randn(120, 8)
+    got = []
+    for merged in (True, False):
+        conv.zero_grad(set_to_none=True)
+        h = h0.clone().requires_grad_(True)
+        x = h * 1.0                     # a non-leaf input, as between layers
+        out = conv(blk, x) if merged else conv.combine(blk, conv.source_rows(x), x[:blk.num_dst])
+        ops = Ops()
+        with ops:
+            out.backward(g)
+        got.append((out.detach(), h.grad, conv.lin_neigh.weight.grad, conv.lin_self.weight.grad, ops.names))
+    for a, b in zip(got[0][:4], got[1][:4]):
+        assert torch.equal(a, b)
+    assert "slice_backward" not in got[0][4] and "slice_backward" in got[1][4]
