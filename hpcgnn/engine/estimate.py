@@ -1013,12 +1013,14 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     (values, gradients, Adam's moments; bf16 copies), ``optimizer_step`` (the foreach Adam's
     temporaries) and per engine: minibatch ``hec`` and the largest of ``activations`` (the
     sampled frontiers), ``eval`` and the step; full graph in memory ``activations``, the local
-    block's ``topology`` and a cached/pipelined halo's buffers; offloaded ``chunks`` (their
-    topology) and ``activations`` (one batch of chunks); tensor ``nn`` (the NN layers on the
-    rank's rows) and ``chunk`` (one chunk's working set, :func:`tensor_device_bytes`); on CUDA
-    ``cuda_context`` and ``cuda_libraries`` (``libraries`` bytes, measured by
-    :func:`hpcgnn.run.memory.cuda_library_bytes`; default :data:`CUDA_LIBRARIES`); when the staged tensor path is resident (:func:`tensor_resident_bytes`)
-    also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
+    block's ``topology``, ``backward`` (:func:`fullgraph_device_backward`) and a
+    cached/pipelined halo's buffers; offloaded ``chunks`` (their topology) and ``activations``
+    (one batch of chunks); tensor ``nn`` (the NN layers on the rank's rows) and ``chunk`` (one
+    chunk's working set, :func:`tensor_device_bytes`); on CUDA ``cuda_context``,
+    ``cuda_libraries`` (``libraries`` bytes, measured by
+    :func:`hpcgnn.run.memory.cuda_library_bytes`; default :data:`CUDA_LIBRARIES`) and with
+    ``train.deterministic`` ``deterministic`` (:func:`deterministic_spmm_bytes`); when the
+    staged tensor path is resident (:func:`tensor_resident_bytes`) also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
     frontiers of :func:`minibatch_sampled_sizes`, the tensor chunk of :func:`tensor_stage_rows`
     (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound)."""
     from hpcgnn.store.budget import resolve_budget
