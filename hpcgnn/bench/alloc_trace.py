@@ -127,7 +127,7 @@ def report(segments: list[tuple[int, dict]], rank: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def write(out_dir: str, rank: int, epochs: list[tuple[int, dict]]) -> str:
+def write(out_dir: str, rank: int, segments: list[tuple[int, dict]]) -> str:
     """``out_dir/alloc-trace-<rank>.h5``: ``peak_bytes`` [segments] (the set-up, then the epochs)
     and, per segment, the labels and bytes of its peak's live set (written to a temporary name,
     then renamed)."""
@@ -139,8 +139,8 @@ def write(out_dir: str, rank: int, epochs: list[tuple[int, dict]]) -> str:
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
         f.attrs["format"] = "hpcgnn-alloc-trace"
-        f.create_dataset("peak_bytes", data=np.asarray([p for p, _ in epochs], dtype=np.int64))
-        for e, (_, live) in enumerate(epochs):
+        f.create_dataset("peak_bytes", data=np.asarray([p for p, _ in segments], dtype=np.int64))
+        for e, (_, live) in enumerate(segments):
             g = f.create_group(f"segment/{e:03d}")
             items = sorted(live.items(), key=lambda kv: -kv[1])
             g.create_dataset("labels", data=np.asarray([k.encode() for k, _ in items], dtype=object),
@@ -181,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         PhaseTimer.reset = reset
         sys.argv = argv0
-    epochs = tracker.finish()
+    segments = tracker.finish()
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    print(report(epochs, rank, args.top), file=sys.stderr, flush=True)
+    print(report(segments, rank, args.top), file=sys.stderr, flush=True)
     if args.out:
-        write(args.out, rank, epochs)
+        write(args.out, rank, segments)
     return rc
 
 

@@ -208,9 +208,8 @@ def run_figures(run_dir: Path) -> dict:
     phases = labels.get("peak_cuda_phase", labels.get("peak_device_phase"))
     return {"estimate_ratio": estimate_ratio(r["attrs"].get("estimated_peak_device_bytes"), peak),
             # per rank, for calibrating the estimate: its terms and the phase of each epoch's peak
-            "estimated_device_terms": None if terms is None else (terms if isinstance(terms, str) else json.dumps(terms)),
-            "peak_device_phase": None if phases is None else json.dumps(
-                [[p.decode() if isinstance(p, bytes) else str(p) for p in row] for row in np.asarray(phases).tolist()]),
+            "estimated_device_terms": terms,      # JSON as the run file has it (read_run decodes text)
+            "peak_device_phase": None if phases is None else json.dumps(np.asarray(phases).tolist()),
             "loss": np.asarray(r["metrics"]["loss"], dtype=np.float64),
             "epoch_s": float(np.median(np.nanmax(steady, axis=1))),
             "peak_device_bytes": None if peak is None else float(np.nanmax(peak)),

@@ -153,12 +153,11 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                     g.create_dataset("estimated_peak_device_bytes_per_rank", data=np.asarray(est, dtype=np.float64))
                     row["dev_est"] = est
                     terms = r["attrs"].get("estimated_device_terms")
-                    if terms is not None:            # per rank {term: bytes}, for calibration
-                        g.attrs["estimated_device_terms"] = terms if isinstance(terms, str) else json.dumps(terms)
+                    if terms is not None:            # per rank {term: bytes} (JSON), for calibration
+                        g.attrs["estimated_device_terms"] = terms
                 phases = r.get("labels", {}).get("peak_device_phase")
                 if phases is not None:               # where each rank's device peak was reached
-                    g.attrs["peak_device_phase"] = json.dumps([[p.decode() if isinstance(p, bytes) else str(p)
-                                                                for p in row_] for row_ in np.asarray(phases).tolist()])
+                    g.attrs["peak_device_phase"] = json.dumps(np.asarray(phases).tolist())
                 row["epoch_s"] = float(np.nanmin(np.nanmax(r["timings"]["epoch"], axis=1)))
                 acc = r["metrics"].get("test_acc")
                 if acc is not None and np.isfinite(acc).any():

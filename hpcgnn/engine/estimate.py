@@ -392,20 +392,14 @@ def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = Non
 
 def inference_chunk_row_bytes(cfg, widths: list, avg_degree: float) -> int:
     """Bytes of temporaries per destination row of an inference chunk at the most expensive
-    layer, as :func:`hpcgnn.engine.inference.chunk_row_bytes` counts them for a built model
-    (widths ``widths``, ``model.arch`` / ``model.heads`` of ``cfg``)."""
-    heads = cfg.model.heads
-    worst = 1
-    for l in range(len(widths) - 1):
-        d_in, d_out = int(widths[l]), int(widths[l + 1])
-        if cfg.model.arch == "gat":
-            if l < len(widths) - 2:      # a hidden GAT layer's width is its heads' outputs
-                d_out //= heads
-            per_row = 3 * heads * (avg_degree + 1) + 2 * heads * d_out + 8
-        else:
-            per_row = min(d_in, d_out) + max(d_in, d_out) + 4 * d_out
-        worst = max(worst, int(per_row * F32))
-    return worst
+    layer, :func:`hpcgnn.engine.inference.layer_row_bytes` of the layers of widths ``widths``
+    (``model.arch`` / ``model.heads`` of ``cfg``; a hidden GAT layer's width is its heads'
+    outputs), what :func:`~hpcgnn.engine.inference.chunk_row_bytes` gives the built model."""
+    from hpcgnn.engine.inference import layer_row_bytes
+
+    gat, heads, last = cfg.model.arch == "gat", int(cfg.model.heads), len(widths) - 2
+    return max([1] + [layer_row_bytes(gat, int(widths[l]), int(widths[l + 1]) // (heads if gat and l < last else 1),
+                                      heads, avg_degree) for l in range(len(widths) - 1)])
 
 
 def inference_device_csr_bytes(num_solid: int, num_edges: int) -> int:

@@ -38,24 +38,25 @@ DEFAULT_CHUNK_BYTES = 256 << 20   # one chunk's temporaries with the automatic r
 MIN_AUTO_ROWS = 1024
 
 
-def chunk_row_bytes(model, avg_degree: float) -> int:
-    """Bytes of temporaries per destination row of a chunk at the model's most expensive layer.
+def layer_row_bytes(gat: bool, d_in: int, d_out: int, heads: int, avg_degree: float) -> int:
+    """Bytes of temporaries per destination row of a chunk for one layer (``d_out``: a GAT
+    head's width). SAGE/GCN: the aggregate at the width it runs, the two linear outputs, their
+    sum and the activation; GAT: the per-edge logits and attention (three [edges, heads] arrays
+    per row's ``avg_degree + 1`` edges) and the per-head output twice."""
+    if gat:
+        per_row = 3 * heads * (avg_degree + 1) + 2 * heads * d_out + 8
+    else:
+        per_row = min(d_in, d_out) + max(d_in, d_out) + 4 * d_out
+    return int(per_row * 4)
 
-    Per layer: the aggregate at the width it runs, the two linear outputs, their sum and the
-    activation (SAGE/GCN); for GAT, the per-edge logits and attention (three [edges, heads]
-    arrays per row's ``avg_degree + 1`` edges) and the per-head output twice.
-    """
+
+def chunk_row_bytes(model, avg_degree: float) -> int:
+    """Bytes of temporaries per destination row of a chunk at the model's most expensive layer
+    (:func:`layer_row_bytes`; at least 1)."""
     from hpcgnn.nn.conv import GATConv
 
-    worst = 1
-    for conv in model.layers:
-        d_in, d_out = int(conv.in_dim), int(conv.out_dim)
-        if isinstance(conv, GATConv):
-            per_row = 3 * conv.heads * (avg_degree + 1) + 2 * conv.heads * d_out + 8
-        else:
-            per_row = min(d_in, d_out) + max(d_in, d_out) + 4 * d_out
-        worst = max(worst, int(per_row * 4))
-    return worst
+    return max([1] + [layer_row_bytes(isinstance(conv, GATConv), int(conv.in_dim), int(conv.out_dim),
+                                      int(getattr(conv, "heads", 1)), avg_degree) for conv in model.layers])
 
 
 def auto_rows(model, num_solid: int, num_edges: int, budget_bytes: int = DEFAULT_CHUNK_BYTES) -> int:

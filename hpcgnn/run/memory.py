@@ -280,9 +280,10 @@ def cuda_library_bytes(device) -> int:
     (cuSPARSE), less before, on the current stream. What a training epoch's
     ``max_memory_allocated`` holds beside its tensors; 0 once the libraries have run (their
     workspaces are then part of the allocated bytes already), None off CUDA or without a GPU."""
-    import warnings
-
     import torch
+
+    from hpcgnn.nn.aggregate import sparse_dense_mm
+    from hpcgnn.sampling.block import sparse_csr
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -293,13 +294,10 @@ def cuda_library_bytes(device) -> int:
     lin = torch.nn.Linear(64, 64).to(device)
     lin(x).sum().backward()
     y = x.detach() @ x.detach()
-    ip = torch.arange(65, device=device)
-    with warnings.catch_warnings():     # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        a = torch.sparse_csr_tensor(ip, torch.arange(64, device=device), torch.ones(64, device=device), (64, 64),
-                                    check_invariants=False)
-    z = torch.addmm(y.new_zeros(()).expand(64, 64), a, y, beta=0.0)
-    del x, lin, y, ip, a, z
+    a = sparse_csr(torch.arange(65, device=device), torch.arange(64, device=device), torch.ones(64, device=device),
+                   (64, 64))
+    z = sparse_dense_mm(a, y)
+    del x, lin, y, a, z
     torch.cuda.synchronize(device)
     return max(int(torch.cuda.memory_allocated(device)) - int(before), 0)
 
