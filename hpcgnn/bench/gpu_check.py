@@ -204,6 +204,7 @@ def run_figures(run_dir: Path) -> dict:
         keys = [k for k in c if re.fullmatch(r"h2d_\w+_bytes", k) and "nodedup" not in k]
         h2d = sum(c[k] for k in keys) if keys else None
     labels = r.get("labels", {})
+    whole = c.get("peak_process_device_bytes")    # set-up included
     terms = r["attrs"].get("estimated_device_terms")
     phases = labels.get("peak_cuda_phase", labels.get("peak_device_phase"))
     return {"estimate_ratio": estimate_ratio(r["attrs"].get("estimated_peak_device_bytes"), peak),
@@ -213,6 +214,7 @@ def run_figures(run_dir: Path) -> dict:
             "loss": np.asarray(r["metrics"]["loss"], dtype=np.float64),
             "epoch_s": float(np.median(np.nanmax(steady, axis=1))),
             "peak_device_bytes": None if peak is None else float(np.nanmax(peak)),
+            "peak_device_setup_bytes": None if whole is None or not np.nanmax(whole) > 0 else float(np.nanmax(whole)),
             "h2d_bytes_per_epoch": None if h2d is None else float(np.nanmean(np.nansum(h2d, axis=1))),
             "devices": sorted({str(d) for d in np.asarray(labels["device"]).ravel()}) if "device" in labels else []}
 
@@ -373,7 +375,7 @@ def check(args) -> tuple[list[dict], dict]:
                 dev = deviation(got.extra["loss"], ref.extra["loss"])
                 row.update({key: got.extra[key] for key in ("epoch_s", "peak_device_bytes", "h2d_bytes_per_epoch",
                                                             "estimate_ratio", "estimated_device_terms",
-                                                            "peak_device_phase")},
+                                                            "peak_device_phase", "peak_device_setup_bytes")},
                            loss_max_dev=dev, loss_device=got.extra["loss"].tolist(),
                            loss_cpu=ref.extra["loss"].tolist(), devices=", ".join(got.extra["devices"]))
         return dev, err

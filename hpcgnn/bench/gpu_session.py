@@ -16,15 +16,16 @@ what is left of ``--budget`` seconds, so that the command ends in time and keeps
 * ``aggregate``: :mod:`hpcgnn.bench.aggregate` on the GPU (the torch path and
   ``train.deterministic``, time and device memory);
 * ``scale``: :mod:`hpcgnn.bench.scale` at products-like ``--scale`` on 2 ranks sharing the GPU,
-  one epoch per engine (minibatch, full graph, tensor): epoch time, per-rank peak device memory
-  and the pre-run device estimate beside it; its graph and stores go to ``--work``.
+  one epoch per engine (minibatch, full graph in memory, tensor) and two of the offloaded full
+  graph and of the cached and pipelined halo: epoch time, per-rank peak device memory and the
+  pre-run device estimate beside it; its graph and stores go to ``--work``.
 
 A step starts only while at least its minimum seconds (:data:`MIN_S`) are left, else it is
 ``skipped (no time left)``; the time ends ``--budget`` seconds after the start or at
 ``--deadline`` (a Unix time, e.g. taken before the set-up that precedes the session: ``make
-check-gpu-all`` builds the project first), whichever is first. The ``check`` step is told the
-step's deadline less :data:`WRAP_UP_S`, so that it stops starting runs in time and keeps its
-rows (it writes its file after each one). A step killed at its timeout takes every process it
+check-gpu-all`` builds the project first), whichever is first. The ``check`` and ``scale`` steps
+are told the step's deadline less :data:`WRAP_UP_S`, so that they stop starting runs in time and
+keep their rows (each writes its file after every run). A step killed at its timeout takes every process it
 started along (:func:`hpcgnn.bench.launch.kill_tree`). Prints each step's last lines and a
 summary table; writes ``OUT/gpu-session.h5`` (format ``hpcgnn-bench-gpu-session``: per step
 ``status``, ``rc``, ``wall_s``, ``log``) and, with ``--archive``, one ``.tar.gz`` of ``OUT``'s
@@ -47,7 +48,9 @@ STEPS = ("check", "units", "aggregate", "scale")
 # the least time (s) worth starting a step with; less than that left: skipped
 # (scale: its products-like 0.25 steps took 84 s on an H200, docs/gpu.md)
 MIN_S = {"check": 120.0, "units": 30.0, "aggregate": 20.0, "scale": 150.0}
-WRAP_UP_S = 15.0        # of the check step's time: for its last file write and exit
+WRAP_UP_S = 15.0        # of the check and scale steps' time: for their last file write and exit
+# the scale step's engines, most wanted first (it stops starting them at the deadline)
+SCALE_ENGINES = ("minibatch", "fullgraph", "tensor", "offload", "cached")
 TAIL_LINES = 40
 
 
@@ -64,9 +67,10 @@ def step_command(step: str, args, out: Path, work: Path, deadline: float | None 
     if step == "aggregate":
         return py + ["-m", "hpcgnn.bench.aggregate", "--device", "cuda", "--out", str(out / "aggregate.h5")]
     if step == "scale":
+        until = [] if deadline is None else ["--deadline", f"{deadline - WRAP_UP_S:.0f}"]
         return py + ["-m", "hpcgnn.bench.scale", "--scale", f"{args.scale:g}", "--ranks", "2", "--epochs", "1",
-                     "--engines", "minibatch,fullgraph,tensor", "--device", "cuda", "--out", str(out / "scale.h5"),
-                     "--work", str(work / f"scale-s{args.scale:g}")]
+                     "--engines", ",".join(SCALE_ENGINES), "--device", "cuda", "--out", str(out / "scale.h5"),
+                     "--work", str(work / f"scale-s{args.scale:g}"), *until]
     raise ValueError(f"unknown step {step!r}")
 
 

@@ -6,14 +6,21 @@ prepare products-like at ``--scale`` (default 1.0) -> partition into ``--ranks``
 with ``inputs/products-sage.toml`` and a full evaluation at the end -> one full-graph epoch on
 ``--ranks`` ranks (``inputs/products-fullgraph.toml``: in memory on the CPU); with ``--engines``
 also ``tensor`` (one epoch of the same configuration with ``train.engine = "tensor"``, decoupled GCN,
-``tensor.chunks = "auto"``). ``--device cuda`` trains on the GPU (``train.device``), ``--set KEY=VALUE``
-passes settings to every training step; the per-rank peak device memory is recorded then. A step that the
-pre-run memory check refuses is recorded with its one-line reason instead of being run into the
-OOM killer. Prints a table; writes ``--out`` (HDF5: one group per step with wall seconds, peak
-RSS of the step, per-rank peak RSS per epoch, epoch times, accuracy).
+``tensor.chunks = "auto"``), ``offload`` (two epochs of it offloaded, HongTu: ``fullgraph.offload =
+true``, its 16 chunks streamed with dedup) and ``cached`` (two epochs of it with CaPGNN's cached and
+pipelined halo, ``fullgraph.halo = "cached"``, staleness 2: epoch 1 is the first to reuse rows).
+``--device cuda`` trains on the GPU (``train.device``), ``--set KEY=VALUE`` passes settings to every
+training step; the per-rank peak device memory is recorded then. A step that the pre-run memory check
+refuses is recorded with its one-line reason instead of being run into the OOM killer. Prints a
+table; writes ``--out`` (HDF5: one group per step with wall seconds, peak RSS of the step, per-rank
+peak RSS per epoch, epoch times, accuracy) after every step, so that a run stopped from outside
+keeps the steps that finished. With ``--deadline`` (a Unix time) no step runs past it: a step's
+timeout is the smaller of ``--timeout`` and the time left, and a step with no time left is not
+started (recorded as skipped).
 
     python -m hpcgnn.bench.scale [--scale 1.0] [--ranks 4] [--epochs 3] [--out runs/bench/scale.h5]
-        [--engines minibatch,fullgraph,tensor] [--device cuda] [--set KEY=VALUE ...]
+        [--engines minibatch,fullgraph,tensor,offload,cached] [--device cuda] [--set KEY=VALUE ...]
+        [--deadline UNIX_SECONDS]
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ import numpy as np
 from hpcgnn.bench.launch import ROOT, child_env, find_mpiexec
 
 WHO = "bench-scale"
+ENGINES = ("minibatch", "fullgraph", "tensor", "offload", "cached")
+NOT_STARTED = -1000     # the rc recorded for a step skipped at --deadline
 
 
 def run_step(cmd: list[str], log: Path, timeout: float) -> dict:
@@ -64,15 +73,17 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=None, help="work directory (default: beside --out)")
     p.add_argument("--timeout", type=float, default=5400, help="seconds per step")
     p.add_argument("--engines", default="minibatch,fullgraph",
-                   help="training steps, comma-separated: minibatch, fullgraph, tensor")
+                   help=f"training steps, comma-separated: {', '.join(ENGINES)}")
+    p.add_argument("--deadline", type=float, default=0.0,
+                   help="Unix time by which every step is done (steps not started then are skipped)")
     p.add_argument("--device", default=None, help="train.device of every training step (default: the configs')")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for every training step (repeatable)")
     args = p.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = sorted(set(engines) - {"minibatch", "fullgraph", "tensor"})
+    unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
-        p.error(f"--engines: unknown {', '.join(unknown)} (expected minibatch, fullgraph, tensor)")
+        p.error(f"--engines: unknown {', '.join(unknown)} (expected {', '.join(ENGINES)})")
     extra = [a for kv in args.sets + ([f"train.device={args.device}"] if args.device else []) for a in ("--set", kv)]
     out = Path(args.out)
     work = Path(args.work) if args.work else out.with_name(out.stem + f"-work-s{args.scale:g}")
@@ -82,37 +93,48 @@ def main(argv=None) -> int:
     graph = work / "products-like.h5"
     store = work / f"products-like-metis-{args.ranks}"
     steps: dict[str, dict] = {}
+    runs = {}
 
     def step(name, cmd):
-        print(f"{WHO}: {name} ...", flush=True)
-        res = run_step(cmd, work / f"{name}.log", args.timeout)
-        steps[name] = res
-        if res["rc"] != 0:
-            print(f"{WHO}: {name} failed (exit {res['rc']}):\n{res['tail']}", flush=True)
-        return res["rc"] == 0
+        timeout = args.timeout if not args.deadline else min(args.timeout, args.deadline - time.time())
+        if timeout <= 0:
+            print(f"{WHO}: {name}: skipped, no time left before --deadline", flush=True)
+            steps[name] = {"wall_s": 0.0, "peak_rss_bytes": 0.0, "rc": None, "tail": ""}
+        else:
+            print(f"{WHO}: {name} ...", flush=True)
+            steps[name] = run_step(cmd, work / f"{name}.log", timeout)
+            if steps[name]["rc"] != 0:
+                print(f"{WHO}: {name} failed (exit {steps[name]['rc']}):\n{steps[name]['tail']}", flush=True)
+        write_results(out, args, steps, runs)       # after every step: what finished is kept
+        return steps[name]["rc"] == 0
 
     ok = step("prepare", py + ["prepare", "--dataset", "products-like", "--scale", f"{args.scale:g}",
                                "--seed", str(args.seed), "--out", str(graph), "--force"])
     ok = ok and step("partition", py + ["partition", str(graph), "--parts", str(args.ranks), "--seed",
                                          str(args.seed), "--out", str(store), "--force"])
-    runs = {}
     if ok:
         configs = {"minibatch": ("products-sage.toml", [f"train.epochs={args.epochs}",
                                                         f"train.eval_every={args.epochs}"]),
                    "fullgraph": ("products-fullgraph.toml", ["train.epochs=1"]),
                    "tensor": ("products-fullgraph.toml", ["train.epochs=1", "train.engine=tensor", "model.arch=gcn",
-                                                          "tensor.mode=decoupled", "tensor.chunks=auto"])}
+                                                          "tensor.mode=decoupled", "tensor.chunks=auto"]),
+                   "offload": ("products-fullgraph.toml", ["train.epochs=2", "train.eval_every=2",
+                                                           "fullgraph.offload=true", "fullgraph.dedup=true"]),
+                   "cached": ("products-fullgraph.toml", ["train.epochs=2", "train.eval_every=2",
+                                                          "fullgraph.halo=cached", "fullgraph.staleness=2",
+                                                          "fullgraph.pipeline=true"])}
         for name in engines:
             toml, sets = configs[name]
             runs[name] = work / f"run-{name}"
             step(name, mpi + ["train", "--config", str(ROOT / "inputs" / toml), "--set", f"data.partitions={store}",
                               "--set", f"output.dir={runs[name]}", "--force"]
                  + [a for kv in sets for a in ("--set", kv)] + extra)
-    write_and_print(out, args, steps, runs)
-    return 0 if all(s["rc"] == 0 for s in steps.values()) else 1
+    print_table(out, args, write_results(out, args, steps, runs))
+    return 0 if all(s["rc"] in (0, None) for s in steps.values()) else 1
 
 
-def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
+def write_results(out: Path, args, steps: dict, runs: dict) -> list[dict]:
+    """Write ``out`` (HDF5, temporary name then rename) from the steps so far; the table's rows."""
     import h5py
 
     from hpcgnn.fileio import atomic_file
@@ -127,12 +149,17 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                        created=time.strftime("%Y-%m-%dT%H:%M:%S"))
         for name, s in steps.items():
             g = f.create_group(name)
-            g.attrs.update(wall_s=s["wall_s"], peak_rss_bytes=s["peak_rss_bytes"], rc=s["rc"])
+            # rc: the step's exit code; -1000 for a step not started (no time left before --deadline)
+            g.attrs.update(wall_s=s["wall_s"], peak_rss_bytes=s["peak_rss_bytes"],
+                           rc=NOT_STARTED if s["rc"] is None else s["rc"])
             refused = next((ln for ln in s["tail"].splitlines() if ln.startswith("hpcgnn: error:")), "")
             g.attrs["refused"] = refused if s["rc"] == 2 else ""
             row = {"step": name, "wall": s["wall_s"], "peak": s["peak_rss_bytes"], "rc": s["rc"],
                    "note": refused[:90] if s["rc"] == 2 else ""}
-            if s["rc"] not in (0, 2):     # killed or failed: say how (the launcher's last line)
+            if s["rc"] is None:
+                row["note"] = "skipped: no time left before --deadline"
+                g.attrs["error"] = row["note"]
+            elif s["rc"] not in (0, 2):     # killed or failed: say how (the launcher's last line)
                 last = [ln for ln in s["tail"].splitlines() if ln.startswith("hpcgnn: error:")]
                 row["note"] = (last[-1] if last else f"exit {s['rc']}")[:90]
                 g.attrs["error"] = row["note"]
@@ -148,6 +175,9 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                 if dev is not None and np.isfinite(dev).any() and np.nanmax(dev) > 0:
                     g.create_dataset("peak_device_bytes_per_rank", data=dev)
                     row["dev_peaks"] = np.nanmax(dev, axis=0)
+                    whole = r["counters"].get("peak_process_device_bytes")
+                    if whole is not None:            # per rank, set-up included
+                        g.create_dataset("peak_process_device_bytes_per_rank", data=np.nanmax(whole, axis=0))
                 est = [e["estimated"] for e in estimate_against_peak(r["attrs"].get("estimated_peak_device_bytes"), dev)]
                 if est and len(est) == args.ranks:   # the pre-run device estimate of every rank
                     g.create_dataset("estimated_peak_device_bytes_per_rank", data=np.asarray(est, dtype=np.float64))
@@ -164,6 +194,10 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
                     row["test_acc"] = float(acc[np.isfinite(acc)][-1])
                     g.attrs["test_acc"] = row["test_acc"]
             rows.append(row)
+    return rows
+
+
+def print_table(out: Path, args, rows: list[dict]) -> None:
     print(f"\nbench-scale: products-like scale {args.scale:g}, {args.ranks} ranks ({out})")
     print(f"{'step':<10} {'wall s':>8} {'peak GiB':>9} {'epoch s':>8} {'test %':>7}  per-rank peak GiB (sum)")
     for r in rows:
@@ -171,7 +205,7 @@ def write_and_print(out: Path, args, steps: dict, runs: dict) -> None:
         ranks = "" if rp is None else " ".join(f"{x / 2**30:.2f}" for x in rp) + f" ({np.nansum(rp) / 2**30:.2f})"
         print(f"{r['step']:<10} {r['wall']:>8.1f} {r['peak'] / 2**30:>9.2f} "
               f"{r.get('epoch_s', float('nan')):>8.2f} {100 * r.get('test_acc', float('nan')):>7.2f}  {ranks}"
-              + (f"  exit {r['rc']} {r['note']}" if r["rc"] else ""))
+              + (f"  {r['note']}" if r["rc"] is None else f"  exit {r['rc']} {r['note']}" if r["rc"] else ""))
         if r.get("dev_peaks") is not None:
             print(f"{'':<10} {'':>8} {'':>9} {'':>8} {'':>7}  per-rank peak device GiB: "
                   + " ".join(f"{x / 2**30:.2f}" for x in r["dev_peaks"])

@@ -678,6 +678,17 @@ class _TorchCappedChannel(CappedChannel):
         self.closed = True
 
 
+def moves_device_buffers(backend: str, device: str) -> bool:
+    """Whether ``runtime.backend`` = ``backend`` on compute ``device`` carries the data plane
+    in device buffers (NCCL: its messages live in device memory) rather than host ones; for ranks
+    with a GPU each (ranks sharing one fall back to mpi4py, see :func:`make_communicator`). A
+    pair :func:`choose_backend` refuses: False (the run is refused before any buffer exists)."""
+    try:
+        return choose_backend(backend, str(device)) == "nccl"
+    except InputError:
+        return False
+
+
 def make_communicator(rt, backend: str, device: torch.device | str = "cpu") -> Communicator:
     """The data plane for ``runtime.backend`` = ``backend`` on compute ``device`` (collective:
     a torch.distributed backend initialises its process group on every rank). One per job:

@@ -166,11 +166,18 @@ def _halo_cache_row(pl: dict, i: int) -> dict:
 
 def _memory_per_rank(run: dict) -> list[dict]:
     """Per rank: the largest epoch peak RSS over the run, the epoch and phase where it happened,
-    and (runs that record it) the process's peak, set-up included."""
+    and (runs that record them) the process's peak, set-up included, and the device's: the
+    largest epoch peak and the peak with set-up (None where not recorded)."""
     c = run["counters"].get("peak_rss_bytes")
     if c is None or c.size == 0:
         return []
     proc = run["counters"].get("peak_process_rss_bytes")
+    dev, dev_proc = run["counters"].get("peak_device_bytes"), run["counters"].get("peak_process_device_bytes")
+
+    def largest(counter, r):
+        return None if counter is None or not np.isfinite(counter[:, r]).any() else \
+            _clean(float(np.nanmax(counter[:, r])))
+
     phases = run.get("labels", {}).get("peak_rss_phase")
     epochs = run["metrics"].get("epoch", np.arange(1, c.shape[0] + 1))
     out = []
@@ -181,8 +188,8 @@ def _memory_per_rank(run: dict) -> list[dict]:
         i = int(np.nanargmax(col))
         out.append({"rank": r, "peak_rss_bytes": _clean(float(col[i])), "epoch": int(epochs[i]),
                     "phase": None if phases is None else str(phases[i, r]),
-                    "process_peak_rss_bytes": None if proc is None or not np.isfinite(proc[:, r]).any()
-                    else _clean(float(np.nanmax(proc[:, r])))})
+                    "process_peak_rss_bytes": largest(proc, r),
+                    "peak_device_bytes": largest(dev, r), "process_peak_device_bytes": largest(dev_proc, r)})
     return out
 
 
@@ -292,6 +299,10 @@ def format_table(s: dict) -> str:
         if all(m.get("process_peak_rss_bytes") is not None for m in mem):
             lines.append("process    peak RSS with set-up: " + ", ".join(
                 f"rank {m['rank']} {m['process_peak_rss_bytes'] / 2**30:.2f} GiB" for m in mem))
+        if all(m.get("peak_device_bytes") and m.get("process_peak_device_bytes") is not None for m in mem):
+            lines.append("device     peak of an epoch / with set-up: " + ", ".join(
+                f"rank {m['rank']} {m['peak_device_bytes'] / 2**30:.2f} / "
+                f"{m['process_peak_device_bytes'] / 2**30:.2f} GiB" for m in mem))
     for kind, per_rank in s.get("memory_estimates", {}).items():
         lines.append(f"estimate   {kind} peak estimated before the run / measured: " + ", ".join(
             f"rank {m['rank']} {m['estimated'] / 2**30:.2f} / {m['measured'] / 2**30:.2f} GiB"

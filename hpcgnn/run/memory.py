@@ -77,7 +77,10 @@ class DeviceMemoryMeter:
     ``peak_device_phase`` (on CUDA also under the names ``peak_cuda_bytes`` / ``peak_cuda_phase``),
     and ``peak_process_rss_bytes``: the process's high-water mark since it started, set-up
     included (resetting the kernel's mark for each epoch also resets what ``/usr/bin/time`` and
-    ``wait4`` report, so the meter reads the mark before every reset and keeps the largest).
+    ``wait4`` report, so the meter reads the mark before every reset and keeps the largest);
+    ``peak_process_device_bytes`` likewise for the device: the largest device peak since the
+    meter was made (on CUDA since the process started: its first reset is the meter's), set-up
+    included, read before every reset.
     ``rss=False``: a meter for device accounting only, which never resets the RSS mark (an
     engine's own meter beside the timer's, so the rank's process peak stays whole).
     """
@@ -92,6 +95,7 @@ class DeviceMemoryMeter:
         self.current = 0
         self.peak = 0
         self.process_peak = 0
+        self.process_dev_peak = 0
         self._seen: list[set] = []
         self.start()
 
@@ -100,6 +104,7 @@ class DeviceMemoryMeter:
         """A new epoch: reset the RSS high-water mark (kept in the process peak first; not with
         ``rss=False``), the device peak (to what is held now)."""
         self.process_peak = max(self.process_peak, peak_rss_bytes())
+        self.process_dev_peak = max(self.process_dev_peak, self.peak_bytes)
         self.resettable = reset_peak_rss() if self.rss else False
         self.peak_rss = peak_rss_bytes()
         self.rss_phase = "start"
@@ -126,7 +131,9 @@ class DeviceMemoryMeter:
         self.process_peak = max(self.process_peak, peak_rss_bytes())
         out = {"peak_rss_bytes": float(self.peak_rss), "peak_rss_phase": self.rss_phase,
                "peak_process_rss_bytes": float(self.process_peak)}
-        out.update(peak_device_bytes=float(self.peak_dev), peak_device_phase=self.dev_phase)
+        self.process_dev_peak = max(self.process_dev_peak, self.peak_bytes)
+        out.update(peak_device_bytes=float(self.peak_dev), peak_device_phase=self.dev_phase,
+                   peak_process_device_bytes=float(self.process_dev_peak))
         if self.cuda:
             out.update(peak_cuda_bytes=float(self.peak_dev), peak_cuda_phase=self.dev_phase)
         return out

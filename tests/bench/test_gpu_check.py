@@ -107,6 +107,7 @@ def test_self_check_on_the_cpu_writes_the_table_and_file(tmp_path):
         assert cpu.shape == (2,) and np.all(np.isfinite(cpu))
         assert np.array_equal(cpu, dev) and r.attrs["loss_max_dev"] == 0.0   # CPU against CPU: bitwise
         assert r.attrs["h2d_bytes_per_epoch"] > 0 and r.attrs["peak_device_bytes"] > 0 and r.attrs["epoch_s"] > 0
+        assert r.attrs["peak_device_setup_bytes"] >= r.attrs["peak_device_bytes"]      # set-up included
         ratio = r.attrs["estimate_ratio"]
         # for calibration: the estimate's terms per rank and where each epoch's peak was reached
         terms = json.loads(r.attrs["estimated_device_terms"])

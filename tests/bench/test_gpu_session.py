@@ -73,6 +73,9 @@ def test_step_commands_name_the_drivers(tmp_path):
         "--deadline", f"{1000 - gs.WRAP_UP_S:.0f}"]
     assert "-m pytest -q -m cuda tests -k not test_cuda_mode_matches_the_cpu" in cmds["units"]
     assert "-m hpcgnn.bench.aggregate --device cuda" in cmds["aggregate"]
-    assert "--scale 0.25 --ranks 2 --epochs 1 --engines minibatch,fullgraph,tensor --device cuda" in cmds["scale"]
-    assert f"--work {tmp_path / 'w' / 'scale-s0.25'}" in cmds["scale"]
+    assert ("--scale 0.25 --ranks 2 --epochs 1 --engines minibatch,fullgraph,tensor,offload,cached "
+            "--device cuda") in cmds["scale"]
+    assert f"--work {tmp_path / 'w' / 'scale-s0.25'}" in cmds["scale"] and "--deadline" not in cmds["scale"]
+    assert gs.step_command("scale", args, tmp_path / "o", tmp_path / "w", 1000.0)[-2:] == [
+        "--deadline", f"{1000 - gs.WRAP_UP_S:.0f}"]
     assert gs.status_of(0) == "ok" and gs.status_of(3) == "FAILED (exit 3)" and gs.status_of(None).startswith("skipped")

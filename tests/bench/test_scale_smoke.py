@@ -12,11 +12,14 @@ def test_bench_scale_smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCGNN_THREADS", "1")
     out = tmp_path / "scale.h5"
     rc = scale.main(["--scale", "0.01", "--ranks", "2", "--epochs", "1", "--out", str(out),
-                     "--timeout", "240", "--engines", "minibatch,fullgraph,tensor", "--device", "cpu",
+                     "--timeout", "240", "--engines", "minibatch,fullgraph,tensor,offload,cached", "--device", "cpu",
                      "--set", "model.hidden=24", "--set", "runtime.device_memory_limit=1TiB"])
     assert rc == 0
     with h5py.File(out, "r") as f:
-        assert set(f) == {"prepare", "partition", "minibatch", "fullgraph", "tensor"}
+        assert set(f) == {"prepare", "partition", "minibatch", "fullgraph", "tensor", "offload", "cached"}
+        # the offloaded and cached steps train two epochs (the cache's first reuse is epoch 1)
+        for name in ("offload", "cached"):
+            assert f[name]["epoch_time_s"].shape == (2,) and np.all(f[name]["epoch_time_s"][()] > 0)
         assert f.attrs["device"] == "cpu" and f.attrs["sets"] == "model.hidden=24 runtime.device_memory_limit=1TiB"
         # the compute device's peak per rank (on the CPU: the meter of device-placed tensors) and
         # the pre-run estimate of it (made against the stated device size)
@@ -37,4 +40,22 @@ def test_bench_scale_names_an_unknown_engine(capsys):
     with pytest.raises(SystemExit) as exc:
         scale.main(["--engines", "minibatch,graphsaint"])
     assert exc.value.code == 2
-    assert "--engines: unknown graphsaint (expected minibatch, fullgraph, tensor)" in capsys.readouterr().err
+    assert ("--engines: unknown graphsaint (expected minibatch, fullgraph, tensor, offload, cached)"
+            in capsys.readouterr().err)
+
+
+def test_bench_scale_skips_what_the_deadline_leaves_no_time_for(tmp_path, capsys):
+    """Past ``--deadline`` no step starts; the file still says which steps were skipped."""
+    import time
+
+    from hpcgnn.bench import scale
+
+    out = tmp_path / "scale.h5"
+    assert scale.main(["--scale", "0.01", "--ranks", "2", "--out", str(out), "--deadline", f"{time.time() - 1:.0f}",
+                       "--engines", "fullgraph"]) == 0
+    with h5py.File(out, "r") as f:
+        assert set(f) == {"prepare"}        # nothing after a step that did not run
+        assert f["prepare"].attrs["rc"] == scale.NOT_STARTED
+        assert f["prepare"].attrs["error"] == "skipped: no time left before --deadline"
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("prepare ")]
+    assert len(rows) == 1 and " ".join(rows[0][-6:]) == "skipped: no time left before --deadline"

@@ -277,3 +277,32 @@ def test_deterministic_device_runs_count_the_spmm_slice(cora_parts):
             assert det.terms["deterministic"] == min(ne * max(widths), SEGMENT_SPMM_ELEMENTS) * 4
     assert deterministic_spmm_bytes(1 << 26, 8) == (1 << 26) * 4          # one column at a time
     assert deterministic_spmm_bytes(1000, 8) == 8000 * 4
+
+
+def test_pipelined_halo_messages_count_on_the_device_only_with_a_device_data_plane(cora_parts, monkeypatch):
+    """The full graph's cached and pipelined halo on CUDA: the cache's tiers are device terms;
+    the messages in flight (``halo_pipeline``) are device bytes only when the data plane moves
+    device buffers (NCCL); mpi4py and gloo keep them in host memory."""
+    import torch.distributed as dist
+
+    from hpcgnn.comm.communicator import moves_device_buffers
+    from hpcgnn.engine.estimate import estimate_device_memory, estimate_rank_memory, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    s = part_shapes(store, 0)
+    sets = [f"data.partitions={store}", "train.engine=fullgraph", "train.device=cuda", "fullgraph.halo=cached",
+            "fullgraph.staleness=2", "fullgraph.pipeline=true"]
+    host = estimate_rank_memory(load_config(ROOT / "inputs" / "cora-sage.toml", sets), meta, 0, 0, s)
+    assert host.terms["halo_pipeline"] > 0 and host.terms["halo_cache"] > 0
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)       # a CUDA build's answer
+    for backend, device_plane in (("mpi4py", False), ("gloo", False), ("nccl", True), ("auto", True)):
+        assert moves_device_buffers(backend, "cuda") is device_plane
+        cfg = load_config(ROOT / "inputs" / "cora-sage.toml", sets + [f"runtime.backend={backend}"])
+        est = estimate_device_memory(cfg, meta, 0, s, "cuda")
+        assert est.terms["halo_cache"] == host.terms["halo_cache"]
+        assert est.terms.get("halo_pipeline", 0) == (host.terms["halo_pipeline"] if device_plane else 0), backend
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)      # a CPU-only build: auto is mpi4py
+    assert not moves_device_buffers("auto", "cuda") and not moves_device_buffers("nccl", "cpu")

@@ -46,6 +46,43 @@ def test_a_device_accounting_meter_leaves_the_mark_alone():
     assert other.peak_bytes == 100
 
 
+def test_the_process_device_peak_keeps_the_set_up_across_epochs():
+    """The device's peak with set-up (``peak_process_device_bytes``) survives the epoch resets,
+    which restart ``peak_device_bytes`` from what is held."""
+    meter = DeviceMemoryMeter("cpu", rss=False)
+    meter.hold(1000)                            # set-up: a transient of 1000 bytes ...
+    meter.release(1000)
+    meter.hold(300)                             # ... and 300 kept for the run
+    meter.start()                               # epoch 1
+    meter.hold(200)
+    meter.release(200)
+    meter.after("forward")
+    r = meter.result()
+    assert r["peak_device_bytes"] == 500 and r["peak_process_device_bytes"] == 1000
+    meter.start()                               # epoch 2: above the set-up's peak
+    meter.hold(900)
+    meter.after("forward")
+    r = meter.result()
+    assert r["peak_device_bytes"] == 1200 and r["peak_process_device_bytes"] == 1200
+
+
+@pytest.mark.cuda
+def test_the_process_device_peak_on_cuda_counts_what_came_before_the_first_epoch():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = torch.device("cuda")
+    meter = DeviceMemoryMeter(dev, rss=False)
+    base = torch.cuda.memory_allocated(dev)
+    x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)          # set-up: 64 MiB, freed
+    del x
+    meter.start()
+    r = meter.result()
+    assert r["peak_device_bytes"] < base + (64 << 20)
+    assert r["peak_process_device_bytes"] >= base + (64 << 20)
+
+
 def test_library_workspaces_are_none_off_cuda():
     from hpcgnn.run.memory import cuda_library_bytes
 
