@@ -366,13 +366,16 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     _keep_largest(est, ("activations", "eval", "optimizer_step"))
 
 
-def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = None) -> int:
+def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = None, device: bool = False) -> int:
     """Bytes the layer-wise full inference of the minibatch engine's evaluation holds at its
-    largest layer (engine/inference.py): one round of halo rows, one destination chunk's
-    temporaries (``row_bytes`` per destination row, default ``6 x`` the widest layer's floats;
-    the automatic chunk stays within ``DEFAULT_CHUNK_BYTES``), the edge groups and remap, and the
-    layer's input, projected rows, accumulator and output over the solid rows (GAT: its input
-    materialised over the halo)."""
+    largest layer (engine/inference.py): a round of halo rows (the rounds as
+    :func:`~hpcgnn.engine.inference.auto_rounds` makes them from this rank's halo, or
+    ``minibatch.eval_halo_rounds``; in host memory the rows sent and received, on the ``device``
+    the received rows only: the host data plane selects and sends from a host copy), one
+    destination chunk's temporaries (``row_bytes`` per destination row, default ``6 x`` the
+    widest layer's floats; the automatic chunk stays within ``DEFAULT_CHUNK_BYTES``), the edge
+    groups and remap, and the layer's input, projected rows, accumulator and output over the
+    solid rows (GAT: its input materialised over the halo)."""
     from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES
 
     ns, nh, ne = s["num_solid"], s["num_halo"], s["num_edges"]
@@ -380,8 +383,8 @@ def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = Non
     if row_bytes is None:
         row_bytes = 6 * wmax * F32
     chunk = min(DEFAULT_CHUNK_BYTES if mb.eval_rows == 0 else mb.eval_rows * row_bytes, ns * row_bytes)
-    rnd = min(nh * wmax * F32, DEFAULT_CHUNK_BYTES) if mb.eval_halo_rounds == 0 else \
-        nh * wmax * F32 // max(mb.eval_halo_rounds, 1)
+    rounds = mb.eval_halo_rounds or max(1, -(-nh * wmax * F32 // DEFAULT_CHUNK_BYTES))
+    rnd = -(-nh // max(rounds, 1)) * wmax * F32 * (1 if device else 2)
     ev = rnd + chunk + ne * 2 + nl * I64
     if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
         ev += 3 * ns * wmax * F32 + nl * wmax * F32 * 2
@@ -1069,7 +1072,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                 if host.phases.get("eval"):     # plus the CSR and degree scales it copies there
                     # the chunk's temporaries as the inference sizes them, not the host's bound
                     rb = inference_chunk_row_bytes(cfg, widths, ne / max(ns, 1))
-                    ev = minibatch_eval_bytes(cfg, s, widths, rb) + inference_device_csr_bytes(ns, ne)
+                    ev = minibatch_eval_bytes(cfg, s, widths, rb, device=True) + inference_device_csr_bytes(ns, ne)
                     if out.terms["store_rows"] >= feature_bytes and cfg.model.arch != "gat" and \
                             _inference_row_widths(widths[0], widths[1]) == \
                             max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers)):

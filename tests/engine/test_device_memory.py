@@ -221,8 +221,9 @@ def test_evaluation_on_a_gpu_counts_the_csr_it_copies_there(cora_parts):
     one destination chunk's temporaries as the inference sizes them (its own
     ``chunk_row_bytes`` of the built model per row, not the host's bound of six widest rows),
     plus the partition's CSR and degree scales it copies there ((num_solid + 1 + nnz) int64,
-    2 x num_solid float32); with every feature row on the device, less layer 0's input (the
-    store's rows, read in place)."""
+    2 x num_solid float32), and one round of halo rows where the host holds two (the rows it
+    sends, selected from a host copy, and those it receives); with every feature row on the
+    device, less layer 0's input (the store's rows, read in place)."""
     from hpcgnn.engine.estimate import (_sizes, estimate_device_memory, estimate_rank_memory,
                                         inference_chunk_row_bytes, part_shapes)
     from hpcgnn.engine.inference import DEFAULT_CHUNK_BYTES, chunk_row_bytes
@@ -237,7 +238,7 @@ def test_evaluation_on_a_gpu_counts_the_csr_it_copies_there(cora_parts):
         sets = [f"data.partitions={store}", "minibatch.eval=\"full\"", "minibatch.batch_size=1",
                 f"model.arch=\"{arch}\""]
         cfg = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["store.device_memory=0"])
-        ns, _, ne, _, widths, _, wmax = _sizes(cfg, meta, s)
+        ns, nh, ne, _, widths, _, wmax = _sizes(cfg, meta, s)
         avg = ne / ns
         model = build_model_from_config(cfg, meta.num_features, meta.num_classes)
         row = inference_chunk_row_bytes(cfg, widths, avg)
@@ -245,7 +246,9 @@ def test_evaluation_on_a_gpu_counts_the_csr_it_copies_there(cora_parts):
         host = estimate_rank_memory(cfg, meta, 0, 0, s).phases["eval"]
         dev = estimate_device_memory(cfg, meta, 0, s, device="cuda")
         chunks = min(DEFAULT_CHUNK_BYTES, ns * 6 * wmax * 4), min(DEFAULT_CHUNK_BYTES, ns * row)
-        assert dev.terms["eval"] == host - chunks[0] + chunks[1] + (ns + 1 + ne) * 8 + 2 * ns * 4, arch
+        rounds = max(1, -(-nh * wmax * 4 // DEFAULT_CHUNK_BYTES))      # auto_rounds from this halo
+        one_round = -(-nh // rounds) * wmax * 4
+        assert dev.terms["eval"] == host - chunks[0] + chunks[1] - one_round + (ns + 1 + ne) * 8 + 2 * ns * 4, arch
         if arch != "gat":
             every = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["store.device_memory=\"auto\""])
             got = estimate_device_memory(every, meta, 0, s, device="cuda").terms["eval"]
@@ -306,3 +309,23 @@ def test_pipelined_halo_messages_count_on_the_device_only_with_a_device_data_pla
         assert est.terms.get("halo_pipeline", 0) == (host.terms["halo_pipeline"] if device_plane else 0), backend
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)      # a CPU-only build: auto is mpi4py
     assert not moves_device_buffers("auto", "cuda") and not moves_device_buffers("nccl", "cpu")
+
+
+def test_the_evaluation_halo_round_is_the_inference_round():
+    """The evaluation's halo round is the layer-wise inference's: rows of this rank's halo split
+    into :func:`~hpcgnn.engine.inference.auto_rounds` rounds (or ``minibatch.eval_halo_rounds``),
+    one round on the device and two in host memory (sent and received)."""
+    from hpcgnn.engine.estimate import minibatch_eval_bytes
+    from hpcgnn.engine.inference import auto_rounds
+    from hpcgnn.run.config import load_config
+
+    cfg = load_config(ROOT / "inputs" / "products-sage.toml", [])
+    widths = [100, 256, 256, 47]
+    s = {"num_solid": 300_000, "num_halo": 311_489, "num_edges": 15_000_000}
+    rounds = auto_rounds(None, s["num_halo"], 256)
+    assert rounds == 2                                # 304 MiB of 256-wide rows: two rounds
+    one = -(-s["num_halo"] // rounds) * 256 * 4
+    host, dev = minibatch_eval_bytes(cfg, s, widths), minibatch_eval_bytes(cfg, s, widths, device=True)
+    assert host - dev == one
+    cfg4 = load_config(ROOT / "inputs" / "products-sage.toml", ["minibatch.eval_halo_rounds=4"])
+    assert dev - minibatch_eval_bytes(cfg4, s, widths, device=True) == one - -(-s["num_halo"] // 4) * 256 * 4
