@@ -467,8 +467,11 @@ class TorchCommunicator(Communicator):
         return TorchCommunicator(self.name, self.rank, self.size, self.device, group)
 
     def _on(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        return (t if t.device == self.device else t.to(self.device)).contiguous()
+        """``t`` on the data plane's device, contiguous; a host tensor goes to a GPU without
+        waiting for the device (:func:`hpcgnn.upload.upload`: the collective's stream waits for
+        the copy, which is queued on the current stream)."""
+        t = t.detach().contiguous()
+        return t if t.device == self.device else upload(t, self.device)
 
     def exchange_counts(self, send_counts) -> np.ndarray:
         import torch.distributed as dist
@@ -476,7 +479,7 @@ class TorchCommunicator(Communicator):
         sc = self._counts(send_counts, "send_counts")
         if self.size == 1:
             return sc.copy()
-        s = torch.from_numpy(sc).to(self.device)
+        s = upload(torch.from_numpy(sc), self.device)
         r = torch.empty_like(s)
         dist.all_to_all_single(r, s, group=self.group)
         return r.cpu().numpy()
@@ -504,7 +507,7 @@ class TorchCommunicator(Communicator):
             return _Done()
         if not buf.is_contiguous():
             raise ValueError("allreduce_: buf must be contiguous")
-        t = buf if buf.device == self.device else buf.to(self.device)
+        t = buf if buf.device == self.device else upload(buf, self.device)
         work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True, group=self.group)
         if t is buf:
             return _TorchWork(work)
@@ -520,7 +523,7 @@ class TorchCommunicator(Communicator):
         if self.size > 1:
             if not buf.is_contiguous():
                 raise ValueError("allreduce_: buf must be contiguous")
-            t = buf if buf.device == self.device else buf.to(self.device)
+            t = buf if buf.device == self.device else upload(buf, self.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             if t is not buf:
                 buf.copy_(t)
@@ -546,13 +549,13 @@ class TorchCommunicator(Communicator):
         out = xb.new_empty((most * self.size, xb.shape[1]))
         dist.all_gather_into_tensor(out, piece, group=self.group)
         keep = torch.from_numpy(_segment_index(c, np.arange(self.size, dtype=np.int64) * most))
-        return _from_byte_rows(out.index_select(0, keep.to(out.device)), x).to(send.device)
+        return _from_byte_rows(out.index_select(0, upload(keep, out.device)), x).to(send.device)
 
     def broadcast_(self, buf, root: int = 0):
         import torch.distributed as dist
 
         if self.size > 1:
-            t = buf if (buf.device == self.device and buf.is_contiguous()) else buf.to(self.device).contiguous()
+            t = buf if (buf.device == self.device and buf.is_contiguous()) else upload(buf.contiguous(), self.device)
             dist.broadcast(t, src=root, group=self.group)
             if t is not buf:
                 buf.copy_(t)
@@ -586,15 +589,15 @@ class _TorchCappedPending(Pending):
             counts = np.zeros(size, dtype=np.int64)
             if ch.peers.size:
                 starts = ch.recv_segments(h)[0][ch.peers]
-                head = self.recv.index_select(0, torch.from_numpy(_segment_index(
-                    np.full(ch.peers.size, h, dtype=np.int64), starts)).to(self.recv.device))
+                head = self.recv.index_select(0, upload(torch.from_numpy(_segment_index(
+                    np.full(ch.peers.size, h, dtype=np.int64), starts)), self.recv.device))
                 raw = np.ascontiguousarray(head.reshape(ch.peers.size, -1)[:, :8].cpu().numpy())
                 counts[ch.peers] = raw.view("<i8").reshape(-1)
             if (counts > ch.recv_caps).any() or (counts < 0).any():
                 raise RuntimeError(f"capped exchange: rows {counts.tolist()} exceed the caps "
                                    f"{ch.recv_caps.tolist()}")
             idx = _segment_index(counts, ch.recv_segments(h)[0] + h)
-            rows = self.recv.index_select(0, torch.from_numpy(idx).to(self.recv.device))
+            rows = self.recv.index_select(0, upload(torch.from_numpy(idx), self.recv.device))
             out, b0 = [], 0
             for t in self.like:
                 nb = int(np.prod(t.shape[1:], dtype=np.int64)) * t.element_size()
