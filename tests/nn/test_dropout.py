@@ -124,3 +124,69 @@ def test_relu_dropout_backward_is_zero_where_the_output_is_not_positive(dtype):
     native_dropout.relu_dropout_backward(g.numpy(), out.numpy(), gi.numpy(), 0.5)
     want = torch.where(out > 0, g * 2.0, torch.zeros((), dtype=dtype))
     assert torch.equal(gi, want) and not torch.signbit(gi[out <= 0]).any()
+
+
+def _saved_bytes(fn, x):
+    """(output, bytes of the distinct storages autograd saves while ``fn(x)`` runs)."""
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(x)
+    return out, sum(seen.values())
+
+
+def _fused_against_the_two_ops(device: str, dtype=torch.float32):
+    """FusedReluDropout against ``native_dropout(relu(x))`` (the two ops as F.dropout runs them
+    on CUDA) from the same RNG state: outputs and input gradients bitwise, bytes kept for backward."""
+    from hpcgnn.nn.dropout import FusedReluDropout
+
+    x = torch.randn(4001, 33, dtype=dtype, device=device)
+    x[0, :2] = torch.tensor([0.0, -0.0], dtype=dtype)
+    grad = torch.randn_like(x)
+    grad[0, 2] = float("nan")
+    results = []
+    for fused in (True, False):
+        torch.manual_seed(11)
+        xi = x.clone().requires_grad_(True)
+        out, kept = _saved_bytes((lambda t: FusedReluDropout.apply(t, 0.4)) if fused
+                                 else (lambda t: torch.native_dropout(torch.relu(t), 0.4, True)[0]), xi)
+        out.backward(grad)
+        results.append((out.detach(), xi.grad, kept))
+    (o1, g1, k1), (o2, g2, k2) = results
+    assert torch.equal(o1, o2)                              # the same draws
+    finite = torch.isfinite(grad)            # a NaN gradient: the two ops pass 0 x NaN where dropped
+    assert torch.equal(g1[finite], g2[finite]) and not torch.signbit(g1[o1 <= 0]).any()
+    assert g1[0, 2] == 0 if o1[0, 2] <= 0 else torch.isnan(g1[0, 2])
+    assert float((o1 == 0).double().mean()) > 0.6
+    n = x.numel()
+    assert k1 == n * x.element_size()                       # the output only
+    assert k2 >= n * (x.element_size() + 1)                 # the ReLU output and the mask
+
+
+def test_fused_relu_dropout_keeps_only_its_output_for_backward():
+    _fused_against_the_two_ops("cpu")
+
+
+@pytest.mark.cuda
+def test_cuda_relu_dropout_is_the_two_ops_bit_for_bit_keeping_only_its_output():
+    """On CUDA :func:`relu_dropout` takes the fused path: bit-identical to ``F.dropout(relu(x))``
+    (same seed) and one tensor kept for backward."""
+    from hpcgnn.nn.dropout import relu_dropout
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _fused_against_the_two_ops("cuda")
+    x = torch.randn(2048, 64, device="cuda")
+    outs = []
+    for fused in (True, False):
+        torch.manual_seed(3)
+        xi = x.clone().requires_grad_(True)
+        out = relu_dropout(xi, 0.5) if fused else torch.nn.functional.dropout(torch.relu(xi), 0.5, True)
+        out.backward(torch.ones_like(out))
+        outs.append((out.detach(), xi.grad))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
