@@ -1264,13 +1264,14 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     logits: ``nl x (2 w_2 + w_3) + ns x (w_2 + classes)`` floats. Since the own rows share the
     projection's gradient buffer (:class:`hpcgnn.nn.conv._ProjectWithDst`) that peak holds one
     ``[nl, 64]`` gradient and ``[ns, 64]`` ones beside it, 4 % lower; the term keeps two input
-    gradients (1.07 of the traced peak at 0.25, on the safe side). GCN, whose update reads the own rows
+    gradients (on the safe side). GCN, whose update reads the own rows
     through the scaled source rows, needs the input's gradient once (its epochs peak in forward
     on a 20k-vertex graph: tests/bench/test_alloc_trace.py). When layer ``l``'s backward runs,
     the later layers' have ended and freed their saved ``nl x w`` inputs (counted in the
     activations): those bytes are subtracted from layer ``l``'s, so that a wide hidden layer
     below a narrow output is not counted beside every activation (GCN 64-64-64-8 with a cached
-    halo: 1.21 of the traced peak without it, 1.11 with it)."""
+    halo: 1.21 of the traced peak without it, 1.11 with it; the SAGE above: layer 2, where the
+    trace has its peak, instead of layer 1, 1.07 -> 1.04 of the traced peak at 0.25 and 1.0)."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 1 if cfg.model.arch == "gcn" else 2     # GCN reads its own rows through the scaled sources
     out = max((nl * (grads * widths[l] + widths[l + 1] - sum(widths[l + 1:layers])) + ns * (widths[l] + widths[-1])
