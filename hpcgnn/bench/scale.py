@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                                                           "fullgraph.pipeline=true"])}
         for name in engines:
             toml, sets = configs[name]
-            runs[name] = work / f"run-{name}"
+            runs[name] = work / f"run-{name}"     # (a skipped step's older run file there is not read)
             step(name, mpi + ["train", "--config", str(ROOT / "inputs" / toml), "--set", f"data.partitions={store}",
                               "--set", f"output.dir={runs[name]}", "--force"]
                  + [a for kv in sets for a in ("--set", kv)] + extra)
@@ -163,7 +163,7 @@ def write_results(out: Path, args, steps: dict, runs: dict) -> list[dict]:
                 last = [ln for ln in s["tail"].splitlines() if ln.startswith("hpcgnn: error:")]
                 row["note"] = (last[-1] if last else f"exit {s['rc']}")[:90]
                 g.attrs["error"] = row["note"]
-            if name in runs and (runs[name] / "run.h5").exists() and \
+            if name in runs and s["rc"] is not None and (runs[name] / "run.h5").exists() and \
                     "epoch" in read_run(runs[name])["timings"]:
                 r = read_run(runs[name])
                 peaks = r["counters"].get("peak_rss_bytes")

@@ -32,6 +32,17 @@ def test_bench_scale_smoke(tmp_path, monkeypatch):
         peaks = f["minibatch/peak_rss_bytes_per_rank"][()]
         assert peaks.shape == (1, 2) and np.all(peaks > 50e6)
         assert 0 <= f["minibatch"].attrs["test_acc"] <= 1
+    # a step skipped at the deadline is not given the figures of an older run file in its folder
+    import argparse
+
+    run_dir = tmp_path / "scale-work-s0.01" / "run-fullgraph"
+    assert (run_dir / "run.h5").exists()
+    args = argparse.Namespace(scale=0.01, ranks=2, epochs=1, seed=0, device="cpu", sets=[])
+    skipped = {"wall_s": 0.0, "peak_rss_bytes": 0.0, "rc": None, "tail": ""}
+    rows = scale.write_results(tmp_path / "again.h5", args, {"fullgraph": skipped}, {"fullgraph": run_dir})
+    assert rows[0]["note"] == "skipped: no time left before --deadline" and "epoch_s" not in rows[0]
+    with h5py.File(tmp_path / "again.h5", "r") as f:
+        assert f["fullgraph"].attrs["rc"] == scale.NOT_STARTED and "epoch_time_s" not in f["fullgraph"]
 
 
 def test_bench_scale_names_an_unknown_engine(capsys):
