@@ -389,7 +389,7 @@ def minibatch_eval_bytes(cfg, s: dict, widths: list, row_bytes: int | None = Non
     if cfg.model.arch == "gat":          # GAT materialises the layer input over the halo
         ev += 3 * ns * wmax * F32 + nl * wmax * F32 * 2
     else:                                # input, projected rows, accumulator, output
-        ev += ns * F32 * max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(len(widths) - 1))
+        ev += ns * F32 * _widest_inference_layer(widths)
     return int(ev)
 
 
@@ -410,6 +410,12 @@ def inference_device_csr_bytes(num_solid: int, num_edges: int) -> int:
     ``eval`` term counts: the partition's CSR (indptr and int64 indices) and the solid rows'
     degree and inverse degree (float32)."""
     return int((num_solid + 1 + num_edges) * I64 + 2 * num_solid * F32)
+
+
+def _widest_inference_layer(widths: list) -> int:
+    """Floats per solid row of the layer-wise inference's widest SAGE/GCN layer
+    (:func:`_inference_row_widths` of each layer of ``widths``)."""
+    return max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(len(widths) - 1))
 
 
 def _inference_row_widths(w_in: int, w_out: int) -> int:
@@ -1074,8 +1080,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                     rb = inference_chunk_row_bytes(cfg, widths, ne / max(ns, 1))
                     ev = minibatch_eval_bytes(cfg, s, widths, rb, device=True) + inference_device_csr_bytes(ns, ne)
                     if out.terms["store_rows"] >= feature_bytes and cfg.model.arch != "gat" and \
-                            _inference_row_widths(widths[0], widths[1]) == \
-                            max(_inference_row_widths(widths[l], widths[l + 1]) for l in range(layers)):
+                            _inference_row_widths(widths[0], widths[1]) == _widest_inference_layer(widths):
                         ev -= ns * widths[0] * F32    # layer 0's input: the store's device rows
                     out.terms["eval"] = int(ev)
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))
@@ -1253,25 +1258,15 @@ def deterministic_spmm_bytes(edges: int, width: int) -> int:
 def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     """Bytes the in-memory full graph's backward allocates on the device beside what forward
     kept (:func:`fullgraph_device_activations`), at its largest layer ``l >= 1`` (layer 0's
-    input, the features, needs no gradient): two gradients of the layer's exchanged input
-    ``nl x w_l`` and the transposed SpMM's ``nl x w_{l+1}`` output, with an ``ns x w_l``
-    saved aggregate and the ``ns x classes`` logits still alive; GAT also a gradient of its two
-    per-edge tensors per head. Measured: the largest live set of an epoch of products-like 0.25
-    and 1.0 on 2 ranks (SAGE 100-64-64-47; every torch allocation tracked on the CPU with
-    ``train.kernels = "torch"``) is in the last layer's backward, which projects first
-    (64 -> 47): the own rows' zero-filled ``[nl, 64]`` buffer, the projection's ``[nl, 64]``
-    input gradient and the SpMM's ``[nl, 47]``, with layer 1's ``[ns, 64]`` aggregate and the
-    logits: ``nl x (2 w_2 + w_3) + ns x (w_2 + classes)`` floats. Since the own rows share the
-    projection's gradient buffer (:class:`hpcgnn.nn.conv._ProjectWithDst`) that peak holds one
-    ``[nl, 64]`` gradient and ``[ns, 64]`` ones beside it, 4 % lower; the term keeps two input
-    gradients (on the safe side). GCN, whose update reads the own rows
-    through the scaled source rows, needs the input's gradient once (its epochs peak in forward
-    on a 20k-vertex graph: tests/bench/test_alloc_trace.py). When layer ``l``'s backward runs,
-    the later layers' have ended and freed their saved ``nl x w`` inputs (counted in the
-    activations): those bytes are subtracted from layer ``l``'s, so that a wide hidden layer
-    below a narrow output is not counted beside every activation (GCN 64-64-64-8 with a cached
-    halo: 1.21 of the traced peak without it, 1.11 with it; the SAGE above: layer 2, where the
-    trace has its peak, instead of layer 1, 1.07 -> 1.04 of the traced peak at 0.25 and 1.0)."""
+    input, the features, needs no gradient): the gradient of the layer's exchanged input
+    ``nl x w_l`` (twice; GCN once, its update reads the own rows through the scaled sources),
+    the transposed SpMM's ``nl x w_{l+1}`` output, the saved ``ns x w_l`` aggregate and the
+    ``ns x classes`` logits, less the ``nl x w`` inputs of the later layers, whose backward has
+    ended and freed them; GAT also a gradient of its two per-edge tensors per head. Measured
+    against every torch allocation of a CPU epoch with ``train.kernels = "torch"``
+    (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md and docs/gpu.md): products-like SAGE
+    100-64-64-47 peaks in the last layer's backward, 1.04 of the traced peak at 0.25 and 1.0
+    with two input gradients kept (on the safe side); GCN 64-64-64-8 with a cached halo 1.11."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 1 if cfg.model.arch == "gcn" else 2     # GCN reads its own rows through the scaled sources
     out = max((nl * (grads * widths[l] + widths[l + 1] - sum(widths[l + 1:layers])) + ns * (widths[l] + widths[-1])

@@ -279,7 +279,7 @@ def device_free_bytes(device) -> tuple[int, int] | None:
     return int(free), int(total)
 
 
-def cuda_library_bytes(device) -> int:
+def cuda_library_bytes(device) -> int | None:
     """Device bytes the CUDA math libraries keep allocated through torch's caching allocator once
     they have run on ``device`` (the cuBLAS and cuBLASLt workspaces, per stream; cuSPARSE's
     buffers are per call and freed): ``torch.cuda.memory_allocated`` after a small linear layer

@@ -156,6 +156,11 @@ def test_device_estimate_within_25_percent_of_the_meters_peak_on_the_cpu(cora_pa
         table = format_table(summarise(run)).splitlines()
         line = next(ln for ln in table if ln.startswith("estimate   device peak estimated before the run / measured: "))
         assert f"rank 1 {est.total / 2**30:.2f} / {measured[1] / 2**30:.2f} GiB ({est.total / measured[1]:.2f}x)" in line
+        # the device's peak with set-up beside the epochs' (at least as large)
+        whole = np.nanmax(run["counters"]["peak_process_device_bytes"], axis=0)
+        assert np.all(whole >= measured), name
+        line = next(ln for ln in table if ln.startswith("device     peak of an epoch / with set-up: "))
+        assert f"rank 1 {measured[1] / 2**30:.2f} / {whole[1] / 2**30:.2f} GiB" in line
     bad = {k: round(r, 3) for k, r in ratios.items() if abs(r - 1) > 0.25}
     assert not bad, (bad, ratios)
 
