@@ -94,10 +94,11 @@ CUDA_CONTEXT = 600 << 20       # bytes a CUDA context and torch's kernels occupy
 # GPU (an H200 with torch 2.11: 50-65 MiB above the tensors in every Cora row of make check-gpu)
 CUDA_LIBRARIES = 64 << 20
 # device bytes per edge of the in-memory full graph's block on CUDA (torch kernels): the int64
-# indices, the transpose's int64 destinations and edge ids (built on the host, copied once) and the
-# float32 values of the two sparse CSR tensors (forward and transpose); GAT also the int64
-# destination of every edge
-DEVICE_BLOCK_EDGE_BYTES = 3 * I64 + 2 * F32
+# indices, the transpose's int64 destinations (built on the host, copied once) and the float32
+# ones both sparse CSR tensors (forward and transpose) share as values; GAT also the transpose's
+# int64 edge ids (SAGE and GCN drop them: Block.drop_edge_ids) and the int64 destination of every
+# edge
+DEVICE_BLOCK_EDGE_BYTES = 2 * I64 + F32
 SAMPLED_BATCHES = 8            # minibatches the device estimate samples (minibatch_sampled_sizes)
 _ESTIMATE_STREAM = 11          # seed stream of the estimate's own sampling
 
@@ -483,9 +484,10 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.terms["activations"] = int(x0 + host + agg + grads + batch)
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
                                      "are the partition's, chunks do not shrink them")
-        # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices
-        # and edge IDs) and transfer-plan slots, about five int64 per edge
-        est.terms["chunks"] = int(5 * ne * I64)
+        # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices;
+        # edge IDs for GAT only, Block.drop_edge_ids) and transfer-plan slots, about four int64
+        # per edge, five with GAT
+        est.terms["chunks"] = int((5 if cfg.model.arch == "gat" else 4) * ne * I64)
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
         sage = cfg.model.arch == "sage" and fg.halo != "cached" and layers >= 2
@@ -519,15 +521,18 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
     are released: ``ns x w0`` twice (own rows, aggregate), after a start-up transient of all
-    ``nl`` feature rows. Each later layer keeps ``ns x (2 w_l + w_l+1)`` for backward (its own
-    rows, their neighbour mean, the ReLU+dropout output), or, when it projects first
-    (``SAGEConv.projects_first``: few halo rows), all ``nl x w_l`` source rows. One layer at a
+    ``nl`` feature rows. Each later layer keeps ``ns x (w_l + w_l+1)`` for backward (the
+    neighbour mean and the ReLU+dropout output; its own rows are the previous layer's output,
+    given apart from the exchanged input, :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it
+    projects first (``SAGEConv.projects_first``: few halo rows), all ``nl x w_l`` source rows
+    too. One layer at a
     time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
     they join) and in backward the gradient of the same size; in bfloat16 (``bf16``:
     ``train.precision = "bf16"``) also that input rounded to bfloat16, which the layer's gather
     and product read (2 bytes a value; at products-like 1.0 on 4 ranks, 0.28 GiB per rank,
     which covers the measured bf16 peaks, 0.14-0.16 GiB above float32's, docs/benchmarks.md).
-    Plus the transpose of the local graph that backward's aggregation reads (two int64 per edge).
+    Plus the transpose of the local graph that backward's aggregation reads (one int64 per edge:
+    its edge ids are dropped, :meth:`hpcgnn.sampling.block.Block.drop_edge_ids`).
     """
     from hpcgnn.nn.conv import sage_projects_first
 
@@ -538,10 +543,10 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
         if sage_projects_first(wi, wo, nl, ns, ne):
             kept += (nl * wi + 2 * ns * wo) * F32
         else:
-            kept += ns * (2 * wi + wo) * F32
+            kept += ns * (wi + wo) * F32
         transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
     start = (nl + ns) * widths[0] * F32
-    return int(max(start, kept + transient) + 2 * ne * I64)
+    return int(max(start, kept + transient) + ne * I64)
 
 
 def model_host_bytes(est: MemoryEstimate, ranks: int) -> int:
@@ -1094,7 +1099,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["activations"] = fullgraph_device_activations(cfg, meta, s)
             out.shrink["activations"] = "set fullgraph.offload = true with fullgraph.chunks, or more ranks"
             if dev == "cuda":       # the block's CSR and the torch path's per-edge tensors
-                per_edge = DEVICE_BLOCK_EDGE_BYTES + (I64 if cfg.model.arch == "gat" else 0)
+                per_edge = DEVICE_BLOCK_EDGE_BYTES + (2 * I64 if cfg.model.arch == "gat" else 0)
                 out.terms["topology"] = int((ns + 1) * I64 + ne * per_edge + (nl + 1) * I64)
                 out.terms["backward"] = fullgraph_device_backward(cfg, meta, s)
                 if cfg.model.arch == "sage" and cfg.fullgraph.halo != "cached" \
@@ -1214,13 +1219,27 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
     return total
 
 
+def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
+    """Values each layer ``l >= 1`` of the in-memory full graph keeps of its input for backward
+    (index ``l - 1``): the exchanged ``nl x w_l`` rows, or for a SAGE layer that aggregates
+    first (not :func:`~hpcgnn.nn.conv.sage_projects_first`) only its ``ns x w_l`` neighbour
+    mean, since its own rows are the previous layer's output, given apart from the exchanged
+    rows (:meth:`hpcgnn.nn.conv.SAGEConv.forward`), which are then freed once aggregated."""
+    from hpcgnn.nn.conv import sage_projects_first
+
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    sage = cfg.model.arch == "sage"
+    return [ns * widths[l] if sage and not sage_projects_first(widths[l], widths[l + 1], nl, ns, ne)
+            else nl * widths[l] for l in range(1, layers)]
+
+
 def fullgraph_device_activations(cfg, meta, s: dict) -> int:
     """Bytes the in-memory full-graph engine keeps on the device for backward: layer 0's input
     (a cacheable layer 0, SAGE or GCN without a halo cache, aggregates the features once and
     keeps only that ``ns x w0`` aggregate, SAGE also the own rows; else every local row and the
     aggregate), each hidden
-    layer's ``ns x w`` output (ReLU + dropout) and each later layer's exchanged ``nl x w`` input,
-    the degree scales; GAT also two per-edge tensors and two destination logits per head and
+    layer's ``ns x w`` output (ReLU + dropout) and what each later layer keeps of its exchanged
+    input (:func:`fullgraph_kept_inputs`), the degree scales; GAT also two per-edge tensors and two destination logits per head and
     layer, every layer's projected rows over all ``nl`` local rows and the received halo
     feature rows (measured: 1.00 of the meter's peak on 2 ranks of Cora). What
     :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU."""
@@ -1232,7 +1251,7 @@ def fullgraph_device_activations(cfg, meta, s: dict) -> int:
     else:                  # GAT projects every local row first; else rows and their aggregate
         act = (nl if cfg.model.arch == "gat" else nl + ns) * widths[0]
     act += sum(ns * widths[l + 1] for l in range(layers - 1))
-    act += sum(nl * widths[l] for l in range(1, layers))
+    act += sum(fullgraph_kept_inputs(cfg, meta, s))
     act = act * F32 + nl * F32
     if cfg.model.arch == "gat":
         # per layer: two per-edge tensors per head, the projected rows z over every local row
@@ -1261,15 +1280,16 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     input, the features, needs no gradient): the gradient of the layer's exchanged input
     ``nl x w_l`` (twice; GCN once, its update reads the own rows through the scaled sources),
     the transposed SpMM's ``nl x w_{l+1}`` output, the saved ``ns x w_l`` aggregate and the
-    ``ns x classes`` logits, less the ``nl x w`` inputs of the later layers, whose backward has
-    ended and freed them; GAT also a gradient of its two per-edge tensors per head. Measured
+    ``ns x classes`` logits, less what the later layers kept of their inputs
+    (:func:`fullgraph_kept_inputs`), whose backward has ended and freed it; GAT also a gradient of its two per-edge tensors per head. Measured
     against every torch allocation of a CPU epoch with ``train.kernels = "torch"``
     (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md and docs/gpu.md): products-like SAGE
     100-64-64-47 peaks in the last layer's backward, 1.04 of the traced peak at 0.25 and 1.0
     with two input gradients kept (on the safe side); GCN 64-64-64-8 with a cached halo 1.11."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 1 if cfg.model.arch == "gcn" else 2     # GCN reads its own rows through the scaled sources
-    out = max((nl * (grads * widths[l] + widths[l + 1] - sum(widths[l + 1:layers])) + ns * (widths[l] + widths[-1])
+    kept = fullgraph_kept_inputs(cfg, meta, s)      # kept[l - 1]: layer l's
+    out = max((nl * (grads * widths[l] + widths[l + 1]) - sum(kept[l:]) + ns * (widths[l] + widths[-1])
                for l in range(1, layers)), default=0) * F32
     if cfg.model.arch == "gat" and layers > 1:
         out += 2 * ne * cfg.model.heads * F32

@@ -62,7 +62,10 @@ class LayerOps(Protocol):
 
     def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict: ...
 
-    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor: ...
+    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict,
+                x_dst: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output rows; ``x_dst``, when given, the destinations' own rows held apart
+        from ``x`` (same values as ``x[:num_dst]``), kept for backward instead of a view of ``x``."""
 
     def can_cache(self, layer: int) -> bool: ...
 
@@ -167,6 +170,11 @@ class OffloadEngine:
         self.pin = self.cuda
         self.blocks = [Block(c.num_src, c.num_dst, self._host(torch.from_numpy(c.indptr)),
                              self._host(torch.from_numpy(c.indices))) for c in self.chunks]
+        if not getattr(ops, "edge_weighted", True):
+            # SAGE, GCN: the transposes without edge ids, 8 bytes an edge less in host memory
+            # and in every copy of a chunk's transpose to the device
+            for b in self.blocks:
+                b.drop_edge_ids()
         self.contexts = [{k: self._host(v.to(x0.dtype) if v.is_floating_point() else v)
                           for k, v in ops.chunk_context(c.src, c.dst_begin, c.dst_end, "cpu").items()}
                          for c in self.chunks]
@@ -401,6 +409,8 @@ class ModelLayerOps:
         self.num_layers = model.num_layers
         self.convs = list(model.layers)
         self.is_gcn = [isinstance(conv, GCNConv) for conv in self.convs]
+        # whether any layer weights its edges (GAT): its backward reads the transpose's edge ids
+        self.edge_weighted = any(getattr(conv, "edge_weighted", True) for conv in self.convs)
         self.gcn_scale = gcn_norm(degree) if any(self.is_gcn) else None
 
     def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict:
@@ -413,8 +423,9 @@ class ModelLayerOps:
     def _kw(self, layer: int, ctx: dict) -> dict:
         return ctx if self.is_gcn[layer] else {}
 
-    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict) -> torch.Tensor:
-        return self.model.layer_forward(layer, block, x, **self._kw(layer, ctx))
+    def forward(self, layer: int, block, x: torch.Tensor, ctx: dict,
+                x_dst: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model.layer_forward(layer, block, x, h_dst=x_dst, **self._kw(layer, ctx))
 
     def can_cache(self, layer: int) -> bool:
         return bool(getattr(self.convs[layer], "cacheable", False))

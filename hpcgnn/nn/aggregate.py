@@ -89,8 +89,19 @@ def _csr(block):
     return _np(block.indptr), _np(block.indices)
 
 
+def edge_ids(t_eid):
+    """A transpose's edge ids ``t_eid`` for an edge-weighted op; a RuntimeError where the block
+    dropped them (:meth:`hpcgnn.sampling.block.Block.drop_edge_ids`: a model without per-edge
+    weights), never a weighted sum in the wrong order."""
+    if t_eid is None:
+        raise RuntimeError("an edge-weighted aggregation needs the transpose's edge ids, which this block "
+                           "dropped (Block.drop_edge_ids is for models without per-edge weights: SAGE, GCN)")
+    return t_eid
+
+
 def _transpose(block):
-    """(t_indptr, t_indices, t_eid) as numpy views; the block caches its transpose."""
+    """(t_indptr, t_indices, t_eid) as numpy views; the block caches its transpose (``t_eid``
+    None where it dropped them: :func:`edge_ids`)."""
     if hasattr(block, "transpose"):
         t = block.transpose()
         return _np(t[0]), _np(t[1]), _np(t[2])
@@ -151,7 +162,7 @@ class _SpmmSum(torch.autograd.Function):
             # grad_x[u] = sum_{e=(u->v)} w_e row_scale[v] g[v]: the transpose's columns are the v
             t_ptr, t_idx, t_eid = _transpose(block)
             grad_x = g.new_empty(block.num_src, g.shape[1])
-            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else t_eid, None,
+            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else edge_ids(t_eid), None,
                            _np(row_scale))
         if ctx.needs_input_grad[2]:
             if row_scale is not None:
@@ -195,7 +206,7 @@ def _adjacency(block, device, dtype, weight: torch.Tensor | None = None, transpo
     else:
         values = weight.to(device=device, dtype=dtype)
         if transpose:
-            values = values.index_select(0, parts[2])
+            values = values.index_select(0, edge_ids(parts[2]))
     return sparse_csr(parts[0], parts[1], values.contiguous(), size)
 
 
@@ -240,7 +251,7 @@ def _spmm_by_segments(block, x: torch.Tensor, weight: torch.Tensor | None = None
     if weight is not None:
         w = weight.detach().to(device=x.device, dtype=x.dtype)
         if transpose:
-            w = w.index_select(0, parts[2])
+            w = w.index_select(0, edge_ids(parts[2]))
         w = w.unsqueeze(1)
     nnz, d = int(ix.shape[0]), int(x.shape[1])
     step = max(1, min(d, int(max_elements) // max(nnz, 1)))
@@ -526,7 +537,7 @@ class _EdgeLogits(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             t_ptr, _, t_eid = _transpose(block)
             grad_el = g.new_empty(block.num_src, g.shape[1])
-            _spmm.segment_sum(t_ptr, _np(g), grad_el.numpy(), t_eid)
+            _spmm.segment_sum(t_ptr, _np(g), grad_el.numpy(), edge_ids(t_eid))
         return None, grad_el, grad_er, None
 
 
@@ -568,7 +579,7 @@ class _EdgeLogitsTorch(torch.autograd.Function):
             grad_er = segment_sum(_device_csr(block, g.device)[0], g, block.num_dst, det)
         if ctx.needs_input_grad[1]:
             t_ptr, _, t_eid = _device_csr(block, g.device, transpose=True)
-            grad_el = segment_sum(t_ptr, g.index_select(0, t_eid), block.num_src, det)
+            grad_el = segment_sum(t_ptr, g.index_select(0, edge_ids(t_eid)), block.num_src, det)
         return None, grad_el, grad_er, None, None
 
 
@@ -707,7 +718,7 @@ class _SpmmHeads(torch.autograd.Function):
             t_ptr, t_idx, t_eid = _transpose(block)
             grad_z = z.new_empty(z.shape)
             # transposed rows are sources; the self term of source row u < num_dst reads g[u]
-            _spmm.spmm_heads(t_ptr, t_idx, _np(alpha), _np(g), grad_z.numpy(), t_eid, _np(self_alpha))
+            _spmm.spmm_heads(t_ptr, t_idx, _np(alpha), _np(g), grad_z.numpy(), edge_ids(t_eid), _np(self_alpha))
         return None, grad_alpha, grad_z, grad_self
 
 

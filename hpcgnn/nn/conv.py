@@ -131,7 +131,14 @@ class SAGEConv(nn.Module):
         rank's full graph) projects first as before."""
         return sage_projects_first(self.in_dim, self.out_dim, block.num_src, block.num_dst, block.num_edges)
 
-    def forward(self, block, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, block, h: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
+        """Output rows [num_dst, out_dim] from source rows ``h`` [num_src, in_dim].
+
+        ``h_dst``: the destinations' own rows held apart from ``h`` (the same values as
+        ``h[:num_dst]``, e.g. a full-graph layer's rows before their halo exchange). A layer
+        that aggregates first then keeps ``h_dst`` for its weight gradient instead of a view
+        of ``h``, so ``h`` is freed once aggregated: a whole ``[num_src, in_dim]`` tensor less
+        until backward where the caller keeps ``h_dst`` anyway (dropout keeps its output)."""
         if self.projects_first(block):
             lin = self.lin_neigh
             if block.num_dst < h.shape[0] and h.dim() == 2 and lin.bias is None and lin.compute_dtype is None \
@@ -144,6 +151,8 @@ class SAGEConv(nn.Module):
         cd = self.lin_self.compute_dtype
         if cd == torch.bfloat16 and bf16_gather_pays(block, h, self.backend):
             return self._forward_bf16_gather(block, h)
+        if h_dst is not None and h_dst.shape[0] == block.num_dst and block.num_dst < h.shape[0]:
+            return self.update(aggregate_mean(block, h, **kernel_options(self)), h_dst, projected=False)
         # h is both the aggregated rows and the destinations' own: one gradient buffer for both
         neigh, h_dst = aggregate_sum_with_dst(block, h, row_scale=mean_scale(block, h.dtype), **kernel_options(self))
         return self.update(neigh, h_dst, projected=False)
@@ -173,6 +182,7 @@ class SAGEConv(nn.Module):
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
     update_needs_dst = True   # update reads the destinations' own rows (lin_self)
+    edge_weighted = False     # no per-edge weights: backward needs no transpose edge ids
 
     def aggregate(self, block, h: torch.Tensor) -> torch.Tensor:
         """Parameter-free, linear: the neighbour mean of ``h`` at the input width [num_dst, in_dim]."""
@@ -270,6 +280,7 @@ class GCNConv(nn.Module):
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
     update_needs_dst = False
+    edge_weighted = False     # the scales are per vertex: backward needs no transpose edge ids
 
     def aggregate(self, block, h: torch.Tensor, src_scale: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
         """Parameter-free, linear: ``dst_scale * (sum_u src_scale[u] h_u + src_scale[v] h_v)`` at the
@@ -355,3 +366,4 @@ class GATConv(nn.Module):
         return self.combine(block, z, el, dst_rows(block, z))
 
     cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer
+    edge_weighted = True    # attention weights per edge: backward reads the transpose's edge ids

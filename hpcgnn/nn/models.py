@@ -48,13 +48,19 @@ class GNN(nn.Module):
         """Input width of each layer (the width of ``h`` seen by ``hooks.before_layer``)."""
         return [layer.in_dim for layer in self.layers]
 
-    def layer_forward(self, l: int, block, h: torch.Tensor, **kwargs) -> torch.Tensor:
+    def layer_forward(self, l: int, block, h: torch.Tensor, h_dst: torch.Tensor | None = None,
+                      **kwargs) -> torch.Tensor:
         """Layer ``l`` on ``block`` (``h``: [num_src, in_dims[l]]), then ReLU + dropout unless last.
 
+        ``h_dst``: the destinations' own rows held apart from ``h`` (same values as
+        ``h[:num_dst]``); the layers that read them (SAGE) keep these for backward instead of a
+        view of ``h`` (:meth:`hpcgnn.nn.conv.SAGEConv.forward`); the others ignore it.
         ``kwargs`` go to the conv (GCN: ``src_scale``, ``dst_scale``). Returns [num_dst, width].
         """
         conv = self.layers[l]
         last = l == len(self.layers) - 1
+        if h_dst is not None and isinstance(conv, SAGEConv):
+            kwargs["h_dst"] = h_dst
         out = conv(block, h, **kwargs)
         if isinstance(conv, GATConv):
             out = out.mean(1) if last else out.flatten(1)

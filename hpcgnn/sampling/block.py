@@ -61,7 +61,8 @@ class Block:
         return self._cache["edge_dst"]
 
     def transpose(self, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(t_indptr [num_src+1], t_indices [nnz] destination positions, t_eid [nnz]) (cached).
+        """(t_indptr [num_src+1], t_indices [nnz] destination positions, t_eid [nnz]) (cached;
+        ``t_eid`` None after :meth:`drop_edge_ids`).
 
         Rows are sources; within a row, edges in increasing edge id (a stable sort by
         source), so ``t_indices == edge_dst()[t_eid]`` and ``indices[t_eid]`` is sorted.
@@ -84,7 +85,7 @@ class Block:
                 out = _transpose_torch(self.indptr, self.indices, self.num_src, self.edge_dst())
             self._cache["transpose"] = out
         if pin and self.device.type == "cpu" and not self._cache["transpose"][0].is_pinned():
-            self._cache["transpose"] = tuple(t.pin_memory() for t in self._cache["transpose"])
+            self._cache["transpose"] = tuple(None if t is None else t.pin_memory() for t in self._cache["transpose"])
         return self._cache["transpose"]
 
     def device_csr(self, device, transpose: bool = False) -> tuple:
@@ -95,19 +96,23 @@ class Block:
         key = ("csr_t" if transpose else "csr", str(device))
         if key not in self._cache:
             parts = self.transpose() if transpose else (self.indptr, self.indices)
-            self._cache[key] = tuple(t.to(device) for t in parts)
+            self._cache[key] = tuple(None if t is None else t.to(device) for t in parts)
         return self._cache[key]
 
     def sparse_csr(self, device, dtype, transpose: bool = False) -> torch.Tensor:
         """The unweighted adjacency as a torch sparse CSR tensor on ``device`` (cached per device
         and dtype; values 1): ``[num_dst, num_src]``, or its transpose ``[num_src, num_dst]``.
         Built once and reused while the block's topology lives (the torch kernels of
-        :mod:`hpcgnn.nn.aggregate`)."""
+        :mod:`hpcgnn.nn.aggregate`). Both directions share one values tensor of ones (read
+        only): 4 bytes an edge in float32, not 8."""
         device = torch.device(device)
         key = ("sparse_t" if transpose else "sparse", str(device), dtype)
         if key not in self._cache:
             parts = self.device_csr(device, transpose)
-            ones = torch.ones(self.num_edges, dtype=dtype, device=device)
+            ones_key = ("ones", str(device), dtype)
+            if ones_key not in self._cache:
+                self._cache[ones_key] = torch.ones(self.num_edges, dtype=dtype, device=device)
+            ones = self._cache[ones_key]
             self._cache[key] = sparse_csr(parts[0], parts[1], ones,
                                           (self.num_src, self.num_dst) if transpose else (self.num_dst, self.num_src))
         return self._cache[key]
@@ -144,8 +149,8 @@ class Block:
         def load_transpose(dev):
             parts = self.transpose(pin=pin)
             if count is not None:
-                count(sum(int(t.nbytes) for t in parts))
-            return tuple(copy(t) for t in parts)
+                count(sum(int(t.nbytes) for t in parts if t is not None))
+            return tuple(None if t is None else copy(t) for t in parts)
 
         if count is not None:
             count(int(self.indptr.nbytes + self.indices.nbytes))
@@ -162,8 +167,21 @@ class Block:
         for key, val in self._cache.items():
             if not isinstance(key, str):
                 continue   # per-device entries (device_csr, sparse_csr): the new block builds its own
-            b._cache[key] = tuple(t.to(device) for t in val) if isinstance(val, tuple) else val.to(device)
+            b._cache[key] = tuple(None if t is None else t.to(device) for t in val) \
+                if isinstance(val, tuple) else val.to(device)
         return b
+
+    def drop_edge_ids(self) -> None:
+        """Build the transpose (once, :meth:`transpose`) and forget its edge ids ``t_eid`` (8
+        bytes an edge), for a block on which no edge-weighted aggregation runs (SAGE, GCN: their
+        transposed products read ``t_indptr`` and ``t_indices`` only). The transpose's third
+        element is None afterwards, in copies made by :meth:`to` too; an edge-weighted op then
+        stops with a RuntimeError (:func:`hpcgnn.nn.aggregate.edge_ids`) instead of guessing."""
+        t_indptr, t_indices, _ = self.transpose()
+        self._cache["transpose"] = (t_indptr, t_indices, None)
+        for key, val in list(self._cache.items()):
+            if isinstance(key, tuple) and key[:1] == ("csr_t",):
+                self._cache[key] = (val[0], val[1], None)
 
 
 def _transpose_torch(indptr: torch.Tensor, indices: torch.Tensor, num_src: int,

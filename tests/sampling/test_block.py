@@ -137,3 +137,47 @@ def test_streamed_copy_takes_the_host_transpose_built_once(monkeypatch):
             assert torch.equal(a, b)
         assert copy.transpose() is got                  # cached on the copy for its backward
     assert len(sorts) == 1                              # one sort, on the host, for all uses
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_a_block_without_transpose_edge_ids_runs_unweighted_backward_and_refuses_weighted(backend):
+    """``Block.drop_edge_ids`` (the full graph's block of a SAGE or GCN model): the transpose
+    keeps its indices and drops its edge ids, in copies too (``to``; ``meta`` stands in for a
+    device); the unweighted aggregation's gradient equals the full block's bit for bit on both
+    kernel paths, and a weighted one stops with a RuntimeError instead of summing in the wrong
+    order."""
+    from hpcgnn.nn.aggregate import aggregate_sum
+
+    full = random_block(300, 500, 12, seed=9)
+    lean = Block(full.num_src, full.num_dst, full.indptr, full.indices)
+    lean.drop_edge_ids()
+    t_full, t_lean = full.transpose(), lean.transpose()
+    assert t_lean[2] is None and torch.equal(t_lean[0], t_full[0]) and torch.equal(t_lean[1], t_full[1])
+    moved = lean.to("meta")
+    assert moved.transpose()[2] is None and moved.transpose()[1].device.type == "meta"
+    x0, g = torch.randn(full.num_src, 16), torch.randn(full.num_dst, 16)
+    grads = []
+    for blk in (full, lean):
+        x = x0.clone().requires_grad_(True)
+        aggregate_sum(blk, x, backend=backend).backward(g)
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+    w = torch.rand(full.num_edges, requires_grad=True)
+    x = x0.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="edge ids"):
+        aggregate_sum(lean, x, w, backend=backend).backward(g)
+
+
+def test_both_sparse_directions_share_one_tensor_of_ones():
+    """The torch path's adjacency and its transpose (``Block.sparse_csr``) read one values
+    tensor (4 bytes an edge, not 8), each with the right shape and pattern: dense products
+    equal the dense adjacency's and its transpose's."""
+    blk = random_block(40, 70, 6, seed=4)
+    fwd, bwd = blk.sparse_csr("cpu", torch.float32), blk.sparse_csr("cpu", torch.float32, transpose=True)
+    assert fwd.values().data_ptr() == bwd.values().data_ptr()
+    assert fwd.shape == (40, 70) and bwd.shape == (70, 40)
+    dense = torch.zeros(40, 70).index_put_((blk.edge_dst(), blk.indices), torch.ones(blk.num_edges), accumulate=True)
+    x, g = torch.randn(70, 5), torch.randn(40, 5)
+    torch.testing.assert_close(fwd @ x, dense @ x)
+    torch.testing.assert_close(bwd @ g, dense.t() @ g)
+    assert blk.sparse_csr("cpu", torch.float64).values().dtype == torch.float64
