@@ -524,8 +524,9 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     ``nl`` feature rows. Each later layer keeps ``ns x (w_l + w_l+1)`` for backward (the
     neighbour mean and the ReLU+dropout output; its own rows are the previous layer's output,
     given apart from the exchanged input, :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it
-    projects first (``SAGEConv.projects_first``: few halo rows), all ``nl x w_l`` source rows
-    too. One layer at a
+    projects first (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of
+    the ``nh x w_l`` halo rows (in bfloat16 its rounded copy of the input instead, the
+    transient below). One layer at a
     time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
     they join) and in backward the gradient of the same size; in bfloat16 (``bf16``:
     ``train.precision = "bf16"``) also that input rounded to bfloat16, which the layer's gather
@@ -541,7 +542,7 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
         if sage_projects_first(wi, wo, nl, ns, ne):
-            kept += (nl * wi + 2 * ns * wo) * F32
+            kept += ((nl - ns) * wi + 2 * ns * wo) * F32
         else:
             kept += ns * (wi + wo) * F32
         transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
@@ -1102,11 +1103,12 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                 per_edge = DEVICE_BLOCK_EDGE_BYTES + (2 * I64 if cfg.model.arch == "gat" else 0)
                 out.terms["topology"] = int((ns + 1) * I64 + ne * per_edge + (nl + 1) * I64)
                 out.terms["backward"] = fullgraph_device_backward(cfg, meta, s)
-                if cfg.model.arch == "sage" and cfg.fullgraph.halo != "cached" \
-                        and out.terms["store_rows"] >= feature_bytes:
-                    # layer 0's own rows are the store's device rows (counted there), not a copy
+                if cfg.model.arch == "sage" and out.terms["store_rows"] >= feature_bytes:
+                    # layer 0's own rows are the store's device rows (counted there), not a copy;
+                    # with a halo cache too, whose exchanged layer-0 input is not kept (its own
+                    # rows are given apart: SAGEConv.forward's h_dst)
                     out.terms["activations"] -= ns * widths[0] * F32
-                elif cfg.model.arch != "gat" and cfg.fullgraph.halo == "cached" and widths[1] < widths[0]:
+                if cfg.model.arch != "gat" and cfg.fullgraph.halo == "cached" and widths[1] < widths[0]:
                     # layer 0 projects first: its aggregate is w1 wide, not w0
                     out.terms["activations"] -= ns * (widths[0] - widths[1]) * F32
                 # the cache's tiers are on the device; the pipeline's messages in flight only
@@ -1221,16 +1223,24 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
 
 def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     """Values each layer ``l >= 1`` of the in-memory full graph keeps of its input for backward
-    (index ``l - 1``): the exchanged ``nl x w_l`` rows, or for a SAGE layer that aggregates
-    first (not :func:`~hpcgnn.nn.conv.sage_projects_first`) only its ``ns x w_l`` neighbour
-    mean, since its own rows are the previous layer's output, given apart from the exchanged
-    rows (:meth:`hpcgnn.nn.conv.SAGEConv.forward`), which are then freed once aggregated."""
+    (index ``l - 1``): the exchanged ``nl x w_l`` rows; a SAGE layer gets its own rows apart
+    (the previous layer's output, kept anyway: :meth:`hpcgnn.nn.conv.SAGEConv.forward`) and keeps
+    only its ``ns x w_l`` neighbour mean when it aggregates first, or a copy of the ``nh x w_l``
+    halo rows when it projects first (:func:`~hpcgnn.nn.conv.sage_projects_first`; in
+    bfloat16, whose projection is not merged, the exchanged rows)."""
     from hpcgnn.nn.conv import sage_projects_first
 
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     sage = cfg.model.arch == "sage"
-    return [ns * widths[l] if sage and not sage_projects_first(widths[l], widths[l + 1], nl, ns, ne)
-            else nl * widths[l] for l in range(1, layers)]
+    bf16 = cfg.train.precision == "bf16"
+
+    def kept(l: int) -> int:
+        if not sage:
+            return nl * widths[l]
+        if not sage_projects_first(widths[l], widths[l + 1], nl, ns, ne):
+            return ns * widths[l]
+        return nl * widths[l] if bf16 else nh * widths[l]
+    return [kept(l) for l in range(1, layers)]
 
 
 def fullgraph_device_activations(cfg, meta, s: dict) -> int:

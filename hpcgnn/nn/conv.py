@@ -77,6 +77,34 @@ class _ProjectWithDst(torch.autograd.Function):
         return grad_h, grad_w, None
 
 
+class _ProjectApart(torch.autograd.Function):
+    """``h W^T`` [num_src, out] for source rows ``h`` whose first rows the caller also holds
+    apart (``h_dst`` [num_dst, in], the same values, kept by the caller anyway): backward's
+    weight gradient is ``g_z[:num_dst]^T h_dst + g_z[num_dst:]^T h[num_dst:]``, so this keeps
+    ``h_dst`` and a copy of the other rows, not ``h``: ``[num_dst, in]`` less until backward.
+    The input gradient ``g_z W`` is ``h``'s, all rows (``h_dst`` gets its own from the layer's
+    self term). For a float32 projection without bias (SAGE's ``lin_neigh``)."""
+
+    @staticmethod
+    def forward(ctx, h, h_dst, weight):
+        nd = h_dst.shape[0]
+        rest = h[nd:].clone() if ctx.needs_input_grad[2] else None
+        ctx.save_for_backward(h_dst if ctx.needs_input_grad[2] else None, rest, weight)
+        return F.linear(h, weight)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_z):
+        h_dst, rest, weight = ctx.saved_tensors
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_h = grad_z.mm(weight)
+        if ctx.needs_input_grad[2]:
+            nd = h_dst.shape[0]
+            grad_w = torch.addmm(grad_z[:nd].t().mm(h_dst), grad_z[nd:].t(), rest)
+        return grad_h, None, grad_w
+
+
 class SAGEConv(nn.Module):
     """GraphSAGE-mean (DistGNN-MB eq. 1 without the activation):
     ``out_v = W_n · mean_{u in N(v)} h_u + W_s · h_v + b``; mean over no neighbours = 0."""
@@ -138,12 +166,17 @@ class SAGEConv(nn.Module):
         ``h[:num_dst]``, e.g. a full-graph layer's rows before their halo exchange). A layer
         that aggregates first then keeps ``h_dst`` for its weight gradient instead of a view
         of ``h``, so ``h`` is freed once aggregated: a whole ``[num_src, in_dim]`` tensor less
-        until backward where the caller keeps ``h_dst`` anyway (dropout keeps its output)."""
+        until backward where the caller keeps ``h_dst`` anyway (dropout keeps its output); one
+        that projects first keeps ``h_dst`` and a copy of the other rows (:class:`_ProjectApart`):
+        ``[num_dst, in_dim]`` less."""
         if self.projects_first(block):
             lin = self.lin_neigh
             if block.num_dst < h.shape[0] and h.dim() == 2 and lin.bias is None and lin.compute_dtype is None \
                     and h.dtype == lin.weight.dtype and torch.is_grad_enabled() \
                     and (h.requires_grad or lin.weight.requires_grad):
+                if h_dst is not None and h_dst.shape[0] == block.num_dst:
+                    # the caller keeps the destinations' rows: keep them, not all of h
+                    return self.combine(block, _ProjectApart.apply(h, h_dst, lin.weight), h_dst)
                 # the destinations' own rows are a prefix of h: one gradient buffer for both uses
                 src, h_dst = _ProjectWithDst.apply(h, lin.weight, block.num_dst)
                 return self.combine(block, src, h_dst)
