@@ -490,9 +490,9 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.terms["chunks"] = int((5 if cfg.model.arch == "gat" else 4) * ne * I64)
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
-        sage = cfg.model.arch == "sage" and fg.halo != "cached" and layers >= 2
-        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers,
-                                                        cfg.train.precision == "bf16") if sage else \
+        sage = cfg.model.arch == "sage" and layers >= 2
+        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers, cfg.train.precision == "bf16",
+                                                        cached=fg.halo == "cached") if sage else \
             int(x0 + sum(per_layer))
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
@@ -516,12 +516,17 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     model_terms(cfg, meta, est)
 
 
-def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
+def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False,
+                         cached: bool = False) -> int:
     """SAGE on the in-memory full-graph engine (engine/fullgraph.py ``InMemoryFullGraph``).
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
     are released: ``ns x w0`` twice (own rows, aggregate), after a start-up transient of all
-    ``nl`` feature rows. Each later layer keeps ``ns x (w_l + w_l+1)`` for backward (the
+    ``nl`` feature rows. With a halo cache (``cached``; its tiers and messages are terms of
+    their own) layer 0 runs every pass on its fetched halo rows instead: it keeps its own rows
+    and, projecting first, a copy of the ``nh x w0`` halo rows (else its ``ns x w0`` neighbour
+    mean), and its forward holds the exchanged ``nl x w0`` input and its ``nl x w1``
+    projection at once. Each later layer keeps ``ns x (w_l + w_l+1)`` for backward (the
     neighbour mean and the ReLU+dropout output; its own rows are the previous layer's output,
     given apart from the exchanged input, :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it
     projects first (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of
@@ -539,6 +544,11 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
 
     kept = (2 * widths[0] + widths[1]) * ns * F32
     transient = 0
+    start = (nl + ns) * widths[0] * F32
+    if cached:
+        rest = (nl - ns) if sage_projects_first(widths[0], widths[1], nl, ns, ne) else ns
+        kept = ((ns + rest) * widths[0] + ns * widths[1]) * F32
+        transient, start = nl * (widths[0] + widths[1]) * F32, 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
         if sage_projects_first(wi, wo, nl, ns, ne):
@@ -546,7 +556,6 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
         else:
             kept += ns * (wi + wo) * F32
         transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
-    start = (nl + ns) * widths[0] * F32
     return int(max(start, kept + transient) + ne * I64)
 
 

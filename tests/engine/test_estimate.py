@@ -36,6 +36,11 @@ TWO_THREADS = {"HPCGNN_THREADS": "1"}
     ("cora-gcn-fullgraph.toml", ["--set", "train.epochs=3"]),
     ("cora-gcn-fullgraph.toml", ["--set", "train.epochs=2", "--set", "fullgraph.offload=true",
                                  "--set", "fullgraph.chunks=4"]),
+    # SAGE with the cached, pipelined halo: the in-memory SAGE formula with layer 0 run on
+    # fetched rows (sage_in_memory_bytes(cached=True)), the cache's tiers and messages
+    ("cora-gcn-fullgraph.toml", ["--set", "model.arch=sage", "--set", "model.hidden=256",
+                                 "--set", "train.epochs=3", "--set", "fullgraph.halo=cached",
+                                 "--set", "fullgraph.staleness=2", "--set", "fullgraph.pipeline=true"]),
     # 115 MB of parameters: the peak is in the optimizer phase (measured 1.25 GiB per rank,
     # estimated 0.69 GiB before the model terms)
     ("cora-sage.toml", ["--set", "model.hidden=10000", "--set", "train.epochs=1",
