@@ -43,6 +43,9 @@ nc = 50
 CASES = {
     "mb-exact-gcn": ["train.engine=minibatch", "minibatch.halo=exact", "model.arch=gcn"],
     "fg-gcn": ["train.engine=fullgraph", "model.arch=gcn"],
+    # in memory, 3 layers: a hidden layer that aggregates first and a last one that projects
+    # first, each given its own rows apart from the exchanged input (SAGEConv's h_dst)
+    "fg-sage": ["train.engine=fullgraph", "model.arch=sage", "model.hidden=16", "model.layers=3"],
     "fg-offload-sage": ["train.engine=fullgraph", "model.arch=sage", "fullgraph.offload=true",
                         "fullgraph.chunks=2", "model.hidden=16"],
     "tp-gat": ["train.engine=tensor", "model.arch=gat", "tensor.k=2", "tensor.chunks=2"],
@@ -50,7 +53,7 @@ CASES = {
 }
 # the cases run at each rank count (every engine at two or more counts; a launch trains each
 # case twice, so the launches are the file's cost)
-AT_RANKS = {1: list(CASES), 2: ["mb-exact-gcn", "fg-offload-sage", "tp-gat"],
+AT_RANKS = {1: list(CASES), 2: ["mb-exact-gcn", "fg-offload-sage", "fg-sage", "tp-gat"],
             4: ["mb-exact-gcn", "fg-gcn", "tp-gcn-coupled"]}
 DRIVER = """
 import sys
