@@ -144,3 +144,40 @@ def test_deterministic_device_runs_are_bit_identical():
                     + [p.grad.cpu() for p in conv.parameters()])
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("projects", [False, True])
+def test_full_graph_block_on_cuda_without_edge_ids_and_sage_given_its_own_rows(projects):
+    """The in-memory full graph's CUDA set-up and layer (stop 39, unmeasured on a GPU until
+    now): a host block that dropped its transpose's edge ids (``Block.drop_edge_ids``) copied to
+    the device keeps them dropped and its two sparse directions share one tensor of ones; a
+    SAGE layer on it, given its own rows apart (``h_dst``: aggregating first, or projecting
+    first through ``_ProjectApart``), equals the native layer on the CPU in values and every
+    gradient; and an edge-weighted aggregation on the block stops with a RuntimeError."""
+    host = random_block(1300 if projects else 5000, 1000, 8000, seed=7)
+    host.drop_edge_ids()
+    dev = host.to(CUDA)
+    assert dev.transpose()[2] is None and dev.transpose()[1].device.type == "cuda"
+    fwd, bwd = dev.sparse_csr(CUDA, torch.float32), dev.sparse_csr(CUDA, torch.float32, transpose=True)
+    assert fwd.values().data_ptr() == bwd.values().data_ptr()
+    torch.manual_seed(0)
+    conv = SAGEConv(32, 8 if projects else 32)
+    assert conv.projects_first(host) == projects
+    solid0, halo0 = torch.randn(1000, 32), torch.randn(host.num_src - 1000, 32)
+    g = torch.randn(1000, conv.out_dim)
+    got = []
+    for block, device, backend in ((host, "cpu", "native"), (dev, CUDA, "torch")):
+        c = copy.deepcopy(conv).to(device)
+        c.backend = backend
+        s = solid0.to(device).requires_grad_(True)
+        hl = halo0.to(device).requires_grad_(True)
+        solid = s * 1.0
+        out = c(block, torch.cat([solid, hl * 1.0]), h_dst=solid)
+        out.backward(g.to(device))
+        got.append((out.detach(), s.grad, hl.grad, c.lin_self.weight.grad, c.lin_neigh.weight.grad))
+    for a, b in zip(got[1], got[0]):
+        _close(a, b)
+    x = torch.randn(dev.num_src, 4, device=CUDA, requires_grad=True)
+    w = torch.rand(dev.num_edges, device=CUDA, requires_grad=True)
+    with pytest.raises(RuntimeError, match="edge ids"):
+        agg.aggregate_sum(dev, x, w, backend="torch").backward(torch.randn(dev.num_dst, 4, device=CUDA))
