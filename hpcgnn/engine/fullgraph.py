@@ -135,9 +135,10 @@ class InMemoryFullGraph:
             # backward's transpose: built once on the host by the native counting sort and copied
             # with the block, not sorted on the device in the first backward (a sort's buffers
             # and a per-edge destination vector, several bytes per edge beside the activations)
-            host_block.transpose()
-            if not self.ops.edge_weighted:
-                host_block.drop_edge_ids()      # SAGE, GCN: 8 bytes an edge less on the device
+            if self.ops.edge_weighted:
+                host_block.transpose()
+            else:
+                host_block.drop_edge_ids()      # built without its edge ids (SAGE, GCN): 8 bytes an edge
         self.block = host_block.to(self.device)
         self.ctx = self.ops.chunk_context(np.arange(graph.num_local), 0, graph.num_solid, self.device)
         self.x0 = graph.x0.to(self.device)

@@ -59,6 +59,7 @@ class LayerOps(Protocol):
     """
 
     num_layers: int
+    edge_weighted: bool     # some layer weights its edges: backward reads the transposes' edge ids
 
     def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict: ...
 
@@ -170,7 +171,7 @@ class OffloadEngine:
         self.pin = self.cuda
         self.blocks = [Block(c.num_src, c.num_dst, self._host(torch.from_numpy(c.indptr)),
                              self._host(torch.from_numpy(c.indices))) for c in self.chunks]
-        if not getattr(ops, "edge_weighted", True):
+        if not ops.edge_weighted:
             # SAGE, GCN: the transposes without edge ids, 8 bytes an edge less in host memory
             # and in every copy of a chunk's transpose to the device
             for b in self.blocks:
@@ -410,7 +411,7 @@ class ModelLayerOps:
         self.convs = list(model.layers)
         self.is_gcn = [isinstance(conv, GCNConv) for conv in self.convs]
         # whether any layer weights its edges (GAT): its backward reads the transpose's edge ids
-        self.edge_weighted = any(getattr(conv, "edge_weighted", True) for conv in self.convs)
+        self.edge_weighted = any(conv.edge_weighted for conv in self.convs)
         self.gcn_scale = gcn_norm(degree) if any(self.is_gcn) else None
 
     def chunk_context(self, src: np.ndarray, dst_begin: int, dst_end: int, device) -> dict:

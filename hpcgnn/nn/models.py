@@ -53,13 +53,14 @@ class GNN(nn.Module):
         """Layer ``l`` on ``block`` (``h``: [num_src, in_dims[l]]), then ReLU + dropout unless last.
 
         ``h_dst``: the destinations' own rows held apart from ``h`` (same values as
-        ``h[:num_dst]``); the layers that read them (SAGE) keep these for backward instead of a
-        view of ``h`` (:meth:`hpcgnn.nn.conv.SAGEConv.forward`); the others ignore it.
+        ``h[:num_dst]``); the layers that read them (``update_needs_dst``: SAGE) keep these for
+        backward instead of a view of ``h`` (:meth:`hpcgnn.nn.conv.SAGEConv.forward`); the
+        others are not given it.
         ``kwargs`` go to the conv (GCN: ``src_scale``, ``dst_scale``). Returns [num_dst, width].
         """
         conv = self.layers[l]
         last = l == len(self.layers) - 1
-        if h_dst is not None and isinstance(conv, SAGEConv):
+        if h_dst is not None and getattr(conv, "update_needs_dst", False):
             kwargs["h_dst"] = h_dst
         out = conv(block, h, **kwargs)
         if isinstance(conv, GATConv):

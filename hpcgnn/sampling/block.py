@@ -22,6 +22,12 @@ from hpcgnn.native import spmm as _spmm
 TRANSPOSE_FROM = ("transpose_from",)
 
 
+def _each(parts: tuple, fn) -> tuple:
+    """``fn`` of every tensor of ``parts`` (a CSR or a transpose), keeping a dropped part
+    (None: the edge ids after :meth:`Block.drop_edge_ids`) as None."""
+    return tuple(None if t is None else fn(t) for t in parts)
+
+
 @dataclass(eq=False)
 class Block:
     """CSR over destinations of one layer; see the module docstring for the conventions."""
@@ -85,7 +91,7 @@ class Block:
                 out = _transpose_torch(self.indptr, self.indices, self.num_src, self.edge_dst())
             self._cache["transpose"] = out
         if pin and self.device.type == "cpu" and not self._cache["transpose"][0].is_pinned():
-            self._cache["transpose"] = tuple(None if t is None else t.pin_memory() for t in self._cache["transpose"])
+            self._cache["transpose"] = _each(self._cache["transpose"], torch.Tensor.pin_memory)
         return self._cache["transpose"]
 
     def device_csr(self, device, transpose: bool = False) -> tuple:
@@ -96,7 +102,7 @@ class Block:
         key = ("csr_t" if transpose else "csr", str(device))
         if key not in self._cache:
             parts = self.transpose() if transpose else (self.indptr, self.indices)
-            self._cache[key] = tuple(None if t is None else t.to(device) for t in parts)
+            self._cache[key] = _each(parts, lambda t: t.to(device))
         return self._cache[key]
 
     def sparse_csr(self, device, dtype, transpose: bool = False) -> torch.Tensor:
@@ -150,7 +156,7 @@ class Block:
             parts = self.transpose(pin=pin)
             if count is not None:
                 count(sum(int(t.nbytes) for t in parts if t is not None))
-            return tuple(None if t is None else copy(t) for t in parts)
+            return _each(parts, copy)
 
         if count is not None:
             count(int(self.indptr.nbytes + self.indices.nbytes))
@@ -167,8 +173,7 @@ class Block:
         for key, val in self._cache.items():
             if not isinstance(key, str):
                 continue   # per-device entries (device_csr, sparse_csr): the new block builds its own
-            b._cache[key] = tuple(None if t is None else t.to(device) for t in val) \
-                if isinstance(val, tuple) else val.to(device)
+            b._cache[key] = _each(val, lambda t: t.to(device)) if isinstance(val, tuple) else val.to(device)
         return b
 
     def drop_edge_ids(self) -> None:
