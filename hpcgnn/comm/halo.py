@@ -174,6 +174,12 @@ class HaloProvider(ABC):
         """Whether there is anything to exchange (more than one rank)."""
         return self.comm is not None and self.comm.size > 1
 
+    #: Whether every exchange sends the rows it is given now and keeps none across calls (the
+    #: exact exchange): a layer may then exchange any row-wise function of its input, at any
+    #: width (its projection, :meth:`hpcgnn.engine.offload.LayerOps.exchanges_projection`).
+    #: A cache or a pipeline keeps each layer's input rows across epochs: False.
+    stateless: bool = True
+
     def reset_stats(self) -> None:
         self.stats.clear()
 

@@ -130,6 +130,8 @@ class CachedHalo(HaloProvider):
     ``widths`` [L]: the width of every layer's input; ``device``: where the device tier lives.
     Call :meth:`begin_epoch` before every training epoch, :meth:`close` after the last one."""
 
+    stateless = False    # it keeps rows of each layer's input across epochs
+
     def __init__(self, comm: Communicator | None, plan: HaloPlan, settings: CacheSettings, widths: list[int],
                  device="cpu", stats: dict | None = None):
         super().__init__(comm, plan, stats)

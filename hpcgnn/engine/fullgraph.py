@@ -4,7 +4,11 @@ Each rank holds its partition as one block (sources = solid + halo vertices,
 destinations = solid vertices). Before every layer after the first, the halo
 rows are fetched from their owners by the rank's :class:`~hpcgnn.comm.halo.HaloProvider`
 (:meth:`~hpcgnn.comm.halo.HaloProvider.exchange`, exact today; its backward sends the halo gradients back and sums them into the owners'
-rows); layer 0's halo features are exchanged once. The loss is the mean over
+rows); layer 0's halo features are exchanged once. A layer whose projection is narrower
+than its input (SAGE and GCN with ``out < in``, GAT with ``heads x out < in``: the last layer
+of a SAGE 64-47 model) exchanges that projection instead, computed by every rank on its own
+rows, when the provider is exact (``HaloProvider.stateless``): fewer bytes on the wire, no halo
+row projected by its receiver, and no ``[num_local, in]`` input to keep. The loss is the mean over
 all training vertices of the whole graph (sum of the local losses / global
 training count), so the allreduce **sums** the per-rank partial gradients: the
 step equals single-process full-graph training up to floating-point order.
@@ -146,6 +150,11 @@ class InMemoryFullGraph:
         self.meter = DeviceMemoryMeter(self.device, rss=False)   # device accounting; the timer's meter has RSS
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
+        # layers l >= 1 whose projection is narrower than their input exchange that instead (an
+        # exact provider only: a cache keeps rows of the input's width, of older weights);
+        # layer 0's halo rows are the partition's, exchanged once
+        self.exchange_projection = [l > 0 and self.halo.stateless and self.ops.exchanges_projection(l)
+                                    for l in range(self.ops.num_layers)]
         # Layer 0's aggregation reads only the features, which never change (no dropout before
         # layer 0): a cacheable layer 0 (SAGE, GCN) aggregates them once, and every forward runs
         # only its update (conv.update_from_aggregate). Not with a halo cache, whose layer-0
@@ -211,6 +220,11 @@ class InMemoryFullGraph:
             # keeps these for backward (dropout keeps them anyway), not a view of the exchanged
             # [num_local, w] rows, which are then freed once aggregated
             solid = None
+            if self.exchange_projection[l]:
+                # each rank projects its own rows; the narrower projection is exchanged
+                p = self.halo.exchange(l, self.ops.project(l, h, self.ctx))
+                h = self.ops.forward_from_projection(l, self.block, p, self.ctx, x_dst=h)
+                continue
             if l > 0:
                 solid, h = h, self.halo.exchange(l, h)
             elif self.fetch_x0:

@@ -82,6 +82,18 @@ class LayerOps(Protocol):
     def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:
         """Gradient w.r.t. the sources of :meth:`aggregate` ([num_src, d])."""
 
+    def exchanges_projection(self, layer: int) -> bool:
+        """Whether the layer's projection is narrower than its input (the in-memory full graph
+        then exchanges :meth:`project`'s rows instead of the input: fewer bytes, no halo row
+        projected twice)."""
+
+    def project(self, layer: int, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """Row-wise: the projection of rows ``x``, the first rows of the context's sources."""
+
+    def forward_from_projection(self, layer: int, block, p: torch.Tensor, ctx: dict,
+                                x_dst: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`forward` from the sources' projection ``p`` and the destinations' own rows."""
+
 
 @dataclass
 class OffloadSettings:
@@ -443,3 +455,15 @@ class ModelLayerOps:
 
     def aggregate_adjoint(self, layer: int, block, grad_agg: torch.Tensor, ctx: dict) -> torch.Tensor:
         return self.convs[layer].aggregate_adjoint(block, grad_agg, **self._kw(layer, ctx))
+
+    def exchanges_projection(self, layer: int) -> bool:
+        return bool(self.convs[layer].exchanges_projection)
+
+    def project(self, layer: int, x: torch.Tensor, ctx: dict) -> torch.Tensor:
+        if self.is_gcn[layer]:
+            return self.convs[layer].projection(x, ctx["src_scale"][:x.shape[0]])
+        return self.convs[layer].projection(x)
+
+    def forward_from_projection(self, layer: int, block, p: torch.Tensor, ctx: dict,
+                                x_dst: torch.Tensor | None) -> torch.Tensor:
+        return self.model.layer_forward_from_projection(layer, block, p, h_dst=x_dst, **self._kw(layer, ctx))

@@ -13,6 +13,11 @@ the split that host-offloaded training (:mod:`hpcgnn.engine.offload`) caches and
 around: ``forward(block, h) == update(aggregate(block, h), h[:num_dst])``, with
 ``aggregate_adjoint`` the transpose of ``aggregate``.
 
+Every layer also splits at its projection, which the in-memory full-graph engine exchanges
+instead of the layer's input when it is narrower (:attr:`SAGEConv.exchanges_projection`):
+``forward(block, h) == forward_from_projection(block, projection(h), h[:num_dst])``, with
+``projection`` row-wise, so each rank projects its own rows and sends the result.
+
 **GCN normalisation** (one definition, :func:`gcn_norm`, used by training, evaluation and
 inference): a GCN layer scales by ``(degree + 1)^-1/2`` (the ``+ 1`` is the self loop) the degrees
 of the graph the layer runs on: a sampled block's own degrees in minibatch training
@@ -45,6 +50,13 @@ def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, n
     if out_dim >= in_dim:
         return False
     return (num_src - num_dst) * in_dim * out_dim <= 8 * num_edges * (in_dim - out_dim)
+
+
+def exchanges_projection(in_dim: int, out_dim: int, heads: int = 1) -> bool:
+    """Whether a layer's projection (``heads x out_dim`` wide; 1 head for SAGE and GCN) is
+    narrower than its input, so that the in-memory full graph exchanges it instead of the input
+    (the layers' ``exchanges_projection``; the memory estimate uses it too)."""
+    return heads * out_dim < in_dim
 
 
 class _ProjectWithDst(torch.autograd.Function):
@@ -231,6 +243,22 @@ class SAGEConv(nn.Module):
         return aggregate_sum_adjoint(block, grad_agg * mean_scale(block, grad_agg.dtype).unsqueeze(1),
                                      **kernel_options(self))
 
+    # ---- the projection split (see the module docstring) -------------------------------------
+    @property
+    def exchanges_projection(self) -> bool:
+        """Whether :meth:`projection` is narrower than the input (``lin_neigh`` shrinks the width):
+        a full-graph layer then exchanges that instead of its input."""
+        return exchanges_projection(self.in_dim, self.out_dim)
+
+    def projection(self, h: torch.Tensor) -> torch.Tensor:
+        """``lin_neigh(h)`` [rows, out_dim], row-wise: what the aggregation reads."""
+        return self.lin_neigh(h)
+
+    def forward_from_projection(self, block, p: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        """Output rows [num_dst, out_dim] from the sources' :meth:`projection` ``p`` [num_src,
+        out_dim] and the destinations' own input rows ``h_dst`` [num_dst, in_dim]."""
+        return self.update(aggregate_mean(block, p, **kernel_options(self)), h_dst, projected=True)
+
 
 def gcn_norm(degree) -> torch.Tensor:
     """The GCN scale of vertices of ``degree`` (numpy or torch integers) in the graph a layer runs
@@ -279,7 +307,9 @@ class GCNConv(nn.Module):
         if tuple(src_scale.shape) != (block.num_src,) or tuple(dst_scale.shape) != (block.num_dst,):
             raise ValueError(f"GCNConv: src_scale/dst_scale must have shapes ({block.num_src},)/"
                              f"({block.num_dst},), got {tuple(src_scale.shape)}/{tuple(dst_scale.shape)}")
-        y = self.source_rows(h, src_scale)
+        return self._from_source_rows(block, self.source_rows(h, src_scale), dst_scale)
+
+    def _from_source_rows(self, block, y: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
         # y is both the aggregated rows and the self loop's: one gradient buffer for both
         agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, **kernel_options(self))
@@ -336,6 +366,24 @@ class GCNConv(nn.Module):
         gx[:block.num_dst] += g
         return gx * src_scale.to(grad_agg.dtype).unsqueeze(1)
 
+    # ---- the projection split (see the module docstring) -------------------------------------
+    @property
+    def exchanges_projection(self) -> bool:
+        """Whether :meth:`projection` is narrower than the input (``lin`` shrinks the width)."""
+        return exchanges_projection(self.in_dim, self.out_dim)
+
+    def projection(self, h: torch.Tensor, src_scale: torch.Tensor) -> torch.Tensor:
+        """:meth:`source_rows` of ``h`` with ``src_scale`` [rows] of the same rows."""
+        return self.source_rows(h, src_scale)
+
+    def forward_from_projection(self, block, y: torch.Tensor, src_scale: torch.Tensor | None = None,
+                                dst_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Output rows [num_dst, out_dim] from the sources' :meth:`projection` ``y`` [num_src,
+        out_dim] (``src_scale`` was applied there; ``dst_scale`` [num_dst] as in :meth:`forward`)."""
+        if dst_scale is None:
+            raise ValueError("GCNConv.forward_from_projection: dst_scale is required")
+        return self._from_source_rows(block, y, dst_scale)
+
 
 class GATConv(nn.Module):
     """Multi-head graph attention; returns [num_dst, heads, out_dim].
@@ -376,9 +424,7 @@ class GATConv(nn.Module):
     def source_rows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(z [num_src, heads, out_dim], el [num_src, heads])``: the projected rows and their
         source attention logits. Row-wise, so they may be computed in row chunks."""
-        z = self.fc(h).view(-1, self.heads, self.out_dim)
-        if self.project_activation:
-            z = torch.relu(z)
+        z = self.projection(h).view(-1, self.heads, self.out_dim)
         return z, (z * self.attn_src).sum(-1)
 
     def combine(self, block, z: torch.Tensor, el: torch.Tensor, z_dst: torch.Tensor,
@@ -397,6 +443,23 @@ class GATConv(nn.Module):
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
         z, el = self.source_rows(h)
         return self.combine(block, z, el, dst_rows(block, z))
+
+    # ---- the projection split (see the module docstring) -------------------------------------
+    @property
+    def exchanges_projection(self) -> bool:
+        """Whether :meth:`projection` (``heads x out_dim`` wide) is narrower than the input."""
+        return exchanges_projection(self.in_dim, self.out_dim, self.heads)
+
+    def projection(self, h: torch.Tensor) -> torch.Tensor:
+        """The projected rows ``z`` of :meth:`source_rows`, flattened: [rows, heads * out_dim]."""
+        z = self.fc(h)
+        return torch.relu(z) if self.project_activation else z
+
+    def forward_from_projection(self, block, z: torch.Tensor) -> torch.Tensor:
+        """[num_dst, heads, out_dim] from the sources' :meth:`projection` ``z`` [num_src,
+        heads * out_dim]; the source logits are computed here from ``z`` (row-wise)."""
+        z = z.view(-1, self.heads, self.out_dim)
+        return self.combine(block, z, (z * self.attn_src).sum(-1), dst_rows(block, z))
 
     cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer
     edge_weighted = True    # attention weights per edge: backward reads the transpose's edge ids

@@ -59,12 +59,27 @@ class GNN(nn.Module):
         ``kwargs`` go to the conv (GCN: ``src_scale``, ``dst_scale``). Returns [num_dst, width].
         """
         conv = self.layers[l]
-        last = l == len(self.layers) - 1
         if h_dst is not None and getattr(conv, "update_needs_dst", False):
             kwargs["h_dst"] = h_dst
-        out = conv(block, h, **kwargs)
-        if isinstance(conv, GATConv):
-            out = out.mean(1) if last else out.flatten(1)
+        return self._after_conv(l, conv(block, h, **kwargs))
+
+    def layer_forward_from_projection(self, l: int, block, p: torch.Tensor, h_dst: torch.Tensor | None = None,
+                                      **kwargs) -> torch.Tensor:
+        """:meth:`layer_forward` from the sources' projection ``p = layers[l].projection(h)``
+        [num_src, ...] (``conv.forward_from_projection``); ``h_dst`` [num_dst, in_dims[l]]: the
+        destinations' own input rows, given to the layers that read them (SAGE)."""
+        conv = self.layers[l]
+        if getattr(conv, "update_needs_dst", False):
+            if h_dst is None:
+                raise ValueError(f"layer {l} ({type(conv).__name__}) reads its own rows: h_dst is required")
+            kwargs["h_dst"] = h_dst
+        return self._after_conv(l, conv.forward_from_projection(block, p, **kwargs))
+
+    def _after_conv(self, l: int, out: torch.Tensor) -> torch.Tensor:
+        """A conv's output made the layer's: GAT's heads averaged (last layer) or joined, then
+        :meth:`between_layers`."""
+        if isinstance(self.layers[l], GATConv):
+            out = out.mean(1) if l == len(self.layers) - 1 else out.flatten(1)
         return self.between_layers(l, out)
 
     def between_layers(self, l: int, out: torch.Tensor) -> torch.Tensor:

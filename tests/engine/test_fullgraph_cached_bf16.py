@@ -202,7 +202,7 @@ def test_train_exact_bf16_through_the_config(tmp_path):
     g = toy_graph(120, 5.0, num_features=F, num_classes=3, seed=3)
     store = toy_store(tmp_path / "p2", g, 2, seed=3)
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\narch = "sage"\nhidden = 6\nlayers = 2\n[train]\nengine = "fullgraph"\n'
+    cfg.write_text('[model]\narch = "sage"\nhidden = 6\nlayers = 3\n[train]\nengine = "fullgraph"\n'
                    'epochs = 2\neval_every = 1\n[fullgraph]\nhalo_precision = "bf16"\n')
     proc = run_mpi(2, ["-m", "hpcgnn", "train", "--config", cfg, "--set", f"data.partitions={store}",
                        "--set", f"output.dir={tmp_path / 'run'}"], timeout=240, env={"HPCGNN_THREADS": "1"})
@@ -210,9 +210,10 @@ def test_train_exact_bf16_through_the_config(tmp_path):
     run = read_run(tmp_path / "run")
     assert run["attrs"]["fullgraph_halo_precision"] == "bf16" and run["attrs"]["fullgraph_halo"] == "exact"
     rows_sent = [load_partition(store, p).send_ids.shape[0] for p in range(2)]
-    # training's forward bytes: layer 1's rows (width 6) at 2 bytes a value, every epoch (the
-    # evaluation's fp32 exchanges are not training's)
-    assert (run["counters"]["halo_fwd_bytes"] == [[r * 6 * 2 for r in rows_sent]] * 2).all()
+    # training's forward bytes at 2 bytes a value, every epoch (the evaluation's fp32 exchanges
+    # are not training's): layer 1's input rows (6 -> 6, width 6) and layer 2's projection
+    # (6 -> 3 classes: the owners project, width 3)
+    assert (run["counters"]["halo_fwd_bytes"] == [[r * (6 + 3) * 2 for r in rows_sent]] * 2).all()
     assert np.isfinite(run["metrics"]["test_acc"]).all()
 
 

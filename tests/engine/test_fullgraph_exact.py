@@ -82,7 +82,8 @@ for arch in ("gcn", "sage", "gat"):
                 loss=loss, ref_loss=float(ref_loss),
                 grad_err=float(np.abs(flat - ref_grad).max() / np.abs(ref_grad).max()),
                 logit_err=float(np.abs(full - ref_logits).max()),
-                grad_norm=float(np.linalg.norm(ref_grad)))
+                grad_norm=float(np.linalg.norm(ref_grad)),
+                exchange_projection=getattr(runner, "exchange_projection", None))
 if r == 0:
     json.dump(report, open(out, "w"), indent=1)
 '''
@@ -112,3 +113,7 @@ def test_losses_gradients_logits_match_single_process(toy, ranks):
         assert abs(r["loss"] - r["ref_loss"]) < 1e-5 * max(1.0, r["ref_loss"]), (key, r)
         assert r["grad_err"] < 1e-4, (key, r)
         assert r["logit_err"] < 1e-4, (key, r)
+        if key.endswith("/in-memory"):
+            # 10 -> 8 -> 8 -> 4 classes (GAT: 2 heads of 8 -> 2 heads of 4): the last layer
+            # exchanges its projection, narrower than its input; layer 0 exchanges nothing
+            assert r["exchange_projection"] == [False, False, True], (key, r)

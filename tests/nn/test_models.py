@@ -338,6 +338,49 @@ def test_sage_given_its_own_rows_apart_keeps_no_exchanged_input(backend, project
 
 
 @pytest.mark.parametrize("backend", ["native", "torch"])
+@pytest.mark.parametrize("arch,variant", ARCHS)
+def test_a_layer_from_its_projection_equals_its_forward(backend, arch, variant):
+    """The projection split the in-memory full graph exchanges (``conv.projection`` row-wise on
+    the solid and on the halo rows apart, as each owner computes it, then
+    :meth:`GNN.layer_forward_from_projection`): output and every gradient (the rows', each
+    parameter's) equal :meth:`GNN.layer_forward` on the joined rows within 1e-5, in the last
+    layer (GAT's heads averaged) and a hidden one (ReLU + dropout off); and
+    ``exchanges_projection`` says whether the projection is narrower than the input."""
+    from hpcgnn.nn.conv import gcn_norm
+
+    blk = random_block(700, 300, 2400, seed=5)
+    nh = blk.num_src - blk.num_dst
+    deg = torch.randint(0, 9, (blk.num_src,))
+    for layers, l, width in ((2, 1, 24), (3, 1, 4)):
+        torch.manual_seed(1)
+        model = build_model(arch, 16, width, CLS, num_layers=layers, heads=HEADS, dropout=0.0,
+                            gat_variant=variant, backend=backend)
+        conv = model.layers[l]
+        heads = HEADS if arch == "gat" else 1
+        out_dim = CLS if l == layers - 1 else width
+        assert conv.exchanges_projection == (heads * out_dim < conv.in_dim)
+        kw = {"src_scale": gcn_norm(deg), "dst_scale": gcn_norm(deg[:blk.num_dst])} if arch == "gcn" else {}
+        solid0, halo0 = torch.randn(blk.num_dst, conv.in_dim), torch.randn(nh, conv.in_dim)
+        got = []
+        for split in (True, False):
+            model.zero_grad(set_to_none=True)
+            s, hl = solid0.clone().requires_grad_(True), halo0.clone().requires_grad_(True)
+            if split:
+                pk = {"src_scale": kw["src_scale"][:blk.num_dst]} if arch == "gcn" else {}
+                hk = {"src_scale": kw["src_scale"][blk.num_dst:]} if arch == "gcn" else {}
+                p = torch.cat([conv.projection(s, **pk), conv.projection(hl, **hk)])
+                out = model.layer_forward_from_projection(l, blk, p, h_dst=s, **kw)
+            else:
+                out = model.layer_forward(l, blk, torch.cat([s, hl]), **kw)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+            got.append([out.detach(), s.grad, hl.grad] + [q.grad for q in conv.parameters()])
+        for a, b in zip(*got):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reads its own rows: h_dst is required"):
+        build_model("sage", 16, 4, CLS, num_layers=2).layer_forward_from_projection(1, blk, torch.zeros(700, CLS))
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
 def test_sage_projecting_first_shares_one_gradient_buffer_bit_for_bit(backend):
     """A SAGE layer that projects first (the destinations a prefix of more source rows): its
     output and every gradient equal, bit for bit, those of the unmerged formula (projection of
