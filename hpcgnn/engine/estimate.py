@@ -492,7 +492,8 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     else:
         sage = cfg.model.arch == "sage" and layers >= 2
         est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers, cfg.train.precision == "bf16",
-                                                        cached=fg.halo == "cached") if sage else \
+                                                        cached=fg.halo == "cached",
+                                                        exact=fg.halo != "cached" and not fg.pipeline) if sage else \
             int(x0 + sum(per_layer))
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
@@ -517,7 +518,7 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
 
 
 def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False,
-                         cached: bool = False) -> int:
+                         cached: bool = False, exact: bool = True) -> int:
     """SAGE on the in-memory full-graph engine (engine/fullgraph.py ``InMemoryFullGraph``).
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
@@ -531,9 +532,12 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     given apart from the exchanged input, :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it
     projects first (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of
     the ``nh x w_l`` halo rows (in bfloat16 its rounded copy of the input instead, the
-    transient below). One layer at a
-    time also holds its exchanged input (the received halo rows and the ``nl x w_l`` tensor
-    they join) and in backward the gradient of the same size; in bfloat16 (``bf16``:
+    transient below); with an exact halo (``exact``: no cache, no pipeline) a layer with
+    ``w_l+1 < w_l`` exchanges its projection and keeps only ``ns x 2 w_l+1``
+    (:func:`sage_kept_input`). One layer at a
+    time also holds its exchanged input (the received ``nh x w_l`` halo rows and the ``nl x
+    w_l`` tensor they join) or in backward its gradient and the ``ns x w_l`` part of it that
+    goes to the solid rows (``2 nl x w_l+1`` for an exchanged projection); in bfloat16 (``bf16``:
     ``train.precision = "bf16"``) also that input rounded to bfloat16, which the layer's gather
     and product read (2 bytes a value; at products-like 1.0 on 4 ranks, 0.28 GiB per rank,
     which covers the measured bf16 peaks, 0.14-0.16 GiB above float32's, docs/benchmarks.md).
@@ -542,20 +546,24 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     """
     from hpcgnn.nn.conv import sage_projects_first
 
+    nh = nl - ns
     kept = (2 * widths[0] + widths[1]) * ns * F32
     transient = 0
     start = (nl + ns) * widths[0] * F32
     if cached:
-        rest = (nl - ns) if sage_projects_first(widths[0], widths[1], nl, ns, ne) else ns
+        rest = nh if sage_projects_first(widths[0], widths[1], nl, ns, ne) else ns
         kept = ((ns + rest) * widths[0] + ns * widths[1]) * F32
         transient, start = nl * (widths[0] + widths[1]) * F32, 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
-        if sage_projects_first(wi, wo, nl, ns, ne):
-            kept += ((nl - ns) * wi + 2 * ns * wo) * F32
+        kept += (sage_kept_input(ns, nh, ne, wi, wo, exact) +
+                 (2 if sage_projects_first(wi, wo, nl, ns, ne) or (exact and wo < wi) else 1) * ns * wo) * F32
+        if exact and wo < wi:       # its projection is exchanged: nl x wo, and its gradient
+            transient = max(transient, 2 * nl * wo * F32)
         else:
-            kept += ns * (wi + wo) * F32
-        transient = max(transient, 2 * nl * wi * F32 + (nl * wi * BF16 if bf16 else 0))
+            # forward: the received halo rows and the joined nl x w_l input; backward: the
+            # input's gradient and the exchange's solid-row part of it
+            transient = max(transient, (nl + max(ns, nh)) * wi * F32 + (nl * wi * BF16 if bf16 else 0))
     return int(max(start, kept + transient) + ne * I64)
 
 
@@ -1230,13 +1238,44 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
     return total
 
 
+def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:
+    """The width of the projection layer ``l`` of the in-memory full graph exchanges instead of
+    its input (``InMemoryFullGraph.exchange_projection``), None when it exchanges its input:
+    layer 0 (its halo rows are the partition's), the offloaded engine (it exchanges its
+    host-resident inputs), a halo cache or pipeline (they keep input rows), or a projection no
+    narrower than the input (:func:`hpcgnn.nn.conv.exchanges_projection`: ``w_l+1`` for SAGE
+    and GCN, ``heads x`` the per-head output for GAT)."""
+    from hpcgnn.nn.conv import exchanges_projection
+
+    m, fg = cfg.model, cfg.fullgraph
+    if l == 0 or fg.offload or fg.halo == "cached" or fg.pipeline:
+        return None
+    heads = m.heads if m.arch == "gat" else 1
+    out = widths[l + 1] if m.arch != "gat" or l == m.layers - 1 else m.hidden
+    return heads * out if exchanges_projection(widths[l], out, heads) else None
+
+
+def sage_kept_input(ns: int, nh: int, ne: int, wi: int, wo: int, exact: bool = True) -> int:
+    """Values a SAGE layer ``l >= 1`` of the in-memory full graph keeps of its exchanged input
+    for backward, ``w_l = wi -> w_l+1 = wo`` (float32; its own rows are given apart, the previous
+    layer's output, kept anyway: :meth:`hpcgnn.nn.conv.SAGEConv.forward`): none when it exchanges
+    its projection (``exact``: an exact halo, and ``wo < wi``); else its ``ns x wi`` neighbour
+    mean when it aggregates first, or a copy of the ``nh x wi`` halo rows when it projects first
+    (:func:`~hpcgnn.nn.conv.sage_projects_first`). The one rule of the device estimate
+    (:func:`fullgraph_kept_inputs`) and the host one (:func:`sage_in_memory_bytes`)."""
+    from hpcgnn.nn.conv import sage_projects_first
+
+    if exact and wo < wi:
+        return 0
+    return nh * wi if sage_projects_first(wi, wo, ns + nh, ns, ne) else ns * wi
+
+
 def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     """Values each layer ``l >= 1`` of the in-memory full graph keeps of its input for backward
-    (index ``l - 1``): the exchanged ``nl x w_l`` rows; a SAGE layer gets its own rows apart
-    (the previous layer's output, kept anyway: :meth:`hpcgnn.nn.conv.SAGEConv.forward`) and keeps
-    only its ``ns x w_l`` neighbour mean when it aggregates first, or a copy of the ``nh x w_l``
-    halo rows when it projects first (:func:`~hpcgnn.nn.conv.sage_projects_first`; in
-    bfloat16, whose projection is not merged, the exchanged rows)."""
+    (index ``l - 1``): none when it exchanges its projection (:func:`fullgraph_projection_width`:
+    the projection's input is the previous layer's output, kept anyway); else the exchanged
+    ``nl x w_l`` rows, or for SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not
+    merged, the exchanged rows of a layer that projects first)."""
     from hpcgnn.nn.conv import sage_projects_first
 
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
@@ -1244,11 +1283,11 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     bf16 = cfg.train.precision == "bf16"
 
     def kept(l: int) -> int:
-        if not sage:
+        if fullgraph_projection_width(cfg, widths, l) is not None:
+            return 0
+        if not sage or (bf16 and sage_projects_first(widths[l], widths[l + 1], nl, ns, ne)):
             return nl * widths[l]
-        if not sage_projects_first(widths[l], widths[l + 1], nl, ns, ne):
-            return ns * widths[l]
-        return nl * widths[l] if bf16 else nh * widths[l]
+        return sage_kept_input(ns, nh, ne, widths[l], widths[l + 1], exact=False)
     return [kept(l) for l in range(1, layers)]
 
 
@@ -1297,21 +1336,35 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     """Bytes the in-memory full graph's backward allocates on the device beside what forward
     kept (:func:`fullgraph_device_activations`), at its largest layer ``l >= 1`` (layer 0's
     input, the features, needs no gradient): the gradient of the layer's exchanged input
-    ``nl x w_l`` (twice; GCN once, its update reads the own rows through the scaled sources),
-    the transposed SpMM's ``nl x w_{l+1}`` output, the saved ``ns x w_l`` aggregate and the
-    ``ns x classes`` logits, less what the later layers kept of their inputs
-    (:func:`fullgraph_kept_inputs`), whose backward has ended and freed it; GAT also a gradient of its two per-edge tensors per head. Measured
-    against every torch allocation of a CPU epoch with ``train.kernels = "torch"``
-    (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md and docs/gpu.md): products-like SAGE
-    100-64-64-47 peaks in the last layer's backward, 1.04 of the traced peak at 0.25 and 1.0
-    with two input gradients kept (on the safe side); GCN 64-64-64-8 with a cached halo 1.11."""
+    ``nl x w_l`` (GAT twice; SAGE gets its own rows apart and GCN reads them through the scaled
+    sources: once), the transposed SpMM's ``nl x w_{l+1}`` output, the saved ``ns x w_l``
+    aggregate and the ``ns x classes`` logits; a layer that exchanges its projection
+    (:func:`fullgraph_projection_width`, ``wp`` wide) the transposed SpMM's ``nl x wp`` output,
+    two ``ns x wp`` gradients (scaled, and the solid rows' of the exchange), its input's
+    ``ns x w_l`` gradient and the logits. Less what the later layers kept of their inputs
+    (:func:`fullgraph_kept_inputs`), whose backward has ended and freed it; GAT also three
+    gradients of per-edge tensors per head. Measured against every torch allocation of a CPU
+    epoch with ``train.kernels = "torch"`` (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md
+    and docs/gpu.md): products-like SAGE 100-64-64-47 at 0.25 peaks in the last layer's backward
+    (its projection exchanged), this term 1.00 of it there; the whole estimate 1.07 / 1.06 of
+    the traced peak (ranks 0 / 1), GCN 1.04, SAGE cached + pipelined 1.02; the 20k-vertex SBM
+    of tests/bench/test_alloc_trace.py SAGE 1.17, GAT 1.06, GCN cached 1.13."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    grads = 1 if cfg.model.arch == "gcn" else 2     # GCN reads its own rows through the scaled sources
+    grads = 2 if cfg.model.arch == "gat" else 1     # SAGE gets its own rows apart, GCN reads them through the scaled sources
     kept = fullgraph_kept_inputs(cfg, meta, s)      # kept[l - 1]: layer l's
-    out = max((nl * (grads * widths[l] + widths[l + 1]) - sum(kept[l:]) + ns * (widths[l] + widths[-1])
-               for l in range(1, layers)), default=0) * F32
+
+    def layer(l: int) -> int:
+        later = sum(kept[l:])
+        wp = fullgraph_projection_width(cfg, widths, l)
+        if wp is not None:
+            # the transposed SpMM's nl x wp output, the scaled gradient and the solid rows'
+            # gradient of the exchange (ns x wp each), the projection's input gradient ns x w_l
+            # and the logits (traced: products-like SAGE 64-47, 1.00 of its last layer's backward)
+            return nl * wp + ns * (2 * wp + widths[l] + widths[-1]) - later
+        return nl * (grads * widths[l] + widths[l + 1]) - later + ns * (widths[l] + widths[-1])
+    out = max((layer(l) for l in range(1, layers)), default=0) * F32
     if cfg.model.arch == "gat" and layers > 1:
-        out += 2 * ne * cfg.model.heads * F32
+        out += 3 * ne * cfg.model.heads * F32   # traced: the softmax's and the logits' gradients
     return int(out)
 
 

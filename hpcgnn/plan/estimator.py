@@ -32,7 +32,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hpcgnn.engine.estimate import F32, I64, SAVED_PER_LAYER, expected_distinct, layer_widths
+from hpcgnn.engine.estimate import (F32, I64, SAVED_PER_LAYER, expected_distinct, fullgraph_projection_width,
+                                    layer_widths)
 
 # small torch operations per layer per chunk (offload) / per layer per iteration (minibatch) /
 # per layer per epoch (full graph), forward and backward together: counted from the engines'
@@ -251,14 +252,16 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     for l in range(1, layers):                       # halo rows forward, their gradients back
         if topo.ranks == 1:
             continue
-        fwd = nh * widths[l] * wire
+        # the rows' width: the layer's input, or its narrower projection (exact, in memory)
+        w = fullgraph_projection_width(cfg, widths, l) or widths[l]
+        fwd = nh * w * wire
         if cached:                                   # a cached row is re-sent once per S + 1 epochs
             fwd = nh * (widths[l] * wire + 4) / (getattr(fg, "staleness", 0) + 1)
         if pipelined:                                # overlapped with the rest of the epoch
             c.sent += fwd
         else:
             c.comm(fwd, calls=1)
-        c.comm(nh * widths[l] * F32, calls=1)        # gradients: always exact and blocking
+        c.comm(nh * w * F32, calls=1)                # gradients: always exact and blocking
     if fg.offload:
         k = max(fg.chunks, 1)
         recompute = fg.recompute == "recompute" or (fg.recompute == "auto" and cfg.model.arch == "gat")

@@ -72,12 +72,13 @@ def test_estimate_within_25_percent_of_measured_peak(cora_parts, tmp_path, confi
 def test_bf16_full_graph_estimate_holds_the_rounded_layer_input(cora_parts):
     """In bfloat16 a full-graph SAGE layer also holds its exchanged input rounded to bfloat16
     (solid + halo rows x width x 2 bytes): the estimate's activations grow by exactly that on
-    every rank (hidden 2048: the layers, not the start-up, set the peak)."""
+    every rank (hidden 2048: the layers, not the start-up, set the peak; 3 layers: layer 1,
+    2048 -> 2048, exchanges its input, the last its projection to the classes)."""
     parts = cora_parts(2)
     terms, rows = {}, {}
     for precision in ("fp32", "bf16"):
         got = run_cli(["inspect", str(parts), "--config", str(ROOT / "inputs" / "cora-gcn-fullgraph.toml"),
-                       "--json", "--set", "model.arch=sage", "--set", "model.hidden=2048",
+                       "--json", "--set", "model.arch=sage", "--set", "model.hidden=2048", "--set", "model.layers=3",
                        "--set", f"train.precision={precision}"], timeout=120)
         assert got.returncode == 0, got.stderr
         info = json.loads(got.stdout)
