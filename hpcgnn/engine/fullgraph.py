@@ -216,15 +216,15 @@ class InMemoryFullGraph:
             if l == 0 and self.cache_agg0:
                 h = self._layer0()
                 continue
-            # the solid rows before their halo exchange: a layer that reads its own rows (SAGE)
-            # keeps these for backward (dropout keeps them anyway), not a view of the exchanged
-            # [num_local, w] rows, which are then freed once aggregated
-            solid = None
             if self.exchange_projection[l]:
                 # each rank projects its own rows; the narrower projection is exchanged
                 p = self.halo.exchange(l, self.ops.project(l, h, self.ctx))
                 h = self.ops.forward_from_projection(l, self.block, p, self.ctx, x_dst=h)
                 continue
+            # the solid rows before their halo exchange: a layer that reads its own rows (SAGE)
+            # keeps these for backward (dropout keeps them anyway), not a view of the exchanged
+            # [num_local, w] rows, which are then freed once aggregated
+            solid = None
             if l > 0:
                 solid, h = h, self.halo.exchange(l, h)
             elif self.fetch_x0:
