@@ -441,8 +441,7 @@ class GATConv(nn.Module):
         return out
 
     def forward(self, block, h: torch.Tensor) -> torch.Tensor:
-        z, el = self.source_rows(h)
-        return self.combine(block, z, el, dst_rows(block, z))
+        return self.forward_from_projection(block, self.projection(h))
 
     # ---- the projection split (see the module docstring) -------------------------------------
     @property
