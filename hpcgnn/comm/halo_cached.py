@@ -110,6 +110,12 @@ class SenderState:
         return mask
 
 
+def uses_cached_halo(cfg) -> bool:
+    """Whether the config's full graph fetches its halo through :class:`CachedHalo` (a cache or a
+    pipeline, ``[fullgraph]``); else through the exact, stateless exchange."""
+    return cfg.fullgraph.halo == "cached" or bool(cfg.fullgraph.pipeline)
+
+
 class _Message:
     """One started halo message of a layer: the exchange and the epoch its rows belong to."""
 

@@ -490,10 +490,12 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.terms["chunks"] = int((5 if cfg.model.arch == "gat" else 4) * ne * I64)
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
+        from hpcgnn.comm.halo_cached import uses_cached_halo
+
         sage = cfg.model.arch == "sage" and layers >= 2
         est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers, cfg.train.precision == "bf16",
                                                         cached=fg.halo == "cached",
-                                                        exact=fg.halo != "cached" and not fg.pipeline) if sage else \
+                                                        exact=not uses_cached_halo(cfg)) if sage else \
             int(x0 + sum(per_layer))
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
@@ -544,7 +546,7 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     Plus the transpose of the local graph that backward's aggregation reads (one int64 per edge:
     its edge ids are dropped, :meth:`hpcgnn.sampling.block.Block.drop_edge_ids`).
     """
-    from hpcgnn.nn.conv import sage_projects_first
+    from hpcgnn.nn.conv import exchanges_projection, sage_projects_first
 
     nh = nl - ns
     kept = (2 * widths[0] + widths[1]) * ns * F32
@@ -556,9 +558,10 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
         transient, start = nl * (widths[0] + widths[1]) * F32, 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
+        projection = exact and exchanges_projection(wi, wo)     # exchanged instead of the input
         kept += (sage_kept_input(ns, nh, ne, wi, wo, exact) +
-                 (2 if sage_projects_first(wi, wo, nl, ns, ne) or (exact and wo < wi) else 1) * ns * wo) * F32
-        if exact and wo < wi:       # its projection is exchanged: nl x wo, and its gradient
+                 (2 if projection or sage_projects_first(wi, wo, nl, ns, ne) else 1) * ns * wo) * F32
+        if projection:              # nl x wo, and its gradient
             transient = max(transient, 2 * nl * wo * F32)
         else:
             # forward: the received halo rows and the joined nl x w_l input; backward: the
@@ -1245,10 +1248,11 @@ def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:
     host-resident inputs), a halo cache or pipeline (they keep input rows), or a projection no
     narrower than the input (:func:`hpcgnn.nn.conv.exchanges_projection`: ``w_l+1`` for SAGE
     and GCN, ``heads x`` the per-head output for GAT)."""
+    from hpcgnn.comm.halo_cached import uses_cached_halo
     from hpcgnn.nn.conv import exchanges_projection
 
-    m, fg = cfg.model, cfg.fullgraph
-    if l == 0 or fg.offload or fg.halo == "cached" or fg.pipeline:
+    m = cfg.model
+    if l == 0 or cfg.fullgraph.offload or uses_cached_halo(cfg):
         return None
     heads = m.heads if m.arch == "gat" else 1
     out = widths[l + 1] if m.arch != "gat" or l == m.layers - 1 else m.hidden
@@ -1263,9 +1267,9 @@ def sage_kept_input(ns: int, nh: int, ne: int, wi: int, wo: int, exact: bool = T
     mean when it aggregates first, or a copy of the ``nh x wi`` halo rows when it projects first
     (:func:`~hpcgnn.nn.conv.sage_projects_first`). The one rule of the device estimate
     (:func:`fullgraph_kept_inputs`) and the host one (:func:`sage_in_memory_bytes`)."""
-    from hpcgnn.nn.conv import sage_projects_first
+    from hpcgnn.nn.conv import exchanges_projection, sage_projects_first
 
-    if exact and wo < wi:
+    if exact and exchanges_projection(wi, wo):
         return 0
     return nh * wi if sage_projects_first(wi, wo, ns + nh, ns, ne) else ns * wi
 

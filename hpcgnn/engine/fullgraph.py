@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn.comm.halo import ExactHalo, HaloPlan, HaloProvider
-from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
+from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo, uses_cached_halo
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
 from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
@@ -341,11 +341,6 @@ class OffloadedFullGraph:
         return {"chunks": e.num_chunks, "batches": len(e.schedule.batches), "schedule": e.schedule.method,
                 "modes": e.modes, "capacity_rows": e.plan.capacity, "volumes": vols,
                 "predicted_h2d_rows_per_layer_pass": e.predicted_h2d_rows()}
-
-
-def uses_cached_halo(cfg) -> bool:
-    """Whether the config asks for :class:`~hpcgnn.comm.halo_cached.CachedHalo`."""
-    return cfg.fullgraph.halo == "cached" or cfg.fullgraph.pipeline
 
 
 def cache_settings(cfg) -> CacheSettings:
