@@ -120,7 +120,8 @@ def test_exit_status_and_signals_pass_through(server):
     # a signal sent to the client (as a launcher or batch system does) reaches the program
     proc = through(server, ["-c", "import signal, sys, time\n"
                             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
-                            "print('ready', flush=True)\ntime.sleep(60)"], popen=True)
+                            "print('ready', flush=True)\n"
+                            "for _ in range(600):\n    time.sleep(0.1)"], popen=True)  # see test_supervisor.SLEEP_60_S
     assert first_line(proc) == "ready\n"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 5
