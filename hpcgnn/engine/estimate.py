@@ -493,10 +493,15 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         from hpcgnn.comm.halo_cached import uses_cached_halo
 
         sage = cfg.model.arch == "sage" and layers >= 2
-        est.terms["activations"] = sage_in_memory_bytes(ns, nl, ne, widths, layers, cfg.train.precision == "bf16",
-                                                        cached=fg.halo == "cached",
-                                                        exact=not uses_cached_halo(cfg)) if sage else \
-            int(x0 + sum(per_layer))
+        bf16 = cfg.train.precision == "bf16"
+        if sage:
+            act = sage_in_memory_bytes(ns, nl, ne, widths, layers, bf16, cached=fg.halo == "cached",
+                                       exact=not uses_cached_halo(cfg))
+        elif cfg.model.arch == "gcn" and layers >= 2 and not uses_cached_halo(cfg):
+            act = gcn_in_memory_bytes(ns, nl, ne, widths, layers, bf16)
+        else:
+            act = int(x0 + sum(per_layer))
+        est.terms["activations"] = act
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts); on a GPU also "
                                      "fullgraph.offload = true with fullgraph.chunks (host memory "
                                      "holds the rows then)") if cfg.train.device != "cuda" else \
@@ -568,6 +573,42 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
             # input's gradient and the exchange's solid-row part of it
             transient = max(transient, (nl + max(ns, nh)) * wi * F32 + (nl * wi * BF16 if bf16 else 0))
     return int(max(start, kept + transient) + ne * I64)
+
+
+def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
+    """GCN on the in-memory full-graph engine with an exact halo (no cache, no pipeline).
+
+    Layer 0's aggregate is computed once at start-up from every local feature row: the scaled
+    ``nl x w0`` copy and the ``ns x w0`` aggregate (the self loop goes into it in place,
+    :meth:`hpcgnn.nn.conv.GCNConv.aggregate`), after which the halo's feature rows are
+    released. Kept for backward: layer 0's aggregate (its product's input) and ReLU+dropout
+    output, ``ns x (w0 + w1)``; each later layer that exchanges its input its aggregate (the
+    product's input, the self loop added in place) and output, ``ns x (w_l + w_l+1)``; a layer
+    that exchanges its narrower projection (:func:`hpcgnn.nn.conv.exchanges_projection`) its
+    aggregate and output, ``2 ns x w_l+1``. One layer at a time also holds, forward, the
+    exchanged ``nl x w_l`` input, its scaled ``nl x w_l`` copy that the aggregation reads and
+    the destinations' own ``ns x w_l`` rows of it (the self loop), or backward the gradients of
+    those two ``nl x w_l`` tensors and one ``ns x w_l``; ``2 nl x w_l+1`` for an exchanged
+    projection (it and its gradient). In bfloat16 each product also keeps its input rounded
+    (``ns x w_l``, 2 bytes a value). Plus the transpose of the local graph that backward's
+    aggregation reads (one int64 per edge) and the two degree scales. Traced (every torch
+    allocation of a native-kernel epoch, ``python -m hpcgnn.bench.alloc_trace``, docs/plan.md):
+    products-like 100-64-64-47 at 0.25 on 2 ranks peaks in layer 1's forward, 992 / 1022 MiB,
+    a 60k-vertex SBM at 128-256-256-8 in layer 1's forward too."""
+    from hpcgnn.nn.conv import exchanges_projection
+
+    start = (nl + ns) * widths[0] * F32
+    kept = ns * (widths[0] + widths[1]) * (F32 + (BF16 if bf16 else 0))
+    transient = 0
+    for l in range(1, layers):
+        wi, wo = widths[l], widths[l + 1]
+        if exchanges_projection(wi, wo):
+            kept += 2 * ns * wo * F32 + (ns * wi * BF16 if bf16 else 0)
+            transient = max(transient, 2 * nl * wo * F32)
+        else:
+            kept += ns * (wi + wo) * F32 + (ns * wi * BF16 if bf16 else 0)
+            transient = max(transient, (2 * nl + ns) * wi * F32)
+    return int(max(start, kept + transient) + ne * I64 + 2 * nl * F32)
 
 
 def model_host_bytes(est: MemoryEstimate, ranks: int) -> int:
@@ -1351,7 +1392,7 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     epoch with ``train.kernels = "torch"`` (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md
     and docs/gpu.md): products-like SAGE 100-64-64-47 at 0.25 peaks in the last layer's backward
     (its projection exchanged), this term 1.00 of it there; the whole estimate 1.07 / 1.06 of
-    the traced peak (ranks 0 / 1), GCN 1.04, SAGE cached + pipelined 1.02; the 20k-vertex SBM
+    the traced peak (ranks 0 / 1), GCN 1.10 / 1.09, SAGE cached + pipelined 1.02; the 20k-vertex SBM
     of tests/bench/test_alloc_trace.py SAGE 1.17, GAT 1.06, GCN cached 1.13."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 2 if cfg.model.arch == "gat" else 1     # SAGE gets its own rows apart, GCN reads them through the scaled sources

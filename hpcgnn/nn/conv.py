@@ -38,7 +38,7 @@ from torch import nn
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
                                   aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate,
                                   kernel_options, mean_scale)
-from hpcgnn.nn.precision import Linear
+from hpcgnn.nn.precision import Linear, linear
 
 GAT_VARIANTS = ("distgnn", "standard")
 
@@ -313,7 +313,11 @@ class GCNConv(nn.Module):
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
         # y is both the aggregated rows and the self loop's: one gradient buffer for both
         agg, y_dst = aggregate_sum_with_dst(block, y, row_scale=dst_scale, **kernel_options(self))
-        return self._finish(agg, y_dst, dst_scale)
+        # the self loop added into the aggregate in place: y_dst is not kept for backward (its
+        # factor is a constant), so neither it nor a third [num_dst, w] tensor outlives this line
+        out = agg.addcmul_(y_dst, dst_scale.unsqueeze(1))
+        del agg, y_dst
+        return self._update(out)
 
     @property
     def project_first(self) -> bool:
@@ -331,14 +335,16 @@ class GCNConv(nn.Module):
         """Output rows of ``block``'s destinations from ``y = source_rows(h, src_scale)``, the
         destinations' own rows of ``y`` (``y_dst``, the self loop) and ``dst_scale`` [num_dst]."""
         dst_scale = dst_scale.detach().to(device=y.device, dtype=y.dtype)
-        return self._finish(aggregate_sum(block, y, row_scale=dst_scale, **kernel_options(self)), y_dst, dst_scale)
+        agg = aggregate_sum(block, y, row_scale=dst_scale, **kernel_options(self))
+        return self._update(agg.addcmul_(y_dst, dst_scale.unsqueeze(1)))
 
-    def _finish(self, agg: torch.Tensor, y_dst: torch.Tensor, dst_scale: torch.Tensor) -> torch.Tensor:
-        """The layer's output from the scaled neighbour sum ``agg``, the self loop's rows and scale."""
-        out = agg + y_dst * dst_scale.unsqueeze(1)
+    def _update(self, out: torch.Tensor) -> torch.Tensor:
+        """The layer's output from ``out`` = the scaled neighbour sum plus the self loop (a
+        tensor of the layer's own, which nothing else reads: the bias goes into it in place
+        when the product came first; else the product and the bias are one GEMM)."""
         if not self.project_first:
-            out = self.lin(out)
-        return out if self.bias is None else out + self.bias
+            return linear(self.lin, out, self.bias)
+        return out if self.bias is None else out.add_(self.bias)
 
     # ---- the cache split (see the module docstring) ---------------------------------------
     cacheable = True
@@ -351,7 +357,8 @@ class GCNConv(nn.Module):
         s_src = src_scale.to(h.dtype).unsqueeze(1)
         s_dst = dst_scale.to(h.dtype)
         y = h * s_src
-        return aggregate_sum(block, y, row_scale=s_dst, **kernel_options(self)) + dst_rows(block, y) * s_dst.unsqueeze(1)
+        agg = aggregate_sum(block, y, row_scale=s_dst, **kernel_options(self))
+        return agg.addcmul_(dst_rows(block, y), s_dst.unsqueeze(1))     # no [num_dst, in_dim] temporaries
 
     def update_from_aggregate(self, agg: torch.Tensor, h_dst: torch.Tensor | None = None) -> torch.Tensor:
         """``lin(agg) + bias``: ``forward(block, h, s, d) == update_from_aggregate(aggregate(block, h, s, d))``."""

@@ -34,6 +34,17 @@ class Linear(nn.Linear):
         return F.linear(x.to(cd), self.weight.to(cd), bias).to(x.dtype)
 
 
+def linear(lin: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``lin(x) + bias`` for a bias that is not ``lin``'s own (``lin`` has none): in float32 one
+    GEMM with the bias as its addend (no ``[rows, out]`` product beside the sum); with a lower
+    ``compute_dtype`` the bias is added in float32 after the product, as the layer would."""
+    if bias is None:
+        return lin(x)
+    if lin.bias is None and (lin.compute_dtype is None or x.dtype == lin.compute_dtype):
+        return F.linear(x, lin.weight, bias)
+    return lin(x) + bias
+
+
 def set_precision(model: nn.Module, precision: str) -> nn.Module:
     """Set every :class:`Linear` of ``model`` to ``precision`` ("fp32" or "bf16"); returns it."""
     if precision not in PRECISIONS:

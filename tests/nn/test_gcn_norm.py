@@ -27,18 +27,18 @@ def scales_used(conv: GCNConv, block, h, monkeypatch) -> tuple[torch.Tensor, tor
     """(source, destination) scales ``conv`` applies on ``block`` when the caller passes none
     (the minibatch engine's training forward)."""
     seen = {}
-    source_rows, finish = GCNConv.source_rows, GCNConv._finish
+    source_rows, from_source_rows = GCNConv.source_rows, GCNConv._from_source_rows
 
     def spy_source(self, h, src_scale):
         seen["src"] = src_scale.detach().clone()
         return source_rows(self, h, src_scale)
 
-    def spy_finish(self, agg, y_dst, dst_scale):
+    def spy_from_source_rows(self, block, y, dst_scale):
         seen["dst"] = dst_scale.detach().clone()
-        return finish(self, agg, y_dst, dst_scale)
+        return from_source_rows(self, block, y, dst_scale)
 
     monkeypatch.setattr(GCNConv, "source_rows", spy_source)
-    monkeypatch.setattr(GCNConv, "_finish", spy_finish)
+    monkeypatch.setattr(GCNConv, "_from_source_rows", spy_from_source_rows)
     conv(block, h)
     monkeypatch.undo()
     return seen["src"], seen["dst"]
