@@ -1318,9 +1318,11 @@ def sage_kept_input(ns: int, nh: int, ne: int, wi: int, wo: int, exact: bool = T
 def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     """Values each layer ``l >= 1`` of the in-memory full graph keeps of its input for backward
     (index ``l - 1``): none when it exchanges its projection (:func:`fullgraph_projection_width`:
-    the projection's input is the previous layer's output, kept anyway); else the exchanged
-    ``nl x w_l`` rows, or for SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not
-    merged, the exchanged rows of a layer that projects first)."""
+    the projection's input is the previous layer's output, kept anyway); for GCN its ``ns x
+    w_l`` aggregate, the product's input (the scaled rows are not kept: their factor is a
+    constant), or the exchanged ``nl x w_l`` rows when it projects first (a halo cache); for
+    SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the exchanged
+    rows of a layer that projects first); else (GAT) the exchanged ``nl x w_l`` rows."""
     from hpcgnn.nn.conv import sage_projects_first
 
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
@@ -1330,6 +1332,8 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     def kept(l: int) -> int:
         if fullgraph_projection_width(cfg, widths, l) is not None:
             return 0
+        if cfg.model.arch == "gcn":
+            return (nl if widths[l + 1] < widths[l] else ns) * widths[l]
         if not sage or (bf16 and sage_projects_first(widths[l], widths[l + 1], nl, ns, ne)):
             return nl * widths[l]
         return sage_kept_input(ns, nh, ne, widths[l], widths[l + 1], exact=False)
@@ -1392,8 +1396,8 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     epoch with ``train.kernels = "torch"`` (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md
     and docs/gpu.md): products-like SAGE 100-64-64-47 at 0.25 peaks in the last layer's backward
     (its projection exchanged), this term 1.00 of it there; the whole estimate 1.07 / 1.06 of
-    the traced peak (ranks 0 / 1), GCN 1.10 / 1.09, SAGE cached + pipelined 1.02; the 20k-vertex SBM
-    of tests/bench/test_alloc_trace.py SAGE 1.17, GAT 1.06, GCN cached 1.13."""
+    the traced peak (ranks 0 / 1), GCN 1.09 / 1.08, SAGE cached + pipelined 1.02; the 20k-vertex SBM
+    of tests/bench/test_alloc_trace.py SAGE 1.17, GAT 1.06, GCN 1.08, GCN cached 1.18."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 2 if cfg.model.arch == "gat" else 1     # SAGE gets its own rows apart, GCN reads them through the scaled sources
     kept = fullgraph_kept_inputs(cfg, meta, s)      # kept[l - 1]: layer l's

@@ -372,22 +372,54 @@ class _SpmmSumDst(torch.autograd.Function):
         return None, grad_x, None
 
 
+class _CsrSumDst(torch.autograd.Function):
+    """:class:`_SpmmSumDst` on the torch path: ``(diag(row_scale) A x, x[:num_dst])`` whose
+    backward writes the transposed SpMM into a new [num_src, D] tensor and adds the
+    destinations' own gradient into its first rows in place (autograd's gradient of the slice
+    would be a second, zero-filled [num_src, D] tensor, alive beside the first until summed)."""
+
+    @staticmethod
+    def forward(ctx, block, x, row_scale, deterministic):
+        out = csr_spmm(block, x, deterministic=deterministic)
+        if row_scale is not None:
+            out.mul_(row_scale.unsqueeze(1))
+        ctx.block, ctx.deterministic = block, deterministic
+        ctx.save_for_backward(row_scale)
+        return out, x[:block.num_dst].clone() if block.num_dst < block.num_src else x[:block.num_dst]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, grad_dst):
+        (row_scale,) = ctx.saved_tensors
+        block = ctx.block
+        if grad_out is None:
+            grad_x = grad_dst.new_zeros(block.num_src, grad_dst.shape[1])
+        else:
+            g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
+            grad_x = csr_spmm(block, g, transpose=True, deterministic=ctx.deterministic)
+        if grad_dst is not None:
+            grad_x[:block.num_dst] += grad_dst
+        return None, grad_x, None, None
+
+
 def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | None = None,
                            backend: str = "auto", deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(aggregate_sum(block, x, row_scale=row_scale), x[:num_dst])`` for a layer that reads
     both (SAGE, GCN: the neighbours and the destination's own row), x [num_src, D]. Same values;
-    on the native backend the gradient of ``x`` is built in one buffer (see ``_SpmmSumDst``)
+    the gradient of ``x`` is built in one buffer (``_SpmmSumDst`` native, ``_CsrSumDst`` torch)
     instead of autograd's zero-filled slice gradient plus a sum of two full-size gradients, and
     the destination rows come as their own tensor when fewer than the sources (a layer keeps
     them for backward; a view would keep all of ``x``). Without a gradient to ``x`` (a layer-0
     input) they stay a view, which keeps ``x`` until backward."""
     _check_rows(block, x, "aggregate_sum_with_dst")
-    if x.dim() != 2 or not _use_native(x, backend) or not x.requires_grad or not torch.is_grad_enabled():
+    if x.dim() != 2 or not x.requires_grad or not torch.is_grad_enabled():
         return (aggregate_sum(block, x, row_scale=row_scale, backend=backend, deterministic=deterministic),
                 dst_rows(block, x))
     if row_scale is not None:
         row_scale = row_scale.detach().to(x.dtype)
-    return _SpmmSumDst.apply(block, x, row_scale)
+    if _use_native(x, backend):
+        return _SpmmSumDst.apply(block, x, row_scale)
+    return _CsrSumDst.apply(block, x, row_scale, bool(deterministic))
 
 
 def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto",

@@ -162,12 +162,13 @@ def test_gather_rows_equals_index_select_with_invalid_rows_zero(backend):
     assert agg.gather_rows(x, index[:0], 500, backend=backend).shape == (0, 37)
 
 
+@pytest.mark.parametrize("backend", ["native", "torch"])
 @pytest.mark.parametrize("shape", BLOCKS)
 @pytest.mark.parametrize("use", ["both", "agg", "dst"])
-def test_sum_with_dst_equals_sum_and_slice_bitwise(shape, use):
+def test_sum_with_dst_equals_sum_and_slice_bitwise(shape, use, backend):
     """aggregate_sum_with_dst: the same values as (aggregate_sum, x[:num_dst]) and, with one
     gradient buffer, bitwise the gradient autograd builds from the slice and the sum (float32),
-    also when only one of the two outputs is used."""
+    also when only one of the two outputs is used; on either kernel path."""
     b = _block(shape, seed=3)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(b.num_src, 7, generator=gen, requires_grad=True)
@@ -177,9 +178,9 @@ def test_sum_with_dst_equals_sum_and_slice_bitwise(shape, use):
     def run(fused):
         x.grad = None
         if fused:
-            a, d = agg.aggregate_sum_with_dst(b, x, row_scale=scale)
+            a, d = agg.aggregate_sum_with_dst(b, x, row_scale=scale, backend=backend)
         else:
-            a, d = agg.aggregate_sum(b, x, row_scale=scale), x[:b.num_dst]
+            a, d = agg.aggregate_sum(b, x, row_scale=scale, backend=backend), x[:b.num_dst]
         loss = {"both": (a * ga).sum() + (d * gd).sum(), "agg": (a * ga).sum(), "dst": (d * gd).sum()}[use]
         loss.backward()
         return a.detach(), d.detach(), x.grad.clone()
@@ -188,5 +189,5 @@ def test_sum_with_dst_equals_sum_and_slice_bitwise(shape, use):
         assert torch.equal(got, want)
     if b.num_src:
         assert torch.autograd.gradcheck(
-            lambda x: agg.aggregate_sum_with_dst(b, x, row_scale=scale.double(), backend="native"),
+            lambda x: agg.aggregate_sum_with_dst(b, x, row_scale=scale.double(), backend=backend),
             (x.detach().double().requires_grad_(),), fast_mode=True)
