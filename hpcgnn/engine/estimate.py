@@ -530,7 +530,7 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
     are released: ``ns x w0`` twice (own rows, aggregate), after a start-up transient of all
-    ``nl`` feature rows. With a halo cache (``cached``; its tiers and messages are terms of
+    ``nl`` feature rows beside the feature store's ``ns`` and the aggregate. With a halo cache (``cached``; its tiers and messages are terms of
     their own) layer 0 runs every pass on its fetched halo rows instead: it keeps its own rows
     and, projecting first, a copy of the ``nh x w0`` halo rows (else its ``ns x w0`` neighbour
     mean), and its forward holds the exchanged ``nl x w0`` input and its ``nl x w1``
@@ -556,7 +556,7 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     nh = nl - ns
     kept = (2 * widths[0] + widths[1]) * ns * F32
     transient = 0
-    start = (nl + ns) * widths[0] * F32
+    start = (nl + 2 * ns) * widths[0] * F32
     if cached:
         rest = nh if sage_projects_first(widths[0], widths[1], nl, ns, ne) else ns
         kept = ((ns + rest) * widths[0] + ns * widths[1]) * F32
@@ -578,36 +578,31 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
 def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
     """GCN on the in-memory full-graph engine with an exact halo (no cache, no pipeline).
 
-    Layer 0's aggregate is computed once at start-up from every local feature row: the scaled
-    ``nl x w0`` copy and the ``ns x w0`` aggregate (the self loop goes into it in place,
+    Layer 0's aggregate is computed once at start-up from every local feature row: beside the
+    ``nl x w0`` rows and the feature store's ``ns x w0``, their scaled ``nl x w0`` copy and the
+    ``ns x w0`` aggregate (the self loop goes into it in place,
     :meth:`hpcgnn.nn.conv.GCNConv.aggregate`), after which the halo's feature rows are
     released. Kept for backward: layer 0's aggregate (its product's input) and ReLU+dropout
-    output, ``ns x (w0 + w1)``; each later layer that exchanges its input its aggregate (the
-    product's input, the self loop added in place) and output, ``ns x (w_l + w_l+1)``; a layer
-    that exchanges its narrower projection (:func:`hpcgnn.nn.conv.exchanges_projection`) its
-    aggregate and output, ``2 ns x w_l+1``. One layer at a time also holds, forward, the
-    exchanged ``nl x w_l`` input, its scaled ``nl x w_l`` copy that the aggregation reads and
-    the destinations' own ``ns x w_l`` rows of it (the self loop), or backward the gradients of
-    those two ``nl x w_l`` tensors and one ``ns x w_l``; ``2 nl x w_l+1`` for an exchanged
-    projection (it and its gradient). In bfloat16 each product also keeps its input rounded
-    (``ns x w_l``, 2 bytes a value). Plus the transpose of the local graph that backward's
-    aggregation reads (one int64 per edge) and the two degree scales. Traced (every torch
-    allocation of a native-kernel epoch, ``python -m hpcgnn.bench.alloc_trace``, docs/plan.md):
-    products-like 100-64-64-47 at 0.25 on 2 ranks peaks in layer 1's forward, 992 / 1022 MiB,
-    a 60k-vertex SBM at 128-256-256-8 in layer 1's forward too."""
-    from hpcgnn.nn.conv import exchanges_projection
-
-    start = (nl + ns) * widths[0] * F32
+    output, ``ns x (w0 + w1)``; each later layer its aggregate (the product's input, the self
+    loop added in place) and output, ``ns x (w_l + w_l+1)``, or ``2 ns x w_l+1`` when it
+    projects first. Every layer ``l >= 1`` exchanges its source rows, ``wp = min(w_l, w_l+1)``
+    wide (:func:`hpcgnn.nn.conv.exchanged_width`: each rank scales, or projects and scales, its
+    own rows), so one layer at a time also holds, forward, the exchanged ``nl x wp`` rows and
+    the destinations' own ``ns x wp`` (the self loop), or backward the ``nl x wp`` gradient and
+    two ``ns x wp`` (the exchange's solid rows, the scale's). In bfloat16 each product also
+    keeps its input rounded (``ns x w_l``, 2 bytes a value). Plus the transpose of the local
+    graph that backward's aggregation reads (one int64 per edge) and the two degree scales.
+    Traced (every torch allocation of a native-kernel epoch, ``python -m
+    hpcgnn.bench.alloc_trace``, docs/plan.md): products-like 100-64-64-47 at 0.25 on 2 ranks
+    peaks in layer 1's forward."""
+    start = 2 * (nl + ns) * widths[0] * F32
     kept = ns * (widths[0] + widths[1]) * (F32 + (BF16 if bf16 else 0))
     transient = 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
-        if exchanges_projection(wi, wo):
-            kept += 2 * ns * wo * F32 + (ns * wi * BF16 if bf16 else 0)
-            transient = max(transient, 2 * nl * wo * F32)
-        else:
-            kept += ns * (wi + wo) * F32 + (ns * wi * BF16 if bf16 else 0)
-            transient = max(transient, (2 * nl + ns) * wi * F32)
+        wp = min(wi, wo)
+        kept += (2 * ns * wo if wo < wi else ns * (wi + wo)) * F32 + (ns * wi * BF16 if bf16 else 0)
+        transient = max(transient, (nl + 2 * ns) * wp * F32)
     return int(max(start, kept + transient) + ne * I64 + 2 * nl * F32)
 
 
@@ -1286,18 +1281,19 @@ def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:
     """The width of the projection layer ``l`` of the in-memory full graph exchanges instead of
     its input (``InMemoryFullGraph.exchange_projection``), None when it exchanges its input:
     layer 0 (its halo rows are the partition's), the offloaded engine (it exchanges its
-    host-resident inputs), a halo cache or pipeline (they keep input rows), or a projection no
-    narrower than the input (:func:`hpcgnn.nn.conv.exchanges_projection`: ``w_l+1`` for SAGE
-    and GCN, ``heads x`` the per-head output for GAT)."""
+    host-resident inputs), a halo cache or pipeline (they keep input rows), or a SAGE or GAT
+    projection no narrower than the input (:func:`hpcgnn.nn.conv.exchanged_width`: ``w_l+1``
+    for SAGE, ``heads x`` the per-head output for GAT; GCN's source rows, ``min(w_l, w_l+1)``,
+    always)."""
     from hpcgnn.comm.halo_cached import uses_cached_halo
-    from hpcgnn.nn.conv import exchanges_projection
+    from hpcgnn.nn.conv import exchanged_width
 
     m = cfg.model
     if l == 0 or cfg.fullgraph.offload or uses_cached_halo(cfg):
         return None
     heads = m.heads if m.arch == "gat" else 1
     out = widths[l + 1] if m.arch != "gat" or l == m.layers - 1 else m.hidden
-    return heads * out if exchanges_projection(widths[l], out, heads) else None
+    return exchanged_width(m.arch, widths[l], out, heads)
 
 
 def sage_kept_input(ns: int, nh: int, ne: int, wi: int, wo: int, exact: bool = True) -> int:
@@ -1320,7 +1316,8 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     (index ``l - 1``): none when it exchanges its projection (:func:`fullgraph_projection_width`:
     the projection's input is the previous layer's output, kept anyway); for GCN its ``ns x
     w_l`` aggregate, the product's input (the scaled rows are not kept: their factor is a
-    constant), or the exchanged ``nl x w_l`` rows when it projects first (a halo cache); for
+    constant), or when it projects first nothing (exchanged) or the ``nl x w_l`` rows (a halo
+    cache); for
     SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the exchanged
     rows of a layer that projects first); else (GAT) the exchanged ``nl x w_l`` rows."""
     from hpcgnn.nn.conv import sage_projects_first
@@ -1330,10 +1327,13 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     bf16 = cfg.train.precision == "bf16"
 
     def kept(l: int) -> int:
-        if fullgraph_projection_width(cfg, widths, l) is not None:
-            return 0
+        exchanged = fullgraph_projection_width(cfg, widths, l) is not None
         if cfg.model.arch == "gcn":
-            return (nl if widths[l + 1] < widths[l] else ns) * widths[l]
+            if widths[l + 1] < widths[l]:       # projects first: the product's input
+                return 0 if exchanged else nl * widths[l]
+            return ns * widths[l]               # the aggregate, the product's input
+        if exchanged:
+            return 0
         if not sage or (bf16 and sage_projects_first(widths[l], widths[l + 1], nl, ns, ne)):
             return nl * widths[l]
         return sage_kept_input(ns, nh, ne, widths[l], widths[l + 1], exact=False)
@@ -1396,14 +1396,21 @@ def fullgraph_device_backward(cfg, meta, s: dict) -> int:
     epoch with ``train.kernels = "torch"`` (``python -m hpcgnn.bench.alloc_trace``, docs/plan.md
     and docs/gpu.md): products-like SAGE 100-64-64-47 at 0.25 peaks in the last layer's backward
     (its projection exchanged), this term 1.00 of it there; the whole estimate 1.07 / 1.06 of
-    the traced peak (ranks 0 / 1), GCN 1.09 / 1.08, SAGE cached + pipelined 1.02; the 20k-vertex SBM
-    of tests/bench/test_alloc_trace.py SAGE 1.17, GAT 1.06, GCN 1.08, GCN cached 1.18."""
+    the traced peak (ranks 0 / 1), GCN 1.02 / 1.02 (a 60k SBM at 128-256-256-8 1.12), SAGE
+    cached + pipelined 1.02; the 20k-vertex SBM of tests/bench/test_alloc_trace.py SAGE 1.17,
+    GAT 1.06, GCN 1.13 (hidden 256; 1.08 at 64), GCN cached 1.10."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     grads = 2 if cfg.model.arch == "gat" else 1     # SAGE gets its own rows apart, GCN reads them through the scaled sources
     kept = fullgraph_kept_inputs(cfg, meta, s)      # kept[l - 1]: layer l's
 
+    # GCN's product comes last in a layer's forward, so its backward runs first and frees the
+    # layer's own kept input (the aggregate) before the input gradient exists (traced: a 60k
+    # SBM, 128-256-256-8, peaks in layer 1's backward without it); the layer's ReLU + dropout
+    # output, freed before that too, stays counted
+    own = 1 if cfg.model.arch == "gcn" else 0
+
     def layer(l: int) -> int:
-        later = sum(kept[l:])
+        later = sum(kept[l - own:])
         wp = fullgraph_projection_width(cfg, widths, l)
         if wp is not None:
             # the transposed SpMM's nl x wp output, the scaled gradient and the solid rows'

@@ -150,9 +150,10 @@ class InMemoryFullGraph:
         self.meter = DeviceMemoryMeter(self.device, rss=False)   # device accounting; the timer's meter has RSS
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
-        # layers l >= 1 whose projection is narrower than their input exchange that instead (an
-        # exact provider only: a cache keeps rows of the input's width, of older weights);
-        # layer 0's halo rows are the partition's, exchanged once
+        # layers l >= 1 exchange their projection instead of their input where the layer says so
+        # (SAGE, GAT: narrower; GCN: always, its source rows; nn.conv.exchanged_width). An exact
+        # provider only: a cache keeps rows of the input's width, of older weights; layer 0's
+        # halo rows are the partition's, exchanged once
         self.exchange_projection = [l > 0 and self.halo.stateless and self.ops.exchanges_projection(l)
                                     for l in range(self.ops.num_layers)]
         # Layer 0's aggregation reads only the features, which never change (no dropout before
@@ -176,20 +177,22 @@ class InMemoryFullGraph:
             # the solid rows are the store's; a halo cache fetches the halo rows itself
             ns = graph.num_solid
             self.x0 = self.x0.new_empty((0, self.x0.shape[1])) if self.fetch_x0 else self.x0[ns:].clone()
-        if self.device.type == "cpu" and not self.ops.edge_weighted:
-            # backward's transpose without its edge ids (SAGE, GCN: 8 bytes an edge), built now,
-            # after layer 0's aggregate let the halo's feature rows go, not in the first backward
-            self.block.drop_edge_ids()
 
     def release_graph_inputs(self, graph: LocalGraph) -> None:
         """Let ``graph`` hold this runner's rows instead of all of its own (the runner keeps
         only what it reads: with layer 0's aggregate cached, the solid feature rows, or none;
-        on a GPU the host copy keeps no rows, only its width; with a feature store it keeps none)."""
+        on a GPU the host copy keeps no rows, only its width; with a feature store it keeps none).
+        On the CPU then build backward's transpose without its edge ids (SAGE, GCN: 8 bytes an
+        edge; its counting sort holds them while it runs), once the feature rows of the halo
+        are gone, not beside them and not in the first backward. A runner used without this
+        call builds it in its first backward, edge ids kept."""
         if self.features is not None:
             graph.x0 = torch.empty((0, self.x0.shape[1]), dtype=self.x0.dtype)
         elif self.cache_agg0:
             graph.x0 = self.x0 if self.x0.device.type == "cpu" else \
                 torch.empty((0, self.x0.shape[1]), dtype=self.x0.dtype)
+        if self.device.type == "cpu" and not self.ops.edge_weighted:
+            self.block.drop_edge_ids()
 
     def _layer0(self) -> torch.Tensor:
         """Layer 0's output rows [num_solid, ...] from the cached aggregate of the features."""
@@ -220,6 +223,7 @@ class InMemoryFullGraph:
                 # each rank projects its own rows; the narrower projection is exchanged
                 p = self.halo.exchange(l, self.ops.project(l, h, self.ctx))
                 h = self.ops.forward_from_projection(l, self.block, p, self.ctx, x_dst=h)
+                del p       # not kept by backward: freed before the next layer's exchange
                 continue
             # the solid rows before their halo exchange: a layer that reads its own rows (SAGE)
             # keeps these for backward (dropout keeps them anyway), not a view of the exchanged

@@ -83,9 +83,10 @@ class LayerOps(Protocol):
         """Gradient w.r.t. the sources of :meth:`aggregate` ([num_src, d])."""
 
     def exchanges_projection(self, layer: int) -> bool:
-        """Whether the layer's projection is narrower than its input (the in-memory full graph
-        then exchanges :meth:`project`'s rows instead of the input: fewer bytes, no halo row
-        projected twice)."""
+        """Whether the in-memory full graph exchanges :meth:`project`'s rows instead of the
+        layer's input (:func:`hpcgnn.nn.conv.exchanged_width`): SAGE and GAT when the projection
+        is narrower (fewer bytes, no halo row projected twice), GCN always (its source rows:
+        no scaled copy of every local row)."""
 
     def project(self, layer: int, x: torch.Tensor, ctx: dict) -> torch.Tensor:
         """Row-wise: the projection of rows ``x``, the first rows of the context's sources."""

@@ -16,7 +16,10 @@ around: ``forward(block, h) == update(aggregate(block, h), h[:num_dst])``, with
 Every layer also splits at its projection, which the in-memory full-graph engine exchanges
 instead of the layer's input when it is narrower (:attr:`SAGEConv.exchanges_projection`):
 ``forward(block, h) == forward_from_projection(block, projection(h), h[:num_dst])``, with
-``projection`` row-wise, so each rank projects its own rows and sends the result.
+``projection`` row-wise, so each rank projects its own rows and sends the result. GCN's
+projection is its source rows (the input scaled by the source scale, projected first when
+narrower), which it always exchanges: the receiver then holds no scaled copy of all its rows
+(:func:`exchanged_width`).
 
 **GCN normalisation** (one definition, :func:`gcn_norm`, used by training, evaluation and
 inference): a GCN layer scales by ``(degree + 1)^-1/2`` (the ``+ 1`` is the self loop) the degrees
@@ -55,8 +58,18 @@ def sage_projects_first(in_dim: int, out_dim: int, num_src: int, num_dst: int, n
 def exchanges_projection(in_dim: int, out_dim: int, heads: int = 1) -> bool:
     """Whether a layer's projection (``heads x out_dim`` wide; 1 head for SAGE and GCN) is
     narrower than its input, so that the in-memory full graph exchanges it instead of the input
-    (the layers' ``exchanges_projection``; the memory estimate uses it too)."""
+    (SAGE's and GAT's ``exchanges_projection``; the memory estimate uses it too)."""
     return heads * out_dim < in_dim
+
+
+def exchanged_width(arch: str, in_dim: int, out_dim: int, heads: int = 1) -> int | None:
+    """The width of what a full-graph layer ``l >= 1`` with an exact halo exchanges instead of
+    its input (the layers' ``exchanges_projection`` and ``projection``), None when it exchanges
+    its input: GCN always its source rows, ``min(in, out)`` wide; SAGE and GAT their
+    projection (``heads x out_dim``) when it is narrower (:func:`exchanges_projection`)."""
+    if arch == "gcn":
+        return min(in_dim, out_dim)
+    return heads * out_dim if exchanges_projection(in_dim, out_dim, heads) else None
 
 
 class _ProjectWithDst(torch.autograd.Function):
@@ -376,8 +389,9 @@ class GCNConv(nn.Module):
     # ---- the projection split (see the module docstring) -------------------------------------
     @property
     def exchanges_projection(self) -> bool:
-        """Whether :meth:`projection` is narrower than the input (``lin`` shrinks the width)."""
-        return exchanges_projection(self.in_dim, self.out_dim)
+        """Always: :meth:`projection` (the source rows) is no wider than the input, and a
+        full-graph layer that exchanges it instead holds no scaled copy of all its rows."""
+        return True
 
     def projection(self, h: torch.Tensor, src_scale: torch.Tensor) -> torch.Tensor:
         """:meth:`source_rows` of ``h`` with ``src_scale`` [rows] of the same rows."""

@@ -53,6 +53,7 @@ def sbm_parts(tmp_path_factory):
 
 @pytest.mark.parametrize("sets", [("model.arch=sage", "model.hidden=64", "model.layers=3"),
                                   ("model.arch=gat", "model.hidden=16", "model.layers=2"),
+                                  ("model.arch=gcn", "model.hidden=256", "model.layers=3"),
                                   ("model.arch=gcn", "model.hidden=64", "model.layers=3", "fullgraph.halo=cached",
                                    "fullgraph.staleness=2", "fullgraph.pipeline=true")])
 def test_fullgraph_device_estimate_within_25_percent_of_every_allocation(sbm_parts, tmp_path, sets):

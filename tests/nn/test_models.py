@@ -344,8 +344,9 @@ def test_a_layer_from_its_projection_equals_its_forward(backend, arch, variant):
     :meth:`GNN.layer_forward_from_projection`): output and every gradient (the rows', each
     parameter's) equal :meth:`GNN.layer_forward` on the joined rows within 1e-5, in the last
     layer (GAT's heads averaged) and a hidden one (ReLU + dropout off); and
-    ``exchanges_projection`` says whether the projection is narrower than the input."""
-    from hpcgnn.nn.conv import gcn_norm
+    ``exchanges_projection`` says whether the full graph exchanges it: SAGE and GAT when
+    narrower than the input, GCN always (its source rows), as ``exchanged_width`` says."""
+    from hpcgnn.nn.conv import exchanged_width, gcn_norm
 
     blk = random_block(700, 300, 2400, seed=5)
     nh = blk.num_src - blk.num_dst
@@ -357,7 +358,10 @@ def test_a_layer_from_its_projection_equals_its_forward(backend, arch, variant):
         conv = model.layers[l]
         heads = HEADS if arch == "gat" else 1
         out_dim = CLS if l == layers - 1 else width
-        assert conv.exchanges_projection == (heads * out_dim < conv.in_dim)
+        assert conv.exchanges_projection == (arch == "gcn" or heads * out_dim < conv.in_dim)
+        width_sent = exchanged_width(arch, conv.in_dim, out_dim, heads)
+        assert width_sent == (min(conv.in_dim, out_dim) if arch == "gcn" else
+                              heads * out_dim if heads * out_dim < conv.in_dim else None)
         kw = {"src_scale": gcn_norm(deg), "dst_scale": gcn_norm(deg[:blk.num_dst])} if arch == "gcn" else {}
         solid0, halo0 = torch.randn(blk.num_dst, conv.in_dim), torch.randn(nh, conv.in_dim)
         got = []
@@ -368,6 +372,7 @@ def test_a_layer_from_its_projection_equals_its_forward(backend, arch, variant):
                 pk = {"src_scale": kw["src_scale"][:blk.num_dst]} if arch == "gcn" else {}
                 hk = {"src_scale": kw["src_scale"][blk.num_dst:]} if arch == "gcn" else {}
                 p = torch.cat([conv.projection(s, **pk), conv.projection(hl, **hk)])
+                assert width_sent is None or p.shape[1] == width_sent
                 out = model.layer_forward_from_projection(l, blk, p, h_dst=s, **kw)
             else:
                 out = model.layer_forward(l, blk, torch.cat([s, hl]), **kw)
