@@ -530,17 +530,18 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
     are released: ``ns x w0`` twice (own rows, aggregate), after a start-up transient of all
-    ``nl`` feature rows beside the feature store's ``ns`` and the aggregate. With a halo cache (``cached``; its tiers and messages are terms of
-    their own) layer 0 runs every pass on its fetched halo rows instead: it keeps its own rows
-    and, projecting first, a copy of the ``nh x w0`` halo rows (else its ``ns x w0`` neighbour
-    mean), and its forward holds the exchanged ``nl x w0`` input and its ``nl x w1``
-    projection at once. Each later layer keeps ``ns x (w_l + w_l+1)`` for backward (the
-    neighbour mean and the ReLU+dropout output; its own rows are the previous layer's output,
-    given apart from the exchanged input, :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it
-    projects first (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of
-    the ``nh x w_l`` halo rows (in bfloat16 its rounded copy of the input instead, the
-    transient below); with an exact halo (``exact``: no cache, no pipeline) a layer with
-    ``w_l+1 < w_l`` exchanges its projection and keeps only ``ns x 2 w_l+1``
+    ``nl`` feature rows beside the feature store's ``ns`` and the aggregate. With a halo cache
+    (``cached``; its tiers and messages are terms of their own) layer 0 runs every pass on its
+    fetched halo rows instead: it keeps its own rows and, projecting first, a copy of the ``nh x
+    w0`` halo rows (else its ``ns x w0`` neighbour mean), and its forward holds the exchanged
+    ``nl x w0`` input and its ``nl x w1`` projection at once. Each later layer keeps ``ns x (w_l
+    + w_l+1)`` for backward (the neighbour mean and the ReLU+dropout output; its own rows are
+    the previous layer's output, given apart from the exchanged input,
+    :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it projects first
+    (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of the ``nh x
+    w_l`` halo rows (in bfloat16 its rounded copy of the input instead, the transient below);
+    with an exact halo (``exact``: no cache, no pipeline) a layer with ``w_l+1 < w_l`` exchanges
+    its projection and keeps only ``ns x 2 w_l+1``
     (:func:`sage_kept_input`). One layer at a
     time also holds its exchanged input (the received ``nh x w_l`` halo rows and the ``nl x
     w_l`` tensor they join) or in backward its gradient and the ``ns x w_l`` part of it that
@@ -592,9 +593,9 @@ def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: in
     two ``ns x wp`` (the exchange's solid rows, the scale's). In bfloat16 each product also
     keeps its input rounded (``ns x w_l``, 2 bytes a value). Plus the transpose of the local
     graph that backward's aggregation reads (one int64 per edge) and the two degree scales.
-    Traced (every torch allocation of a native-kernel epoch, ``python -m
-    hpcgnn.bench.alloc_trace``, docs/plan.md): products-like 100-64-64-47 at 0.25 on 2 ranks
-    peaks in layer 1's forward."""
+    Against every torch allocation of a native-kernel epoch (``python -m
+    hpcgnn.bench.alloc_trace``) and the peak RSS: docs/plan.md (products-like 0.25 1.17x of the
+    peak RSS, 1.0 1.22x, a 60k-vertex SBM 0.97-0.99x)."""
     start = 2 * (nl + ns) * widths[0] * F32
     kept = ns * (widths[0] + widths[1]) * (F32 + (BF16 if bf16 else 0))
     transient = 0
@@ -1317,9 +1318,8 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     the projection's input is the previous layer's output, kept anyway); for GCN its ``ns x
     w_l`` aggregate, the product's input (the scaled rows are not kept: their factor is a
     constant), or when it projects first nothing (exchanged) or the ``nl x w_l`` rows (a halo
-    cache); for
-    SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the exchanged
-    rows of a layer that projects first); else (GAT) the exchanged ``nl x w_l`` rows."""
+    cache); for SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the
+    exchanged rows of a layer that projects first); else (GAT) the exchanged ``nl x w_l`` rows."""
     from hpcgnn.nn.conv import sage_projects_first
 
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
