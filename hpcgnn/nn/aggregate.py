@@ -335,19 +335,26 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
     return out.reshape(block.num_dst, *feat_shape)
 
 
-class _SpmmSumDst(torch.autograd.Function):
-    """(diag(row_scale) A x, x[:num_dst]) with one gradient buffer for x: backward writes
+class _SumWithDst(torch.autograd.Function):
+    """(diag(row_scale) A x, x[:num_dst]) with one gradient buffer for x, on either kernel path
+    (``native``: the OpenMP SpMM; else the torch CSR product): backward writes
     ``A^T diag(row_scale) g`` into a new [num_src, D] tensor and adds the destinations' own
-    gradient into its first rows in place (autograd would zero-fill a [num_src, D] tensor for
-    the slice and add the two: three more passes over the largest tensor of the layer)."""
+    gradient into its first rows in place (autograd would zero-fill a second [num_src, D]
+    tensor for the slice's gradient and add the two: three more passes over the largest tensor
+    of the layer, and one more of them alive at once)."""
 
     @staticmethod
-    def forward(ctx, block, x, row_scale):
-        x = x.contiguous()
-        out = x.new_empty(block.num_dst, x.shape[1])
-        ip, ix = _csr(block)
-        _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), None, None, _np(row_scale))
-        ctx.block = block
+    def forward(ctx, block, x, row_scale, native, deterministic):
+        if native:
+            x = x.contiguous()
+            out = x.new_empty(block.num_dst, x.shape[1])
+            ip, ix = _csr(block)
+            _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), None, None, _np(row_scale))
+        else:
+            out = csr_spmm(block, x, deterministic=deterministic)
+            if row_scale is not None:
+                out.mul_(row_scale.unsqueeze(1))
+        ctx.block, ctx.native, ctx.deterministic = block, native, deterministic
         ctx.save_for_backward(row_scale)
         # the destinations' rows as their own tensor when they are fewer than the sources: a
         # layer keeps them for its weight gradient, and a view would keep every source row
@@ -359,54 +366,26 @@ class _SpmmSumDst(torch.autograd.Function):
     def backward(ctx, grad_out, grad_dst):
         (row_scale,) = ctx.saved_tensors
         block = ctx.block
-        nd = block.num_dst
-        t_ptr, t_idx, _ = _transpose(block)
         if grad_out is None:
             grad_x = grad_dst.new_zeros(block.num_src, grad_dst.shape[1])
-        else:
+        elif ctx.native:
+            t_ptr, t_idx, _ = _transpose(block)
             g = grad_out.contiguous()
             grad_x = g.new_empty(block.num_src, g.shape[1])
             _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), None, None, None, _np(row_scale))
-        if grad_dst is not None:
-            grad_x[:nd] += grad_dst
-        return None, grad_x, None
-
-
-class _CsrSumDst(torch.autograd.Function):
-    """:class:`_SpmmSumDst` on the torch path: ``(diag(row_scale) A x, x[:num_dst])`` whose
-    backward writes the transposed SpMM into a new [num_src, D] tensor and adds the
-    destinations' own gradient into its first rows in place (autograd's gradient of the slice
-    would be a second, zero-filled [num_src, D] tensor, alive beside the first until summed)."""
-
-    @staticmethod
-    def forward(ctx, block, x, row_scale, deterministic):
-        out = csr_spmm(block, x, deterministic=deterministic)
-        if row_scale is not None:
-            out.mul_(row_scale.unsqueeze(1))
-        ctx.block, ctx.deterministic = block, deterministic
-        ctx.save_for_backward(row_scale)
-        return out, x[:block.num_dst].clone() if block.num_dst < block.num_src else x[:block.num_dst]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out, grad_dst):
-        (row_scale,) = ctx.saved_tensors
-        block = ctx.block
-        if grad_out is None:
-            grad_x = grad_dst.new_zeros(block.num_src, grad_dst.shape[1])
         else:
             g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
             grad_x = csr_spmm(block, g, transpose=True, deterministic=ctx.deterministic)
         if grad_dst is not None:
             grad_x[:block.num_dst] += grad_dst
-        return None, grad_x, None, None
+        return None, grad_x, None, None, None
 
 
 def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | None = None,
                            backend: str = "auto", deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(aggregate_sum(block, x, row_scale=row_scale), x[:num_dst])`` for a layer that reads
     both (SAGE, GCN: the neighbours and the destination's own row), x [num_src, D]. Same values;
-    the gradient of ``x`` is built in one buffer (``_SpmmSumDst`` native, ``_CsrSumDst`` torch)
+    the gradient of ``x`` is built in one buffer (``_SumWithDst``, either kernel path)
     instead of autograd's zero-filled slice gradient plus a sum of two full-size gradients, and
     the destination rows come as their own tensor when fewer than the sources (a layer keeps
     them for backward; a view would keep all of ``x``). Without a gradient to ``x`` (a layer-0
@@ -417,9 +396,7 @@ def aggregate_sum_with_dst(block, x: torch.Tensor, *, row_scale: torch.Tensor | 
                 dst_rows(block, x))
     if row_scale is not None:
         row_scale = row_scale.detach().to(x.dtype)
-    if _use_native(x, backend):
-        return _SpmmSumDst.apply(block, x, row_scale)
-    return _CsrSumDst.apply(block, x, row_scale, bool(deterministic))
+    return _SumWithDst.apply(block, x, row_scale, _use_native(x, backend), bool(deterministic))
 
 
 def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto",
@@ -485,7 +462,7 @@ class _SpmmMeanBf16(torch.autograd.Function):
     The gradient goes to the float32 ``x``: the incoming bfloat16 gradient is gathered along the
     transpose as it is (widening is exact), so backward equals the float32 path's on the
     same gradient. ``with_dst``: also ``xc[:num_dst]`` (a copy when fewer than the sources),
-    whose gradient backward adds into the first rows of ``x``'s in place (as ``_SpmmSumDst``: no
+    whose gradient backward adds into the first rows of ``x``'s in place (as ``_SumWithDst``: no
     zero-filled slice gradient)."""
 
     @staticmethod
@@ -497,7 +474,7 @@ class _SpmmMeanBf16(torch.autograd.Function):
         ctx.save_for_backward(scale)
         if not with_dst:
             return out.to(torch.bfloat16)
-        # the destinations' rows as their own tensor when fewer than the sources (as _SpmmSumDst)
+        # the destinations' rows as their own tensor when fewer than the sources (as _SumWithDst)
         nd = block.num_dst
         return out.to(torch.bfloat16), xc[:nd].clone() if nd < block.num_src else xc[:nd]
 
