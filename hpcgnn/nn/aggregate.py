@@ -137,44 +137,6 @@ def mean_scale(block, dtype=torch.float32) -> torch.Tensor:
 
 # ---- weighted sum --------------------------------------------------------------------------
 
-class _SpmmSum(torch.autograd.Function):
-    """out = diag(row_scale) A_w x with A_w the weighted block adjacency (native kernels)."""
-
-    @staticmethod
-    def forward(ctx, block, x, edge_weight, row_scale):
-        x = x.contiguous()
-        w = None if edge_weight is None else edge_weight.contiguous()
-        out = x.new_empty(block.num_dst, x.shape[1])
-        ip, ix = _csr(block)
-        _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), _np(w), None, _np(row_scale))
-        ctx.block = block
-        ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, w, row_scale)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        x, w, row_scale = ctx.saved_tensors
-        block = ctx.block
-        g = grad_out.contiguous()
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[1]:
-            # grad_x[u] = sum_{e=(u->v)} w_e row_scale[v] g[v]: the transpose's columns are the v
-            t_ptr, t_idx, t_eid = _transpose(block)
-            grad_x = g.new_empty(block.num_src, g.shape[1])
-            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), _np(w), None if w is None else edge_ids(t_eid), None,
-                           _np(row_scale))
-        if ctx.needs_input_grad[2]:
-            if row_scale is not None:
-                g = g * row_scale.unsqueeze(1)
-            nnz, f = int(block.indices.shape[0]), g.shape[1]
-            grad_w = g.new_empty(nnz)
-            ip, ix = _csr(block)
-            _spmm.sddmm_heads(ip, ix, _np(g).reshape(block.num_dst, 1, f), _np(x).reshape(-1, 1, f),
-                              grad_w.numpy().reshape(nnz, 1))
-        return None, grad_x, grad_w, None
-
-
 # ---- the torch (device) path: CSR SpMM / SDDMM / segment reductions --------------------------
 
 def _device_csr(block, device, transpose: bool = False) -> tuple:
@@ -288,16 +250,64 @@ def segment_sum(indptr: torch.Tensor, data: torch.Tensor, num_segments: int,
         return torch.segment_reduce(data, "sum", offsets=indptr, axis=0)
 
 
-class _CsrSum(torch.autograd.Function):
-    """out = diag(row_scale) A_w x on the torch path: forward a CSR SpMM, backward a CSR SpMM on
-    the cached transpose (grad x) and an SDDMM (grad w); extra memory O(nnz + V D)."""
+def _weighted_sum(block, x: torch.Tensor, weight, row_scale, native: bool, deterministic: bool) -> torch.Tensor:
+    """``diag(row_scale) A_w x`` [num_dst, D] for x [num_src, D] (no autograd): the OpenMP SpMM
+    (``native``) or the torch CSR product."""
+    if native:
+        x = x.contiguous()
+        out = x.new_empty(block.num_dst, x.shape[1])
+        ip, ix = _csr(block)
+        _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), _np(weight), None, _np(row_scale))
+        return out
+    out = csr_spmm(block, x, weight, deterministic=deterministic)
+    if row_scale is not None:
+        out.mul_(row_scale.unsqueeze(1))
+    return out
+
+
+def _weighted_sum_adjoint(block, g: torch.Tensor, weight, row_scale, native: bool,
+                          deterministic: bool) -> torch.Tensor:
+    """``A_w^T diag(row_scale) g`` [num_src, D] for g [num_dst, D] (no autograd), along the
+    block's cached transpose: the native kernel scales each column as it reads it, the torch
+    path scales ``g`` first."""
+    if native:
+        t_ptr, t_idx, t_eid = _transpose(block)
+        g = g.contiguous()
+        out = g.new_empty(block.num_src, g.shape[1])
+        _spmm.spmm_sum(t_ptr, t_idx, _np(g), out.numpy(), _np(weight),
+                       None if weight is None else edge_ids(t_eid), None, _np(row_scale))
+        return out
+    if row_scale is not None:
+        g = g * row_scale.unsqueeze(1)
+    return csr_spmm(block, g, weight, transpose=True, deterministic=deterministic)
+
+
+def _weighted_sum_edge_grad(block, g: torch.Tensor, x: torch.Tensor, row_scale, native: bool,
+                            deterministic: bool) -> torch.Tensor:
+    """[nnz] ``row_scale[dst_e] g[dst_e] . x[src_e]``: the gradient of ``diag(row_scale) A_w x``
+    with respect to the edge weights ``w`` (no autograd)."""
+    if row_scale is not None:
+        g = g * row_scale.unsqueeze(1)
+    if not native:
+        return csr_sddmm(block, g, x, deterministic)
+    nnz, f = int(block.indices.shape[0]), g.shape[1]
+    out = g.new_empty(nnz)
+    ip, ix = _csr(block)
+    _spmm.sddmm_heads(ip, ix, _np(g).reshape(block.num_dst, 1, f), _np(x).reshape(-1, 1, f),
+                      out.numpy().reshape(nnz, 1))
+    return out
+
+
+class _Sum(torch.autograd.Function):
+    """out = diag(row_scale) A_w x with A_w the weighted block adjacency, on either kernel path
+    (``native``: the OpenMP SpMM; else a torch CSR SpMM forward, a CSR SpMM on the cached
+    transpose for grad x and an SDDMM for grad w: extra memory O(nnz + V D))."""
 
     @staticmethod
-    def forward(ctx, block, x, edge_weight, row_scale, deterministic):
-        out = csr_spmm(block, x, edge_weight, deterministic=deterministic)
-        if row_scale is not None:
-            out.mul_(row_scale.unsqueeze(1))
-        ctx.block, ctx.deterministic = block, deterministic
+    def forward(ctx, block, x, edge_weight, row_scale, native, deterministic):
+        edge_weight = None if edge_weight is None else edge_weight.contiguous()
+        out = _weighted_sum(block, x, edge_weight, row_scale, native, deterministic)
+        ctx.block, ctx.native, ctx.deterministic = block, native, deterministic
         ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, edge_weight, row_scale)
         return out
 
@@ -305,12 +315,12 @@ class _CsrSum(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, w, row_scale = ctx.saved_tensors
-        block = ctx.block
-        g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
-        det = ctx.deterministic
-        grad_x = csr_spmm(block, g, w, transpose=True, deterministic=det) if ctx.needs_input_grad[1] else None
-        grad_w = csr_sddmm(block, g, x, det) if ctx.needs_input_grad[2] else None
-        return None, grad_x, grad_w, None, None
+        block, native, det = ctx.block, ctx.native, ctx.deterministic
+        grad_x = _weighted_sum_adjoint(block, grad_out, w, row_scale, native, det) \
+            if ctx.needs_input_grad[1] else None
+        grad_w = _weighted_sum_edge_grad(block, grad_out, x, row_scale, native, det) \
+            if ctx.needs_input_grad[2] else None
+        return None, grad_x, grad_w, None, None, None
 
 
 def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = None, *,
@@ -328,10 +338,7 @@ def aggregate_sum(block, x: torch.Tensor, edge_weight: torch.Tensor | None = Non
         row_scale = row_scale.detach().to(x.dtype)
     if edge_weight is not None:
         edge_weight = edge_weight.to(x.dtype)
-    if _use_native(x, backend):
-        out = _SpmmSum.apply(block, x2, edge_weight, row_scale)
-    else:
-        out = _CsrSum.apply(block, x2, edge_weight, row_scale, bool(deterministic))
+    out = _Sum.apply(block, x2, edge_weight, row_scale, _use_native(x, backend), bool(deterministic))
     return out.reshape(block.num_dst, *feat_shape)
 
 
@@ -345,15 +352,7 @@ class _SumWithDst(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, block, x, row_scale, native, deterministic):
-        if native:
-            x = x.contiguous()
-            out = x.new_empty(block.num_dst, x.shape[1])
-            ip, ix = _csr(block)
-            _spmm.spmm_sum(ip, ix, _np(x), out.numpy(), None, None, _np(row_scale))
-        else:
-            out = csr_spmm(block, x, deterministic=deterministic)
-            if row_scale is not None:
-                out.mul_(row_scale.unsqueeze(1))
+        out = _weighted_sum(block, x, None, row_scale, native, deterministic)
         ctx.block, ctx.native, ctx.deterministic = block, native, deterministic
         ctx.save_for_backward(row_scale)
         # the destinations' rows as their own tensor when they are fewer than the sources: a
@@ -368,14 +367,8 @@ class _SumWithDst(torch.autograd.Function):
         block = ctx.block
         if grad_out is None:
             grad_x = grad_dst.new_zeros(block.num_src, grad_dst.shape[1])
-        elif ctx.native:
-            t_ptr, t_idx, _ = _transpose(block)
-            g = grad_out.contiguous()
-            grad_x = g.new_empty(block.num_src, g.shape[1])
-            _spmm.spmm_sum(t_ptr, t_idx, _np(g), grad_x.numpy(), None, None, None, _np(row_scale))
         else:
-            g = grad_out if row_scale is None else grad_out * row_scale.unsqueeze(1)
-            grad_x = csr_spmm(block, g, transpose=True, deterministic=ctx.deterministic)
+            grad_x = _weighted_sum_adjoint(block, grad_out, None, row_scale, ctx.native, ctx.deterministic)
         if grad_dst is not None:
             grad_x[:block.num_dst] += grad_dst
         return None, grad_x, None, None, None
@@ -405,13 +398,8 @@ def aggregate_sum_adjoint(block, g: torch.Tensor, *, backend: str = "auto",
     adjoint of an unweighted :func:`aggregate_sum` (no autograd graph). The native kernel over
     the block's cached transpose (CPU float32/float64), else a CSR SpMM with the cached
     transposed CSR (torch path)."""
-    g = g.detach().contiguous()
-    if _use_native(g, backend):
-        t_ptr, t_idx, _ = block.transpose()
-        out = g.new_empty((block.num_src, g.shape[1]))
-        _spmm.spmm_sum(t_ptr.numpy(), t_idx.numpy(), g.numpy(), out.numpy(), None, None, None)
-        return out
-    return csr_spmm(block, g, transpose=True, deterministic=deterministic)
+    g = g.detach()
+    return _weighted_sum_adjoint(block, g, None, None, _use_native(g, backend), deterministic)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, num_valid: int | None = None, *,
