@@ -345,23 +345,17 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     if mb.halo == "hec":
         est.terms["hec"] = int(sum(hec_bytes(cfg, meta, s)))
         est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
-    # expected frontier sizes, output side first
-    avg = ne / max(ns, 1)
-    rows = [float(min(mb.batch_size, max(ns, 1)))]
-    for fan in reversed(list(mb.fanouts)):
-        f = avg if fan < 0 else min(fan, avg)
-        rows.append(min(nl, rows[-1] + expected_distinct(nl, rows[-1] * f)))
-    rows = rows[::-1]                      # rows[l] = input rows of layer l
-    act = rows[0] * widths[0] * F32 * 2     # gathered input and its gradient
-    for l in range(layers):
-        act += (rows[l] * widths[l] + SAVED_PER_LAYER * rows[l + 1] * max(widths[l], widths[l + 1])) * F32
-        act += rows[l + 1] * (mb.fanouts[l] if mb.fanouts[l] > 0 else avg) * I64 * 3   # block CSR + transpose
-    est.terms["activations"] = int(act)
+    # a step's live set, the tensors minibatch_device_activations counts (on the CPU the
+    # engine's device is host memory), on the expected frontiers of uniform draws (an upper bound)
+    est.terms["activations"] = minibatch_device_activations(cfg, meta, s)
     est.shrink["activations"] = "minibatch.batch_size or minibatch.fanouts"
     store_terms(cfg, meta, s, est)
     if mb.eval == "full":
         est.terms["eval"] = minibatch_eval_bytes(cfg, s, widths)
         est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
+    else:
+        est.terms["eval"] = minibatch_sampled_eval_bytes(cfg, meta, s)
+        est.shrink["eval"] = "minibatch.batch_size or minibatch.fanouts (or minibatch.eval = 'full')"
     # the sampled frontiers, the optimizer step's temporaries and evaluation do not overlap
     model_terms(cfg, meta, est)
     _keep_largest(est, ("activations", "eval", "optimizer_step"))
@@ -1138,7 +1132,9 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                     hec = hec_device_bytes(cfg, meta, s, budget, feature_bytes)
                     if hec:
                         out.terms["hec"] = hec
-                if host.phases.get("eval"):     # plus the CSR and degree scales it copies there
+                if host.phases.get("eval") and cfg.minibatch.eval == "sampled":
+                    out.terms["eval"] = minibatch_sampled_eval_bytes(cfg, meta, s, device=True)
+                elif host.phases.get("eval"):   # plus the CSR and degree scales it copies there
                     # the chunk's temporaries as the inference sizes them, not the host's bound
                     rb = inference_chunk_row_bytes(cfg, widths, ne / max(ns, 1))
                     ev = minibatch_eval_bytes(cfg, s, widths, rb, device=True) + inference_device_csr_bytes(ns, ne)
@@ -1191,17 +1187,49 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     return out
 
 
-def minibatch_frontier_rows(cfg, meta, s: dict) -> list[float]:
+def minibatch_frontier_rows(cfg, meta, s: dict, exact: bool | None = None) -> list[float]:
     """Expected rows of every sampled layer's input (``rows[l]``, ``rows[layers]`` = the batch):
-    the batch, then each hop adds the expected distinct vertices of its fanout's draws."""
+    the batch, then each hop adds the expected distinct vertices of its fanout's draws, uniform
+    over the rank's local vertices, or with ``exact`` over the whole graph (DistDGL-style
+    sampling: ``minibatch.halo = "exact"`` (the default of ``exact``), sampled evaluation). An
+    upper bound: a partition's neighbourhoods overlap more than uniform draws do (products-like
+    0.25, 2 ranks, fanouts 5, 10, 15: 1.7x / 1.4x the sampled layer-0 / layer-1 rows)."""
     ns, ne, nl = s["num_solid"], s["num_edges"], s["num_solid"] + s["num_halo"]
     mb = cfg.minibatch
+    if exact is None:
+        exact = mb.halo == "exact"
+    pool = max(int(meta.num_nodes), nl) if exact else nl
     avg = ne / max(ns, 1)
     rows = [float(min(mb.batch_size, max(s.get("num_train", ns), 1), max(ns, 1)))]
     for fan in reversed(list(mb.fanouts)):
         f = avg if fan < 0 else min(fan, avg)
-        rows.append(min(nl, rows[-1] + expected_distinct(nl, rows[-1] * f)))
+        rows.append(min(pool, rows[-1] + expected_distinct(pool, rows[-1] * f)))
     return rows[::-1]
+
+
+def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> int:
+    """Bytes of one minibatch of the sampled evaluation (``minibatch.eval = "sampled"``,
+    :meth:`hpcgnn.engine.minibatch.MinibatchEngine._predict_sampled`) on frontiers sampled over
+    the whole graph (:func:`minibatch_frontier_rows` with ``exact``), the larger of its two
+    phases: the feature fetch (:meth:`hpcgnn.comm.exact_fetch.ExactFetch.fetch_features`: the
+    rows this rank serves, the rows it receives and the assembled input, each about the
+    frontier's ``rows[0] x w0``) and the forward without autograd (the input, then at the
+    widest layer its input, its aggregate and the two products of its update); plus the
+    sampled blocks' CSRs and the fetch's per-edge requests (three int64 an edge). ``device``: what
+    a GPU holds of it, the forward's tensors and the blocks' CSRs (the fetch's buffers are host
+    memory)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    rows = minibatch_frontier_rows(cfg, meta, s, exact=True)
+    avg = ne / max(ns, 1)
+    fans = [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
+    heads = cfg.model.heads if cfg.model.arch == "gat" else 1
+    x0 = rows[0] * widths[0] * F32
+    layer = max(((rows[l] * widths[l] if l else 0) + rows[l + 1] * (widths[l] + 2 * widths[l + 1] * heads)) * F32
+                for l in range(layers))
+    edges = sum(rows[l + 1] * fans[l] for l in range(layers))
+    if device:
+        return int(x0 + layer + edges * I64)
+    return int(max(3 * x0, x0 + layer) + 3 * edges * I64)
 
 
 def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATCHES) -> list:
@@ -1260,11 +1288,16 @@ def minibatch_device_activations(cfg, meta, s: dict, sampled: list | None = None
 
 def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
     """:func:`minibatch_device_activations` of one batch: ``rows[l]`` input rows of layer ``l``,
-    ``edges[l]`` its block's edges."""
+    ``edges[l]`` its block's edges. A GAT layer's backward also holds, beside its saved
+    projection ``z`` [n_src, wo], three more of its size: the aggregation's gradient to ``z``,
+    the destination logits' (the zero-filled gradient of the slice ``z[:n_dst]``) and their sum
+    (the trace of products-like 0.25, layer 0: ``python -m hpcgnn.bench.alloc_trace``); the
+    largest layer's counts, once."""
     from hpcgnn.nn.conv import sage_projects_first
 
     arch = cfg.model.arch
     total = rows[0] * widths[0] * F32
+    gat_backward = 0.0
     for l in range(cfg.model.layers):
         wi, wo = widths[l], widths[l + 1]
         n_src, n_dst, n_e = rows[l], rows[l + 1], edges[l]
@@ -1272,10 +1305,11 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
             saved = (n_src + 2 * n_dst) * wo * F32
         elif arch == "gat":
             saved = (n_src * wo + 2 * n_dst * wo) * F32 + 2 * n_e * cfg.model.heads * F32
+            gat_backward = max(gat_backward, 3 * n_src * wo * F32)
         else:
             saved = n_dst * (wi + 2 * wo) * F32
         total += saved + (n_e + n_dst + 1) * I64
-    return total
+    return total + gat_backward
 
 
 def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:

@@ -549,6 +549,9 @@ class MinibatchEngine(Engine):
                 logits = self.model([self._device_block(b) for b in batch.blocks],
                                     upload(torch.from_numpy(x), self.device))
                 pred[torch.from_numpy(seeds)] = logits.argmax(dim=1).cpu()
+                del logits
+            # the next fetch's buffers (rows served, received, assembled) without this batch's
+            del x, batch
         return pred
 
 
