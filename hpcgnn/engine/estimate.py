@@ -1214,7 +1214,8 @@ def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> in
     phases: the feature fetch (:meth:`hpcgnn.comm.exact_fetch.ExactFetch.fetch_features`: the
     rows this rank serves, the rows it receives and the assembled input, each about the
     frontier's ``rows[0] x w0``) and the forward without autograd (the input, then at the
-    widest layer its input, its aggregate and the two products of its update); plus the
+    widest layer its input, its aggregate and the two products of its update; GAT: its
+    projected sources, its output and the per-edge logits and attention); plus the
     sampled blocks' CSRs and the fetch's per-edge requests (three int64 an edge). ``device``: what
     a GPU holds of it, the forward's tensors and the blocks' CSRs (the fetch's buffers are host
     memory)."""
@@ -1222,10 +1223,17 @@ def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> in
     rows = minibatch_frontier_rows(cfg, meta, s, exact=True)
     avg = ne / max(ns, 1)
     fans = [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
-    heads = cfg.model.heads if cfg.model.arch == "gat" else 1
+    gat = cfg.model.arch == "gat"
     x0 = rows[0] * widths[0] * F32
-    layer = max(((rows[l] * widths[l] if l else 0) + rows[l + 1] * (widths[l] + 2 * widths[l + 1] * heads)) * F32
-                for l in range(layers))
+
+    def held(l: int) -> float:          # layer l's tensors beside the fetched input
+        wi, wo, n_src, n_dst = widths[l], widths[l + 1], rows[l], rows[l + 1]
+        inp = n_src * wi if l else 0
+        if gat:                          # the projected sources, the output, per-edge logits
+            return (inp + (n_src + n_dst) * wo + 2 * n_dst * fans[l] * cfg.model.heads) * F32
+        return (inp + n_dst * (wi + 2 * wo)) * F32
+
+    layer = max(held(l) for l in range(layers))
     edges = sum(rows[l + 1] * fans[l] for l in range(layers))
     if device:
         return int(x0 + layer + edges * I64)
