@@ -1297,10 +1297,10 @@ def minibatch_device_activations(cfg, meta, s: dict, sampled: list | None = None
 def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
     """:func:`minibatch_device_activations` of one batch: ``rows[l]`` input rows of layer ``l``,
     ``edges[l]`` its block's edges. A GAT layer's backward also holds, beside its saved
-    projection ``z`` [n_src, wo], three more of its size: the aggregation's gradient to ``z``,
-    the destination logits' (the zero-filled gradient of the slice ``z[:n_dst]``) and their sum
-    (the trace of products-like 0.25, layer 0: ``python -m hpcgnn.bench.alloc_trace``); the
-    largest layer's counts, once."""
+    projection ``z`` [n_src, wo], two more of its size: the aggregation's gradient to ``z`` and
+    the logits' (:func:`hpcgnn.nn.aggregate.gat_node_logits`, one buffer for both; the trace
+    of products-like 0.25, layer 0: ``python -m hpcgnn.bench.alloc_trace``); the largest
+    layer's counts, once."""
     from hpcgnn.nn.conv import sage_projects_first
 
     arch = cfg.model.arch
@@ -1313,7 +1313,7 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
             saved = (n_src + 2 * n_dst) * wo * F32
         elif arch == "gat":
             saved = (n_src * wo + 2 * n_dst * wo) * F32 + 2 * n_e * cfg.model.heads * F32
-            gat_backward = max(gat_backward, 3 * n_src * wo * F32)
+            gat_backward = max(gat_backward, 2 * n_src * wo * F32)
         else:
             saved = n_dst * (wi + 2 * wo) * F32
         total += saved + (n_e + n_dst + 1) * I64

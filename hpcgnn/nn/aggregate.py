@@ -538,6 +538,51 @@ class _EdgeLogits(torch.autograd.Function):
         return None, grad_el, grad_er, None
 
 
+class _NodeLogits(torch.autograd.Function):
+    """``(el, er) = ((z * a_src).sum(-1), (z[:num_dst] * a_dst).sum(-1))`` with both logits'
+    gradient to ``z`` written into one new [num_src, H, D] buffer (autograd would make one for
+    ``el``, a zero-filled one for the slice ``z[:num_dst]`` and their sum: two more tensors of
+    ``z``'s size alive in a GAT layer's backward)."""
+
+    @staticmethod
+    def forward(ctx, z, a_src, a_dst, num_dst):
+        el = (z * a_src).sum(-1)
+        er = (z[:num_dst] * a_dst).sum(-1)
+        ctx.num_dst = num_dst
+        ctx.save_for_backward(z, a_src, a_dst)
+        return el, er
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_el, g_er):
+        z, a_src, a_dst = ctx.saved_tensors
+        nd = ctx.num_dst
+        g_el = torch.zeros(z.shape[:2], dtype=z.dtype, device=z.device) if g_el is None else g_el
+        g_er = torch.zeros((nd, z.shape[1]), dtype=z.dtype, device=z.device) if g_er is None else g_er
+        grad_z = grad_src = grad_dst = None
+        # the vectors' gradients first, as autograd forms them (their temporaries are gone before
+        # z's gradient exists), then z's in one buffer
+        if ctx.needs_input_grad[1]:
+            grad_src = (g_el.unsqueeze(-1) * z).sum(0, keepdim=True)
+        if ctx.needs_input_grad[2]:
+            grad_dst = (g_er.unsqueeze(-1) * z[:nd]).sum(0, keepdim=True)
+        if ctx.needs_input_grad[0]:
+            grad_z = g_el.unsqueeze(-1) * a_src
+            grad_z[:nd].addcmul_(g_er.unsqueeze(-1), a_dst)     # no [num_dst, H, D] temporary
+        return grad_z, grad_src, grad_dst, None
+
+
+def gat_node_logits(z: torch.Tensor, attn_src: torch.Tensor, attn_dst: torch.Tensor,
+                    num_dst: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAT's per-vertex attention logits: ``el = (z * attn_src).sum(-1)`` [num_src, H] and
+    ``er = (z[:num_dst] * attn_dst).sum(-1)`` [num_dst, H] for z [num_src, H, D] and
+    attn_src / attn_dst [1, H, D] (the destinations are the first sources). Same values as the
+    two expressions; with a gradient, backward builds z's in one buffer."""
+    if not torch.is_grad_enabled() or not (z.requires_grad or attn_src.requires_grad or attn_dst.requires_grad):
+        return (z * attn_src).sum(-1), (z[:num_dst] * attn_dst).sum(-1)
+    return _NodeLogits.apply(z, attn_src, attn_dst, int(num_dst))
+
+
 def gat_edge_logits(block, el: torch.Tensor, er: torch.Tensor, negative_slope: float = 0.2, *,
                     backend: str = "auto", deterministic: bool = False) -> torch.Tensor:
     """[nnz, H] attention logits ``LeakyReLU(el[src] + er[dst])``; el [num_src, H], er [num_dst, H]."""

@@ -40,7 +40,7 @@ from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
                                   aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate,
-                                  kernel_options, mean_scale)
+                                  gat_node_logits, kernel_options, mean_scale)
 from hpcgnn.nn.precision import Linear, linear
 
 GAT_VARIANTS = ("distgnn", "standard")
@@ -453,7 +453,11 @@ class GATConv(nn.Module):
         """[num_dst, heads, out_dim] from ``(z, el) = source_rows(h)`` and the destinations' own
         rows of ``z``. ``self_loop=False`` overrides the layer's setting for a block that already
         holds each destination's self edge explicitly (destinations that are not a prefix)."""
-        er = (z_dst * self.attn_dst).sum(-1)
+        return self._attend(block, z, el, (z_dst * self.attn_dst).sum(-1), self_loop)
+
+    def _attend(self, block, z: torch.Tensor, el: torch.Tensor, er: torch.Tensor,
+                self_loop: bool | None = None) -> torch.Tensor:
+        """:meth:`combine` from the source and destination logits ``el`` / ``er``."""
         out = gat_aggregate(block, z, el, er, self.negative_slope,
                             self_loop=self.self_loop if self_loop is None else self_loop,
                             attn_dropout=self.attn_dropout, training=self.training, **kernel_options(self))
@@ -479,7 +483,8 @@ class GATConv(nn.Module):
         """[num_dst, heads, out_dim] from the sources' :meth:`projection` ``z`` [num_src,
         heads * out_dim]; the source logits are computed here from ``z`` (row-wise)."""
         z = z.view(-1, self.heads, self.out_dim)
-        return self.combine(block, z, (z * self.attn_src).sum(-1), dst_rows(block, z))
+        # both logits from z, their gradient to z in one buffer (gat_node_logits)
+        return self._attend(block, z, *gat_node_logits(z, self.attn_src, self.attn_dst, block.num_dst))
 
     cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer
     edge_weighted = True    # attention weights per edge: backward reads the transpose's edge ids
