@@ -1081,7 +1081,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     :func:`hpcgnn.run.memory.cuda_library_bytes`; default :data:`CUDA_LIBRARIES`) and with
     ``train.deterministic`` ``deterministic`` (:func:`deterministic_spmm_bytes`); when the
     staged tensor path is resident (:func:`tensor_resident_bytes`) also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
-    frontiers of :func:`minibatch_sampled_sizes`, the tensor chunk of :func:`tensor_stage_rows`
+    frontiers of :func:`minibatch_sampled_sizes` (not in the exact halo mode, which samples the
+    whole graph), the tensor chunk of :func:`tensor_stage_rows`
     (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound)."""
     from hpcgnn.store.budget import resolve_budget
 
@@ -1125,7 +1126,9 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
             out.terms["model_state"] = model_state_bytes(sizes, cfg.train.precision, MODEL_COPIES - 1)
             out.terms["optimizer_step"] = adam_step_bytes(sizes, cfg.train.weight_decay, "cuda")
         if eng == "minibatch":
-            sampled = minibatch_sampled_sizes(cfg, meta, part_id) if sample else None
+            # the exact mode samples over the whole graph, which the partition's sampler cannot
+            # reproduce: its frontiers stay the whole-graph model's
+            sampled = minibatch_sampled_sizes(cfg, meta, part_id) if sample and cfg.minibatch.halo != "exact" else None
             out.terms["activations"] = minibatch_device_activations(cfg, meta, s, sampled)
             if dev == "cuda":
                 if cfg.minibatch.halo == "hec":   # rows on the device only where the store puts them

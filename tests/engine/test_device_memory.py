@@ -334,3 +334,26 @@ def test_the_evaluation_halo_round_is_the_inference_round():
     assert host - dev == one
     cfg4 = load_config(ROOT / "inputs" / "products-sage.toml", ["minibatch.eval_halo_rounds=4"])
     assert dev - minibatch_eval_bytes(cfg4, s, widths, device=True) == one - -(-s["num_halo"] // 4) * 256 * 4
+
+
+def test_the_exact_halo_mode_keeps_the_whole_graph_frontiers(cora_parts):
+    """``minibatch.halo = "exact"`` samples over the whole graph: its frontiers are the uniform
+    model's over every vertex (``minibatch_frontier_rows`` with ``exact``), larger than over
+    the partition's, and the device check does not replace them with the partition sampler's
+    (``sample=True``), which draws from local vertices only; the HEC mode's are sampled."""
+    from hpcgnn.engine.estimate import estimate_device_memory, minibatch_frontier_rows, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    s = part_shapes(store, 0)
+    sets = [f"data.partitions={store}", "minibatch.batch_size=64", "minibatch.fanouts=[10, 25]", "model.layers=2"]
+    exact = load_config(ROOT / "inputs" / "cora-sage.toml", sets + ["minibatch.halo=\"exact\""])
+    hec = load_config(ROOT / "inputs" / "cora-sage.toml", sets)
+    whole, local = minibatch_frontier_rows(exact, meta, s), minibatch_frontier_rows(hec, meta, s)
+    assert whole[0] > local[0] and whole[-1] == local[-1]
+    act = {(cfg.minibatch.halo, sample): estimate_device_memory(cfg, meta, 0, s, device="cpu", sample=sample)
+           .terms["activations"] for cfg in (exact, hec) for sample in (False, True)}
+    assert act[("exact", True)] == act[("exact", False)]
+    assert act[("hec", True)] != act[("hec", False)]
