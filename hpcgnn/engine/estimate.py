@@ -1137,7 +1137,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                         out.terms["hec"] = hec
                 if host.phases.get("eval") and cfg.minibatch.eval == "sampled":
                     out.terms["eval"] = minibatch_sampled_eval_bytes(cfg, meta, s, device=True)
-                elif host.phases.get("eval"):   # plus the CSR and degree scales it copies there
+                elif host.phases.get("eval"):   # layer-wise: plus the CSR and degree scales it copies there
                     # the chunk's temporaries as the inference sizes them, not the host's bound
                     rb = inference_chunk_row_bytes(cfg, widths, ne / max(ns, 1))
                     ev = minibatch_eval_bytes(cfg, s, widths, rb, device=True) + inference_device_csr_bytes(ns, ne)
@@ -1197,17 +1197,29 @@ def minibatch_frontier_rows(cfg, meta, s: dict, exact: bool | None = None) -> li
     sampling: ``minibatch.halo = "exact"`` (the default of ``exact``), sampled evaluation). An
     upper bound: a partition's neighbourhoods overlap more than uniform draws do (products-like
     0.25, 2 ranks, fanouts 5, 10, 15: 1.7x / 1.4x the sampled layer-0 / layer-1 rows)."""
-    ns, ne, nl = s["num_solid"], s["num_edges"], s["num_solid"] + s["num_halo"]
+    ns, nl = s["num_solid"], s["num_solid"] + s["num_halo"]
     mb = cfg.minibatch
     if exact is None:
         exact = mb.halo == "exact"
     pool = max(int(meta.num_nodes), nl) if exact else nl
-    avg = ne / max(ns, 1)
     rows = [float(min(mb.batch_size, max(s.get("num_train", ns), 1), max(ns, 1)))]
-    for fan in reversed(list(mb.fanouts)):
-        f = avg if fan < 0 else min(fan, avg)
+    for f in reversed(_fanout_draws(cfg, s)):
         rows.append(min(pool, rows[-1] + expected_distinct(pool, rows[-1] * f)))
     return rows[::-1]
+
+
+def _fanout_draws(cfg, s: dict) -> list[float]:
+    """Expected neighbours a destination draws at each layer: its fanout, at most the partition's
+    average degree (all of them for ``-1``)."""
+    avg = s["num_edges"] / max(s["num_solid"], 1)
+    return [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
+
+
+def minibatch_expected_sizes(cfg, meta, s: dict, exact: bool | None = None) -> tuple[list, list]:
+    """``(rows, edges)`` of an expected minibatch, as :func:`minibatch_sampled_sizes` gives a
+    sampled one: :func:`minibatch_frontier_rows` and each layer's destinations times its draws."""
+    rows = minibatch_frontier_rows(cfg, meta, s, exact)
+    return rows, [rows[l + 1] * f for l, f in enumerate(_fanout_draws(cfg, s))]
 
 
 def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> int:
@@ -1222,10 +1234,8 @@ def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> in
     sampled blocks' CSRs and the fetch's per-edge requests (three int64 an edge). ``device``: what
     a GPU holds of it, the forward's tensors and the blocks' CSRs (the fetch's buffers are host
     memory)."""
-    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    rows = minibatch_frontier_rows(cfg, meta, s, exact=True)
-    avg = ne / max(ns, 1)
-    fans = [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
+    _, _, _, _, widths, layers, _ = _sizes(cfg, meta, s)
+    rows, edges = minibatch_expected_sizes(cfg, meta, s, exact=True)
     gat = cfg.model.arch == "gat"
     x0 = rows[0] * widths[0] * F32
 
@@ -1233,14 +1243,13 @@ def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> in
         wi, wo, n_src, n_dst = widths[l], widths[l + 1], rows[l], rows[l + 1]
         inp = n_src * wi if l else 0
         if gat:                          # the projected sources, the output, per-edge logits
-            return (inp + (n_src + n_dst) * wo + 2 * n_dst * fans[l] * cfg.model.heads) * F32
+            return (inp + (n_src + n_dst) * wo + 2 * edges[l] * cfg.model.heads) * F32
         return (inp + n_dst * (wi + 2 * wo)) * F32
 
     layer = max(held(l) for l in range(layers))
-    edges = sum(rows[l + 1] * fans[l] for l in range(layers))
     if device:
-        return int(x0 + layer + edges * I64)
-    return int(max(3 * x0, x0 + layer) + 3 * edges * I64)
+        return int(x0 + layer + sum(edges) * I64)
+    return int(max(3 * x0, x0 + layer) + 3 * sum(edges) * I64)
 
 
 def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATCHES) -> list:
@@ -1287,13 +1296,9 @@ def minibatch_device_activations(cfg, meta, s: dict, sampled: list | None = None
     and the per-edge logits and attention per head); plus the block's CSR (int64 per edge and
     destination). What :class:`hpcgnn.run.memory.DeviceMemoryMeter` counts on the CPU.
     ``sampled``: :func:`minibatch_sampled_sizes` (the largest of those batches counts), else
-    the expected frontiers of uniform draws (:func:`minibatch_frontier_rows`)."""
-    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    if not sampled:
-        rows = minibatch_frontier_rows(cfg, meta, s)
-        avg = ne / max(ns, 1)
-        fans = [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
-        sampled = [(rows, [rows[l + 1] * fans[l] for l in range(layers)])]
+    the expected frontiers of uniform draws (:func:`minibatch_expected_sizes`)."""
+    widths = _sizes(cfg, meta, s)[4]
+    sampled = sampled or [minibatch_expected_sizes(cfg, meta, s)]
     return int(max(_minibatch_step_bytes(cfg, widths, rows, edges) for rows, edges in sampled))
 
 

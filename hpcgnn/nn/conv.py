@@ -261,7 +261,7 @@ class SAGEConv(nn.Module):
     def exchanges_projection(self) -> bool:
         """Whether :meth:`projection` is narrower than the input (``lin_neigh`` shrinks the width):
         a full-graph layer then exchanges that instead of its input."""
-        return exchanges_projection(self.in_dim, self.out_dim)
+        return exchanged_width("sage", self.in_dim, self.out_dim) is not None
 
     def projection(self, h: torch.Tensor) -> torch.Tensor:
         """``lin_neigh(h)`` [rows, out_dim], row-wise: what the aggregation reads."""
@@ -391,7 +391,7 @@ class GCNConv(nn.Module):
     def exchanges_projection(self) -> bool:
         """Always: :meth:`projection` (the source rows) is no wider than the input, and a
         full-graph layer that exchanges it instead holds no scaled copy of all its rows."""
-        return True
+        return exchanged_width("gcn", self.in_dim, self.out_dim) is not None
 
     def projection(self, h: torch.Tensor, src_scale: torch.Tensor) -> torch.Tensor:
         """:meth:`source_rows` of ``h`` with ``src_scale`` [rows] of the same rows."""
@@ -472,7 +472,7 @@ class GATConv(nn.Module):
     @property
     def exchanges_projection(self) -> bool:
         """Whether :meth:`projection` (``heads x out_dim`` wide) is narrower than the input."""
-        return exchanges_projection(self.in_dim, self.out_dim, self.heads)
+        return exchanged_width("gat", self.in_dim, self.out_dim, self.heads) is not None
 
     def projection(self, h: torch.Tensor) -> torch.Tensor:
         """The projected rows ``z`` of :meth:`source_rows`, flattened: [rows, heads * out_dim]."""
