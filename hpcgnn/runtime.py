@@ -262,6 +262,14 @@ def shared_gpus(identities: list[str]) -> dict[str, int]:
 # ---- starting a child MPI job from this process (a bench, the planner's calibration) ---------
 # launcher variables of a surrounding MPI job or SLURM step: a child must start a fresh world
 CHILD_STRIP_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPI_LOCALNRANKS", "SLURM_")
+# ... except a user's own MCA settings of Open MPI and PMIx (a site's transport, a container's
+# shared-memory workaround: OMPI_MCA_btl_vader_single_copy_mechanism=none), which a child needs
+# as much as the job does; the ones Open MPI's launcher sets for its ranks are its job's, not
+# the user's (Open MPI 4.1's mpiexec sets these prefixes and names).
+CHILD_KEEP_PREFIXES = ("OMPI_MCA_", "PMIX_MCA_")
+LAUNCHER_MCA_PREFIXES = ("OMPI_MCA_orte_", "OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir",
+                         "OMPI_MCA_mpi_oversubscribe", "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+                         "OMPI_MCA_prte_", "PMIX_MCA_mca_base_component_show_load_errors")
 
 
 def find_mpiexec() -> str | None:
@@ -286,7 +294,8 @@ def find_mpiexec() -> str | None:
 def fresh_world_env(environ: Mapping[str, str] | None = None) -> dict:
     """The environment of a child ``mpiexec`` started from this process (``environ``, default
     ``os.environ``): a fresh MPI world (no variables of a surrounding job or SLURM step,
-    :data:`CHILD_STRIP_PREFIXES`); for Open MPI in a container: as root, told that root is meant
+    :data:`CHILD_STRIP_PREFIXES`, but the user's own Open MPI and PMIx MCA settings,
+    :data:`CHILD_KEEP_PREFIXES`, kept); for Open MPI in a container: as root, told that root is meant
     (its ``mpiexec`` refuses to start otherwise), and with neither ``ssh`` nor ``rsh`` installed,
     given ``false`` as its remote agent (it aborts at start-up looking for one even when every
     rank runs on this node; a user's own ``OMPI_MCA_plm_rsh_agent`` is kept); and Open MPI binds
@@ -296,7 +305,8 @@ def fresh_world_env(environ: Mapping[str, str] | None = None) -> dict:
     import shutil
 
     environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items() if not k.startswith(CHILD_STRIP_PREFIXES)}
+    env = {k: v for k, v in environ.items() if not k.startswith(CHILD_STRIP_PREFIXES)
+           or (k.startswith(CHILD_KEEP_PREFIXES) and not k.startswith(LAUNCHER_MCA_PREFIXES))}
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     agent = environ.get("OMPI_MCA_plm_rsh_agent")

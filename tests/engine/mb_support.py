@@ -14,16 +14,17 @@ from hpcgnn.data.clean import build_symmetric_csr
 from hpcgnn.data.graph import Graph
 
 # Prints each rank's exit code so a test can check that *every* rank stopped with it. The rank
-# comes from the launcher (PMI_RANK), not from MPI: `hpcgnn train` forks its watcher before MPI
+# comes from the launcher (PMI_RANK, OMPI_COMM_WORLD_RANK ...: hpcgnn.supervisor.launcher_rank), not from MPI: `hpcgnn train` forks its watcher before MPI
 # starts (hpcgnn/supervisor.py), and runs unwatched in a process that started MPI first.
 RANK_EXIT = (
-    "import os, sys\n"
+    "import sys\n"
     "from hpcgnn.cli import main\n"
+    "from hpcgnn.supervisor import launcher_rank\n"
     "try:\n"
     "    rc = main(sys.argv[1:])\n"
     "except SystemExit as exc:\n"
     "    rc = exc.code\n"
-    "print(f'RANK {os.environ[\"PMI_RANK\"]} EXIT {rc}', flush=True)\n"
+    "print(f'RANK {launcher_rank()} EXIT {rc}', flush=True)\n"
     "sys.exit(rc)\n"
 )
 

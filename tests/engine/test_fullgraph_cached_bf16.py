@@ -163,14 +163,14 @@ def test_bf16_halves_the_hidden_row_bytes_and_leaves_layer0_alone(report):
 
 
 BAD_DRIVER = r'''
-import os
 import sys
 from hpcgnn.cli import main
+from hpcgnn.supervisor import launcher_rank
 try:
     rc = main(sys.argv[2:])
 except SystemExit as exc:           # the runtime's failure policy leaves by SystemExit
     rc = exc.code
-open(f"{sys.argv[1]}/rank-{os.environ['PMI_RANK']}", "w").write(str(rc))
+open(f"{sys.argv[1]}/rank-{launcher_rank()}", "w").write(str(rc))
 sys.exit(rc)
 '''
 

@@ -18,6 +18,23 @@ def test_a_child_world_drops_the_surrounding_jobs_variables(monkeypatch):
     assert runtime.fresh_world_env({"PMI_SIZE": "2", "A": "1"}).get("A") == "1"
 
 
+def test_a_child_world_keeps_the_users_mca_settings_and_drops_the_launchers(monkeypatch):
+    """A site's or a container's MCA settings (transport, shared-memory workaround,
+    oversubscription) reach the child job; those Open MPI's mpiexec set for its ranks (read off
+    Open MPI 4.1.4's ``mpiexec -n 1 env``) do not."""
+    user = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_pml": "ucx",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1", "PMIX_MCA_gds": "hash"}
+    launcher = {"OMPI_MCA_orte_hnp_uri": "1.0;tcp://x", "OMPI_MCA_ess": "^singleton",
+                "OMPI_MCA_ess_base_jobid": "1", "OMPI_MCA_pmix": "^s1,s2,cray,isolated",
+                "OMPI_MCA_initial_wdir": "/tmp", "OMPI_MCA_mpi_oversubscribe": "0",
+                "OMPI_MCA_orte_ess_num_procs": "2", "OMPI_MCA_shmem_RUNTIME_QUERY_hint": "mmap",
+                "PMIX_MCA_mca_base_component_show_load_errors": "1", "PMIX_RANK": "0",
+                "PMIX_NAMESPACE": "x", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_UNIVERSE_SIZE": "2"}
+    env = runtime.fresh_world_env({**user, **launcher})
+    assert {k: env.get(k) for k in user} == user
+    assert not set(launcher) & set(env), sorted(set(launcher) & set(env))
+
+
 def test_open_mpi_as_root_without_ssh_is_told_so(monkeypatch):
     monkeypatch.delenv("OMPI_MCA_plm_rsh_agent", raising=False)
     monkeypatch.setattr(runtime.os, "geteuid", lambda: 0)
