@@ -25,11 +25,22 @@
 #                 every rank sees them all and takes node-local rank mod 4)
 #   HPCGNN_ENTRY  what python runs                 (default "-m hpcgnn train"; e.g.
 #                 "-m hpcgnn.demos.hello" checks the launch without training)
+#   HPCGNN_REQUEUE  1: when the run stopped on a signal with its checkpoint (exit 75), requeue
+#                 this job (scontrol requeue); the restarted job continues the run (default 0)
+#
+# Time limits and preemption (docs/runs.md, "Stopping"): SLURM sends SIGUSR1 to every rank
+# --signal's LEAD seconds before the time limit (below: 300 s; give LEAD at least one epoch and
+# a checkpoint write, which `hpcgnn report` shows). The ranks end the epoch in progress, write
+# its checkpoint and exit 75; the time limit's own SIGTERM, scancel and a preemption do the same
+# while KillWait lasts (SLURM's default: 30 s). A restarted job (SLURM_RESTART_COUNT > 0:
+# HPCGNN_REQUEUE, `scontrol requeue`, PreemptMode=REQUEUE) runs `hpcgnn train --resume` (a
+# --force among the script arguments is dropped then: it would start the run over).
 #SBATCH --job-name=hpcgnn-train
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=2
 #SBATCH --cpus-per-task=2
 #SBATCH --time=00:30:00
+#SBATCH --signal=USR1@300
 #SBATCH --output=hpcgnn-train-%j.out
 set -euo pipefail
 
@@ -73,8 +84,42 @@ if [[ -n "${HPCGNN_GPU_BIND:-}" ]]; then
     SRUN_ARGS+=(--gpu-bind="$HPCGNN_GPU_BIND")
 fi
 
+REQUEUE=${HPCGNN_REQUEUE:-0}
+if [[ "$REQUEUE" != 0 && "$REQUEUE" != 1 ]]; then
+    echo "train.sh: error: HPCGNN_REQUEUE='$REQUEUE': expected 0 or 1" >&2
+    exit 2
+fi
+RESTARTS=${SLURM_RESTART_COUNT:-0}
+ARGS=("$@")
+if [[ "$RESTARTS" =~ ^[0-9]+$ ]] && (( RESTARTS > 0 )); then
+    ARGS=()
+    for a in "$@"; do [[ "$a" == --force || "$a" == --resume ]] || ARGS+=("$a"); done
+    ARGS+=(--resume)
+    echo "train.sh: restart $RESTARTS of job $SLURM_JOB_ID: continuing the run in $RUN_DIR (--resume)"
+fi
+
 echo "train.sh: job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname -s)}:" \
      "${SLURM_NTASKS:-?} ranks x ${HPCGNN_THREADS:-auto} threads$GPU_NOTE, config $CONFIG," \
      "partitions $PARTITIONS, run $RUN_DIR"
-exec srun "${SRUN_ARGS[@]}" "$PYTHON" "${ENTRY[@]}" --config "$CONFIG" \
-    --set "data.partitions=$PARTITIONS" --set "output.dir=$RUN_DIR" ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"} "$@"
+# srun runs in the background of this shell, which waits for it: a signal for the shell alone
+# (sbatch --signal=B:USR1@LEAD, scancel --batch) is passed on to srun, which passes it to every
+# rank, and SLURM's SIGTERM does not end the shell (and with it the job) while the ranks write
+# their checkpoint. The ranks get the signals SLURM sends to the step from SLURM itself.
+srun "${SRUN_ARGS[@]}" "$PYTHON" "${ENTRY[@]}" --config "$CONFIG" \
+    --set "data.partitions=$PARTITIONS" --set "output.dir=$RUN_DIR" ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"} \
+    ${ARGS[@]+"${ARGS[@]}"} &
+SRUN_PID=$!
+trap 'kill -USR1 "$SRUN_PID" 2>/dev/null || true' USR1
+trap 'kill -USR2 "$SRUN_PID" 2>/dev/null || true' USR2
+trap 'kill -TERM "$SRUN_PID" 2>/dev/null || true' TERM
+while :; do
+    rc=0
+    wait "$SRUN_PID" || rc=$?
+    kill -0 "$SRUN_PID" 2>/dev/null || break     # a trapped signal interrupted the wait: wait on
+done
+trap - USR1 USR2 TERM
+if (( rc == 75 && REQUEUE == 1 )); then
+    echo "train.sh: the run stopped after its checkpoint (exit 75): requeueing job $SLURM_JOB_ID to continue it"
+    scontrol requeue "$SLURM_JOB_ID"     # ends this job; SLURM starts it again (SLURM_RESTART_COUNT + 1)
+fi
+exit "$rc"

@@ -81,11 +81,13 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
 
 
-def train_job(config, run_dir, *sets: str, verbose: bool = False) -> dict:
-    """One `hpcgnn train --config CONFIG --force` job of :func:`run_jobs`: ``output.dir`` is
-    ``run_dir``, ``sets`` are ``KEY=VALUE`` overrides."""
+def train_job(config, run_dir, *sets: str, verbose: bool = False, resume: bool = False,
+              expect: int = 0) -> dict:
+    """One `hpcgnn train --config CONFIG --force` job of :func:`run_jobs` (``resume``: ``--resume``
+    instead of ``--force``): ``output.dir`` is ``run_dir``, ``sets`` are ``KEY=VALUE`` overrides;
+    ``expect``: the exit code the job must end with for the launch to go on."""
     return {"kind": "train", "config": str(config), "set": [f"output.dir={run_dir}", *map(str, sets)],
-            "verbose": verbose}
+            "verbose": verbose, "resume": resume, "expect": expect}
 
 
 def run_jobs(n: int, jobs: list[dict], workdir: Path, timeout: float = 300,

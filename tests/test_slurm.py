@@ -373,6 +373,72 @@ def test_train_script_trains_on_cora_partitions(slurm, tmp_path, request):
     assert loss.shape[0] == 2 and np.isfinite(loss).all(), loss
 
 
+def _stepds_of(job: str) -> list[int]:
+    """PIDs of the slurmstepd processes of ``job``'s steps (their title: ``slurmstepd: [JOB.STEP]``)."""
+    needle, pids = f"[{job}.".encode(), []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (d / "cmdline").read_bytes():
+                    pids.append(int(d.name))
+    return pids
+
+
+def _show_job(env: dict, job: str) -> dict:
+    return dict(re.findall(r"(\w+)=(\S*)", _quiet(["scontrol", "show", "job", "-o", job], env).stdout))
+
+
+def test_train_script_stops_on_sigusr1_requeues_and_resumes_to_the_end(slurm, tmp_path, request):
+    """``scancel --signal=USR1`` (what ``--signal=USR1@LEAD`` sends before the time limit, to the
+    job's steps) while the run trains: the ranks stop after their epoch with its checkpoint (exit
+    75), train.sh requeues the job (HPCGNN_REQUEUE=1), the restarted job resumes (``--force``
+    dropped, ``--resume`` added) and finishes: one run file with every epoch once."""
+    parts = request.getfixturevalue("cora_parts")(2)
+    run_dir, epochs = tmp_path / "run", 60
+    env = _venv_env(slurm, CONFIG=str(ROOT / "inputs" / "cora-sage.toml"), PARTITIONS=str(parts),
+                    RUN_DIR=str(run_dir), HPCGNN_REQUEUE="1")
+    out = tmp_path / "stop.out"
+    submit = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1", "--open-mode=append",
+                             f"--output={out}", "slurm/train.sh", "--force", "--set", f"train.epochs={epochs}",
+                             "--set", "train.eval_every=0", "--set", "minibatch.eval=sampled"],
+                            capture_output=True, text=True, timeout=30, env=env, cwd=ROOT)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 180
+        while not (out.exists() and re.search(rf"^epoch +2/{epochs} ", out.read_text(errors="replace"), re.M)):
+            assert time.monotonic() < deadline, out.read_text(errors="replace") if out.exists() else "no output"
+            time.sleep(0.1)
+        signalled = _quiet(["scancel", "--signal=USR1", job], env)
+        assert signalled.returncode == 0, signalled.stderr
+        deadline = time.monotonic() + 300
+        released = False
+        while (fields := _show_job(env, job)).get("JobState") not in TERMINAL or fields.get("Restarts") == "0":
+            assert time.monotonic() < deadline, (fields, out.read_text(errors="replace")[-3000:])
+            if fields.get("JobState") == "PENDING" and fields.get("Restarts") == "1" and not released \
+                    and not _stepds_of(job):
+                # SLURM makes a requeued job eligible about two minutes later (its EligibleTime): the
+                # test lets it start once the first start's step daemons are gone (a step of the
+                # same ID started beside them fails in PMI2: "failed to send temp kvs")
+                released = _quiet(["scontrol", "update", f"JobId={job}", "StartTime=now"], env).returncode == 0
+            time.sleep(0.2)
+    finally:
+        _quiet(["scancel", job], env)
+    text = out.read_text(errors="replace")
+    base = Path(env["SLURM_CONF"]).parent
+    logs = "".join(f"\n--- {n}\n" + (base / n).read_text(errors="replace")[-2500:] for n in ("slurmctld.log", "slurmd.log"))
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (fields, text[-3000:] + logs)
+    assert "SIGUSR1 on every rank" in text and "(exit status 75)" in text, text[-3000:]
+    assert f"requeueing job {job}" in text and f"restart 1 of job {job}" in text, text[-3000:]
+    from hpcgnn.run.checkpoint import list_checkpoints
+    from hpcgnn.run.output import read_run
+
+    run = read_run(run_dir)
+    assert run["attrs"]["status"] == "finished", run["attrs"]
+    assert list(run["metrics"]["epoch"]) == list(range(1, epochs + 1))
+    assert list_checkpoints(run_dir)[-1][0] == epochs
+
+
 @pytest.mark.parametrize("script", ["train.sh", "partition.sh"])
 def test_scripts_refuse_a_missing_venv_or_checkout_with_exit_2(script, tmp_path):
     """No SLURM needed: the set-up errors come before srun or any Python runs."""

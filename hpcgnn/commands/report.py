@@ -105,7 +105,8 @@ def summarise(run: dict) -> dict:
     evaluated = [r for r in rows if r.get("test_acc") is not None]
     times = [r["time_s"] for r in rows if r.get("time_s") is not None]
     return {
-        "path": run["path"], "status": a.get("status"), "engine": a.get("engine"),
+        "path": run["path"], "status": a.get("status"), "stopped_by": a.get("stopped_by"),
+        "engine": a.get("engine"),
         "num_ranks": _clean(a.get("num_ranks")), "partition_hash": a.get("partition_hash"),
         "partition_dir": a.get("partition_dir"), "created": a.get("created"),
         "halo_mode": a.get("halo_mode"), "eval_method": a.get("eval_method"),
@@ -223,8 +224,12 @@ def format_table(s: dict) -> str:
              f"model      {model.get('arch')} layers {model.get('layers')} hidden {model.get('hidden')} "
              f"dropout {model.get('dropout')}; lr {train.get('lr')} wd {train.get('weight_decay')} "
              f"seed {train.get('seed')}"]
+    if s.get("status") == "stopped":
+        last = s["epochs"][-1]["epoch"] if s["epochs"] else 0
+        lines.insert(1, f"stopped    after epoch {last} of {train.get('epochs')} by {s.get('stopped_by')}; "
+                        "its checkpoint is written: hpcgnn train ... --resume continues the run")
     if s.get("comm_backend") or s.get("mpi_library"):
-        lines.insert(2, f"comm       data plane {s.get('comm_backend') or '-'}; MPI {s.get('mpi_library') or '-'}")
+        lines.insert(2 if s.get("status") != "stopped" else 3, f"comm       data plane {s.get('comm_backend') or '-'}; MPI {s.get('mpi_library') or '-'}")
     if s["engine"] == "minibatch":
         lines.append(f"minibatch  batch {mb.get('batch_size')} fanouts {mb.get('fanouts')} halo "
                      f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "

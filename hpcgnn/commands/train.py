@@ -7,9 +7,13 @@ stops with the same one-line error and exit code 2. ``train.engine`` names an en
 :mod:`hpcgnn.run.engines.registry`, whose factory builds the rank's
 :class:`~hpcgnn.engine.loop.Engine`; :func:`hpcgnn.engine.loop.fit` runs the epochs. The rank runs in a child of a small watcher
 process that names the rank if a signal (the OOM killer's SIGKILL) ends it
-(:mod:`hpcgnn.supervisor`).
+(:mod:`hpcgnn.supervisor`). A stop signal (``train.stop_signals``: a batch system's time limit,
+``--signal`` or preemption) ends the run after the epoch in progress with its checkpoint and exit
+status 75 (:mod:`hpcgnn.run.stop`); ``--resume`` continues it.
 """
 from __future__ import annotations
+
+from hpcgnn.run.stop import EXIT_STOPPED
 
 
 def add_arguments(parser) -> None:
@@ -39,39 +43,68 @@ def say_data_plane(rt) -> None:
 
 
 def _train(args) -> int:
-    from hpcgnn.partition.store import read_meta
-    from hpcgnn.run.config import check_backend, load_config
-    from hpcgnn.run.output import RunOutput
+    from hpcgnn.run.config import load_config
+    from hpcgnn.run.stop import StopRequest
     from hpcgnn.runtime import Runtime
 
     rt = Runtime.start()
-    with rt.guard():
-        cfg = rt.agree_on(lambda: load_config(args.config, args.set))
-        rt.agree_on(lambda: check_backend(cfg))   # nccl on the CPU, ccl absent: one line, exit 2
-        rt.apply_settings(cfg.runtime)
-        meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
-        if meta.num_parts != rt.size:
-            rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
-                     f"the job has {rt.size} ranks (start one rank per partition: "
-                     f"mpiexec -n {meta.num_parts})")
-        from hpcgnn.engine.estimate import check_memory
+    stop = None
+    try:
+        with rt.guard():
+            cfg = rt.agree_on(lambda: load_config(args.config, args.set))
+            stop = StopRequest(cfg.train.stop_signals).install()
+            return _train_with(args, rt, cfg, stop)
+    finally:
+        if stop is not None:
+            stop.restore()
 
-        host_est = check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
-        from hpcgnn.engine.estimate import check_device_memory, estimate_attrs
 
-        dev_est = check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
-        out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
-        out.set_attrs(rank_threads=rt.comm.allgather(rt.threads),   # per rank, as they ran
-                      **estimate_attrs(rt, host_est, dev_est))     # the estimates, beside the measured peaks
-        from hpcgnn.engine.hooks import make_hooks
-        from hpcgnn.engine.loop import fit
-        from hpcgnn.run.engines.registry import engine_spec, resolve
+def _train_with(args, rt, cfg, stop) -> int:
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import check_backend
+    from hpcgnn.run.output import RunOutput
 
-        hooks = make_hooks(cfg, rt, out)
-        engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
-        if getattr(args, "verbose", False) and rt.is_root:
-            say_data_plane(rt)
-        fit(engine, cfg, rt, out, hooks)
-        out.close()
-        rt.finish()
-    return 0
+    rt.agree_on(lambda: check_backend(cfg))   # nccl on the CPU, ccl absent: one line, exit 2
+    rt.apply_settings(cfg.runtime)
+    meta = rt.agree_on(lambda: read_meta(cfg.data.partitions))
+    if meta.num_parts != rt.size:
+        rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
+                 f"the job has {rt.size} ranks (start one rank per partition: "
+                 f"mpiexec -n {meta.num_parts})")
+    from hpcgnn.engine.estimate import check_memory
+
+    host_est = check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
+    from hpcgnn.engine.estimate import check_device_memory, estimate_attrs
+
+    dev_est = check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
+    out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
+    out.set_attrs(rank_threads=rt.comm.allgather(rt.threads),   # per rank, as they ran
+                  **estimate_attrs(rt, host_est, dev_est))     # the estimates, beside the measured peaks
+    from hpcgnn.engine.hooks import make_hooks
+    from hpcgnn.engine.loop import fit
+    from hpcgnn.run.engines.registry import engine_spec, resolve
+
+    hooks = make_hooks(cfg, rt, out)
+    engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
+    if getattr(args, "verbose", False) and rt.is_root:
+        say_data_plane(rt)
+    stopped = fit(engine, cfg, rt, out, hooks, stop)
+    out.close(stopped_by=stopped.reason if stopped else None)
+    rt.finish()
+    if stopped is None:
+        return 0
+    if rt.is_root:
+        print(stop_message(stopped, cfg, out.run_dir), flush=True)
+    return EXIT_STOPPED
+
+
+def stop_message(stopped, cfg, run_dir) -> str:
+    """The line rank 0 prints when a stop signal ended the run (:class:`~hpcgnn.engine.loop.Stopped`)."""
+    from hpcgnn.run.checkpoint import checkpoint_path
+
+    if stopped.epoch == 0:
+        kept = "no epoch was trained, no checkpoint written"
+    else:
+        kept = f"checkpoint {checkpoint_path(run_dir, stopped.epoch)}"
+    return (f"hpcgnn: stopped after epoch {stopped.epoch} of {cfg.train.epochs} ({stopped.reason}): "
+            f"{kept}; continue with hpcgnn train --resume (exit status {EXIT_STOPPED})")

@@ -36,7 +36,9 @@ class TrainHooks:
 
 
 class DebugHooks(TrainHooks):
-    """``train.debug_kill = [rank, epoch, step]``: that rank SIGKILLs itself before that step.
+    """``train.debug_kill = [rank, epoch, step]``: that rank SIGKILLs itself before that step;
+    ``[rank, epoch, step, name]`` sends itself the signal ``name`` there instead (e.g. ``SIGUSR1``,
+    a stop signal: :mod:`hpcgnn.run.stop`), once.
     ``train.debug_record``: one HDF5 file per rank (``RUN/debug/rank-NNNNN.h5``) with per-step
     losses and parameter checksums, AEP pushes/receives, and the layer inputs of the frontier's
     boundary and halo vertices.
@@ -57,8 +59,10 @@ class DebugHooks(TrainHooks):
         self._mask = None
 
     def before_step(self, epoch: int, step: int) -> None:
-        if self.kill and self.kill == [self.rank, epoch, step]:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kill and self.kill[:3] == [self.rank, epoch, step]:
+            name = self.kill[3] if len(self.kill) > 3 else "SIGKILL"
+            self.kill = []            # once per process
+            os.kill(os.getpid(), getattr(signal, name))
 
     def after_step(self, epoch: int, step: int, loss: float, seeds: int, model) -> None:
         if self.path is not None:

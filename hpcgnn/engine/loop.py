@@ -20,7 +20,13 @@ Per epoch ``e`` (1-based; a resumed run starts after its checkpoint's epoch):
 A non-finite loss or gradient stops the run inside ``train_epoch``, before that step's update
 (:class:`~hpcgnn.comm.allreduce.GradientAllreduce` raises TrainingDiverged on every rank).
 
-After the last epoch ``engine.close()`` releases the engine's communicators.
+A stop signal (``train.stop_signals``, :class:`~hpcgnn.run.stop.StopRequest`) is agreed on
+before the first epoch, after each epoch's training and after each evaluation. Once one is, the
+epoch in progress ends without its evaluation (the last epoch keeps it: that run finishes),
+is logged and checkpointed whether or not a checkpoint is due, and :func:`fit` returns the
+reason; a stop before the first epoch of the job returns before any training.
+
+After the last epoch (or a stop) ``engine.close()`` releases the engine's communicators.
 """
 from __future__ import annotations
 
@@ -125,8 +131,20 @@ def epoch_timings(timer: PhaseTimer, result: EpochResult) -> tuple[dict, dict]:
     return timings, parents
 
 
-def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
-    """Collective: train ``cfg.train.epochs`` epochs with ``engine`` (see the module docstring)."""
+@dataclass(frozen=True)
+class Stopped:
+    """How :func:`fit` ended early: ``reason`` (the agreed signals, e.g. ``SIGUSR1 on every
+    rank``) and ``epoch``, the last epoch trained and checkpointed (that of the resumed
+    checkpoint, or 0, when the stop came before the job's first epoch)."""
+
+    reason: str
+    epoch: int
+
+
+def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
+    """Collective: train ``cfg.train.epochs`` epochs with ``engine`` (see the module docstring).
+    ``stop``: the rank's :class:`~hpcgnn.run.stop.StopRequest` (None: no stop signals). Returns
+    None when every epoch ran, else :class:`Stopped`."""
     from hpcgnn.engine.hooks import TrainHooks
 
     hooks = hooks or TrainHooks()
@@ -134,6 +152,14 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
     if start > 1:
         engine.restore_extra(extra)
     epochs = cfg.train.epochs
+
+    def stop_reason():          # collective; the same answer on every rank
+        return stop.agreed(rt) if stop is not None else None
+
+    reason = stop_reason()
+    if reason is not None:
+        engine.close()
+        return Stopped(reason, start - 1)
     timer = engine.timer
     for epoch in range(start, epochs + 1):
         timer.reset()
@@ -142,13 +168,16 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
         with timer.phase("epoch"):
             result = engine.train_epoch(epoch)
         metrics = {"loss": float(result.loss)}
-        if due(epoch, cfg.train.eval_every, epochs):
+        last = epoch == epochs
+        reason = stop_reason()
+        if due(epoch, cfg.train.eval_every, epochs) and (reason is None or last):
             with timer.phase("eval"):
                 engine.model.eval()
                 try:
                     metrics.update(engine.evaluate())
                 finally:
                     engine.model.train()
+            reason = reason or stop_reason()
         else:
             metrics.update({f"{s}_acc": float("nan") for s in SPLITS})
         engine.finish_epoch(result)
@@ -157,7 +186,12 @@ def fit(engine: Engine, cfg, rt, out, hooks=None) -> None:
         out.log_epoch(epoch, metrics, timings, {**result.counters, **mem_counters}, result.per_layer,
                       labels=mem_labels, timing_parents=parents)
         hooks.after_epoch(epoch, engine)
-        if due(epoch, cfg.train.checkpoint_every, epochs):
+        stopping = reason is not None and not last
+        if due(epoch, cfg.train.checkpoint_every, epochs) or stopping:
             require_finite_state(engine, rt, epoch)
             save_training_state(out, epoch, engine.model, engine.optimizer, engine.checkpoint_extra(epoch))
+        if stopping:
+            engine.close()
+            return Stopped(reason, epoch)
     engine.close()
+    return None

@@ -143,7 +143,7 @@ def timed_epochs(timings: dict) -> np.ndarray:
 
 
 def speeds_from_run(path: Path) -> tuple[np.ndarray, str]:
-    """(speed per rank, description) of a finished run: ``W_r / T_r`` (module docstring)."""
+    """(speed per rank, description) of a finished or stopped run: ``W_r / T_r`` (module docstring)."""
     from hpcgnn.run.output import read_run
 
     try:
@@ -151,9 +151,9 @@ def speeds_from_run(path: Path) -> tuple[np.ndarray, str]:
     except InputError as exc:
         raise InputError(f"--rank-speed {path}: {exc}") from None
     where = run["path"]
-    if run["attrs"].get("status") != "finished":
+    if run["attrs"].get("status") not in ("finished", "stopped"):    # stopped: its epochs all ran
         raise InputError(f"--rank-speed {path}: {where} has status {run['attrs'].get('status')!r}, "
-                         "expected a finished run")
+                         "expected a finished (or stopped) run")
     try:
         comp = compute_seconds(run["timings"])
     except KeyError:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hpcgnn.errors import InputError
+from hpcgnn.run import stop as _stop
 from hpcgnn.run.engines.registry import ENGINE_NAMES
 from hpcgnn.store import budget as _store_budget
 
@@ -64,6 +65,19 @@ def _threads_ok(x) -> bool:
     return is_int(x) and x >= 0
 
 
+def _debug_kill_ok(x) -> bool:
+    """train.debug_kill: [] or [rank, epoch, step] (ints >= 0), with an optional signal name."""
+    import signal
+
+    def is_count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    if len(x) == 0:
+        return True
+    if len(x) == 4 and not (isinstance(x[3], str) and x[3].startswith("SIG")
+                            and isinstance(getattr(signal, x[3], None), signal.Signals)):
+        return False
+    return len(x) in (3, 4) and all(is_count(v) for v in x[:3])
+
 
 CORE_SCHEMA: dict[str, dict[str, Key]] = {
     "data": {
@@ -92,6 +106,12 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "eval_every": Key(int, 1, "evaluate every N epochs (0 = only at the end)", nonneg, ">= 0"),
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
                                 nonneg, ">= 0"),
+        "stop_signals": Key(list, list(_stop.DEFAULT_STOP_SIGNALS), "signals that end the run after the "
+                            "epoch in progress, with its checkpoint, and exit 75 so that --resume or a "
+                            "requeued job continues it (a batch system's time limit, preemption or "
+                            "--signal; docs/runs.md); [] = such a signal kills the rank at once",
+                            _stop.valid_stop_signals,
+                            f"a list of distinct signal names from {', '.join(_stop.STOP_SIGNALS)}"),
         "device": Key(str, "cpu", "compute device: cpu, cuda, or auto", choices=("cpu", "cuda", "auto")),
         "precision": Key(str, "fp32", "products of the linear layers: fp32, or bf16 (bfloat16 GEMMs with "
                          "float32 accumulation, parameters and everything else float32; opt-in, "
@@ -104,10 +124,10 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
                             "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
         "debug_kill": Key(list, [], "tests: [rank, epoch, step] makes that rank SIGKILL itself "
-                          "before that step (failure handling)",
-                          lambda x: len(x) == 0 or (len(x) == 3 and all(
-                              isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x)),
-                          "[] or [rank, epoch, step] (integers >= 0)"),
+                          "before that step (failure handling); [rank, epoch, step, 'SIGUSR1'] sends it "
+                          "that signal instead (stopping)", _debug_kill_ok,
+                          "[] or [rank, epoch, step] (integers >= 0), optionally with a signal name "
+                          "(e.g. 'SIGTERM') fourth"),
     },
     "output": {
         "dir": Key(str, "runs/default", "run directory (HDF5 run file, checkpoints)"),

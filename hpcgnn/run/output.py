@@ -4,8 +4,10 @@
 
 * attributes: ``config`` (resolved configuration, JSON), ``engine``, ``num_ranks``,
   ``partition_hash`` (the store's content hash), ``partition_dir``, ``hpcgnn_version``,
-  ``created``, ``status`` (``running`` / ``finished`` / ``failed``), ``ended`` (when it became
-  ``finished`` or ``failed``), ``error`` (``failed`` only: the one-line reason), plus any set with
+  ``created``, ``status`` (``running`` / ``finished`` / ``stopped`` / ``failed``), ``ended``
+  (when it became one of the last three), ``error`` (``failed`` only: the one-line reason),
+  ``stopped_by`` (``stopped`` only: which stop signal on which ranks, :mod:`hpcgnn.run.stop`;
+  its last epoch is checkpointed and ``--resume`` continues it), plus any set with
   :meth:`RunOutput.set_attrs`;
 * ``metrics/epoch`` int64 [E] and ``metrics/<name>`` float64 [E] (loss, accuracies; NaN when an
   epoch was not evaluated);
@@ -91,7 +93,7 @@ METRIC_ORDER = ("loss", "train_acc", "val_acc", "test_acc")
 SAFE_ON_RESUME = (
     "data.partitions",        # the store's content hash must still be the run's
     "data.verify",
-    "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device",
+    "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device", "train.stop_signals",
     "train.kernels", "train.deterministic",
     "train.debug_record", "train.debug_kill",
     "output.dir", "output.keep_checkpoints", "output.flush_seconds",
@@ -109,7 +111,7 @@ def safe_on_resume() -> tuple[str, ...]:
 
 
 # Attributes of the old run file that describe its end, not the run: not carried into a resume.
-_END_ATTRS = ("format", "version", "created", "status", "ended", "error")
+_END_ATTRS = ("format", "version", "created", "status", "ended", "error", "stopped_by")
 
 
 def _decode(v):
@@ -508,14 +510,19 @@ class RunOutput:
         (before a checkpoint: module docstring)."""
         self.rt.agree(self._try_write() if self.rt.is_root and self._unwritten else None)
 
-    def close(self) -> None:
-        """Collective: mark the run finished (no rank exits before the file is final) and
-        release the run directory's lock. A run file that cannot be written stops every rank
-        with one line (:meth:`_try_write`)."""
+    def close(self, stopped_by: str | None = None) -> None:
+        """Collective: mark the run finished, or ``stopped`` by the signals ``stopped_by``
+        (:mod:`hpcgnn.run.stop`: its last epoch is checkpointed, ``--resume`` continues it), so
+        that no rank exits before the file is final; then release the run directory's lock. A
+        run file that cannot be written stops every rank with one line (:meth:`_try_write`)."""
         error = None
         if self.rt.is_root:
             self._attrs.pop("error", None)
-            self._attrs.update(status="finished", ended=_now())
+            self._attrs.pop("stopped_by", None)
+            if stopped_by is None:
+                self._attrs.update(status="finished", ended=_now())
+            else:
+                self._attrs.update(status="stopped", ended=_now(), stopped_by=stopped_by)
             error = self._try_write()
         self.rt.agree(error)
         if hasattr(self.rt, "remove_failure_hook"):

@@ -271,7 +271,7 @@ def test_bad_rank_speed_files_exit_2(graph_files, stores, tmp_path, capsys):
     binary.write_bytes(b"\xff\xfe\x00\x81")
     for spec, message in [(bad_json, "not valid JSON"), (unreadable, "run.h5: file not found"),
                           (binary, "cannot read the file"),
-                          (running, "expected a finished run"), (negative, "non-positive mean compute")]:
+                          (running, "expected a finished (or stopped) run"), (negative, "non-positive mean compute")]:
         out = tmp_path / "s"
         assert partition(graph_files["plain"], out, "--parts", 2, "--rank-speed", spec) == 2
         err = capsys.readouterr().err
