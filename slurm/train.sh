@@ -105,13 +105,14 @@ echo "train.sh: job ${SLURM_JOB_ID:-none} on ${SLURM_JOB_NODELIST:-$(hostname -s
 # (sbatch --signal=B:USR1@LEAD, scancel --batch) is passed on to srun, which passes it to every
 # rank, and SLURM's SIGTERM does not end the shell (and with it the job) while the ranks write
 # their checkpoint. The ranks get the signals SLURM sends to the step from SLURM itself.
+SRUN_PID=
+for sig in USR1 USR2 TERM; do     # set before srun starts: no signal finds the shell unprepared
+    trap "[[ -n \$SRUN_PID ]] && kill -$sig \$SRUN_PID 2>/dev/null || true" "$sig"
+done
 srun "${SRUN_ARGS[@]}" "$PYTHON" "${ENTRY[@]}" --config "$CONFIG" \
     --set "data.partitions=$PARTITIONS" --set "output.dir=$RUN_DIR" ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"} \
     ${ARGS[@]+"${ARGS[@]}"} &
 SRUN_PID=$!
-trap 'kill -USR1 "$SRUN_PID" 2>/dev/null || true' USR1
-trap 'kill -USR2 "$SRUN_PID" 2>/dev/null || true' USR2
-trap 'kill -TERM "$SRUN_PID" 2>/dev/null || true' TERM
 while :; do
     rc=0
     wait "$SRUN_PID" || rc=$?
@@ -120,6 +121,8 @@ done
 trap - USR1 USR2 TERM
 if (( rc == 75 && REQUEUE == 1 )); then
     echo "train.sh: the run stopped after its checkpoint (exit 75): requeueing job $SLURM_JOB_ID to continue it"
-    scontrol requeue "$SLURM_JOB_ID"     # ends this job; SLURM starts it again (SLURM_RESTART_COUNT + 1)
+    # ends this job; SLURM starts it again (SLURM_RESTART_COUNT + 1)
+    scontrol requeue "$SLURM_JOB_ID" || echo "train.sh: error: could not requeue job $SLURM_JOB_ID" \
+        "(submitted with --no-requeue, or JobRequeue=0?): resubmit it, the run continues with --resume" >&2
 fi
 exit "$rc"
