@@ -224,12 +224,12 @@ def format_table(s: dict) -> str:
              f"model      {model.get('arch')} layers {model.get('layers')} hidden {model.get('hidden')} "
              f"dropout {model.get('dropout')}; lr {train.get('lr')} wd {train.get('weight_decay')} "
              f"seed {train.get('seed')}"]
+    if s.get("comm_backend") or s.get("mpi_library"):
+        lines.insert(2, f"comm       data plane {s.get('comm_backend') or '-'}; MPI {s.get('mpi_library') or '-'}")
     if s.get("status") == "stopped":
         last = s["epochs"][-1]["epoch"] if s["epochs"] else 0
         lines.insert(1, f"stopped    after epoch {last} of {train.get('epochs')} by {s.get('stopped_by')}; "
                         "its checkpoint is written: hpcgnn train ... --resume continues the run")
-    if s.get("comm_backend") or s.get("mpi_library"):
-        lines.insert(2 if s.get("status") != "stopped" else 3, f"comm       data plane {s.get('comm_backend') or '-'}; MPI {s.get('mpi_library') or '-'}")
     if s["engine"] == "minibatch":
         lines.append(f"minibatch  batch {mb.get('batch_size')} fanouts {mb.get('fanouts')} halo "
                      f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "

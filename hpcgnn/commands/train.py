@@ -48,15 +48,10 @@ def _train(args) -> int:
     from hpcgnn.runtime import Runtime
 
     rt = Runtime.start()
-    stop = None
-    try:
-        with rt.guard():
-            cfg = rt.agree_on(lambda: load_config(args.config, args.set))
-            stop = StopRequest(cfg.train.stop_signals).install()
+    with rt.guard():
+        cfg = rt.agree_on(lambda: load_config(args.config, args.set))
+        with StopRequest(cfg.train.stop_signals) as stop:    # the old handlers back afterwards
             return _train_with(args, rt, cfg, stop)
-    finally:
-        if stop is not None:
-            stop.restore()
 
 
 def _train_with(args, rt, cfg, stop) -> int:

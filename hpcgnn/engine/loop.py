@@ -157,11 +157,9 @@ def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
         return stop.agreed(rt) if stop is not None else None
 
     reason = stop_reason()
-    if reason is not None:
-        engine.close()
-        return Stopped(reason, start - 1)
+    stopped = Stopped(reason, start - 1) if reason is not None else None
     timer = engine.timer
-    for epoch in range(start, epochs + 1):
+    for epoch in range(start, epochs + 1) if stopped is None else ():
         timer.reset()
         seed_torch(cfg.train.seed, epoch, rt.rank)
         engine.model.train()
@@ -191,7 +189,7 @@ def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
             require_finite_state(engine, rt, epoch)
             save_training_state(out, epoch, engine.model, engine.optimizer, engine.checkpoint_extra(epoch))
         if stopping:
-            engine.close()
-            return Stopped(reason, epoch)
+            stopped = Stopped(reason, epoch)
+            break
     engine.close()
-    return None
+    return stopped

@@ -73,8 +73,7 @@ def _debug_kill_ok(x) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= 0
     if len(x) == 0:
         return True
-    if len(x) == 4 and not (isinstance(x[3], str) and x[3].startswith("SIG")
-                            and isinstance(getattr(signal, x[3], None), signal.Signals)):
+    if len(x) == 4 and x[3] not in signal.Signals.__members__:
         return False
     return len(x) in (3, 4) and all(is_count(v) for v in x[:3])
 

@@ -76,6 +76,12 @@ class StopRequest:
             signal.signal(signum, previous)
         self._previous = {}
 
+    def __enter__(self) -> "StopRequest":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
     def _handle(self, signum, frame) -> None:
         if self.signal is None:
             self.signal = signal.Signals(signum).name
@@ -86,9 +92,8 @@ class StopRequest:
         every rank, e.g. ``SIGUSR1 on every rank`` or ``SIGTERM on rank 1``."""
         if not self.names:
             return None
-        got = rt.comm.allgather(self.signal) if rt.size > 1 else [self.signal]
         ranks: dict[str, list[int]] = {}
-        for r, name in enumerate(got):
+        for r, name in enumerate(rt.comm.allgather(self.signal)):
             if name is not None:
                 ranks.setdefault(name, []).append(r)
         if not ranks:
