@@ -415,7 +415,8 @@ def test_train_script_stops_on_sigusr1_requeues_and_resumes_to_the_end(slurm, tm
     base = Path(env["SLURM_CONF"]).parent
     logs = "".join(f"\n--- {n}\n" + (base / n).read_text(errors="replace")[-2500:] for n in ("slurmctld.log", "slurmd.log"))
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), (fields, text[-3000:] + logs)
-    assert "SIGUSR1 on every rank" in text and "(exit status 75)" in text, text[-3000:]
+    # srun signals the tasks one after the other: an agreement between the two deliveries names one rank
+    assert re.search(r"\(SIGUSR1 on (every rank|rank [01])\)", text) and "(exit status 75)" in text, text[-3000:]
     assert f"requeueing job {job}" in text and f"restart 1 of job {job}" in text, text[-3000:]
     from hpcgnn.run.checkpoint import list_checkpoints
     from hpcgnn.run.output import read_run

@@ -175,7 +175,10 @@ def test_sigusr1_to_mpiexec_stops_every_rank(cora_parts, tmp_path):
     assert proc.returncode == EXIT_STOPPED, (proc.returncode, out[-2000:], err[-2000:])
     got = read_run(run)
     epochs = list(got["metrics"]["epoch"])
-    assert got["attrs"]["status"] == "stopped" and got["attrs"]["stopped_by"] == "SIGUSR1 on every rank"
+    # Hydra signals the ranks one after the other: an agreement that falls between the two
+    # deliveries stops the job on the first rank's signal alone (the second is then ignored)
+    assert got["attrs"]["status"] == "stopped", got["attrs"]
+    assert re.fullmatch(r"SIGUSR1 on (every rank|rank [01])", got["attrs"]["stopped_by"]), got["attrs"]
     assert 2 <= epochs[-1] < 2000 and epochs == list(range(1, epochs[-1] + 1)), epochs
     assert [e for e, _ in list_checkpoints(run)] == [epochs[-1]]
 
