@@ -12,9 +12,10 @@
   bounded layer-wise inference: three solid-row buffers at the widest layer, one halo round and
   one chunk, see :mod:`hpcgnn.engine.inference`);
 * full-graph engine: ``activations`` (every layer's input over solid + halo rows and the tensors
-  kept for backward; with ``fullgraph.offload`` the host-resident layer data, cached aggregates,
-  the backward's host gradients and one batch of chunks) and, offloaded, ``chunks`` (the chunks'
-  own CSRs, transposes and transfer plan);
+  kept for backward; with ``fullgraph.offload`` the host-resident layer data and cached
+  aggregates, then the larger of a forward batch of chunks and one layer's backward host
+  gradients beside its batch, :func:`offload_phase_bytes`) and, offloaded, ``chunks`` (the
+  chunks' own CSRs, transposes and transfer plan);
 * every engine: ``model_state`` (the parameters, their gradients, Adam's two moments and the
   gradient allreduce's flat float32 buffer: five float32 copies of every parameter, counted on
   the model the engine builds, see :func:`model_param_sizes`; in bfloat16 also the bfloat16
@@ -440,18 +441,71 @@ def store_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     est.shrink["store"] = "store.device_memory (the device tier; on the CPU a host buffer)"
 
 
-def offload_batch_bytes(cfg, meta, s: dict) -> int:
-    """Bytes of one batch of chunks on the compute device (offloaded full graph): the batch's
-    source rows and their gradient buffer (same slots) at the widest layer, and the
-    destinations' temporaries. A chunk's sources are the expected distinct sources of its
-    edges, not rows / chunks: a chunk of destinations reaches most of the partition's rows
-    when the graph has no locality (validated by `make bench-plan`, docs/plan.md)."""
+def offload_recomputes(cfg) -> bool:
+    """Whether the offloaded engine recomputes its layers in backward (``fullgraph.recompute =
+    "recompute"``, or GAT, whose edge softmax is not cacheable: engine/offload.resolve_modes)
+    instead of caching their aggregates in host memory."""
+    return cfg.fullgraph.recompute == "recompute" or cfg.model.arch == "gat"
+
+
+def offload_phase_bytes(cfg, meta, s: dict) -> tuple[list[int], list[int]]:
+    """``(forward, backward)``: bytes on the compute device of one batch of chunks of each
+    layer's forward and backward pass (offloaded full graph, engine/offload.py over
+    engine/chunk_stream.py). A batch's sources ``src`` are the expected distinct sources of its
+    edges (a chunk of destinations reaches most of the partition's rows when the graph has no
+    locality; validated by `make bench-plan`, docs/plan.md), its destinations ``dst`` =
+    solid rows x batch_chunks / chunks, ``w`` / ``wo`` the layer's input / output width:
+
+    * forward: the stream's row buffer, the next unit's rows requested while this one computes
+      and the chunk's gathered sources (3 x src x w), the destinations' temporaries
+      (``SAVED_PER_LAYER`` x dst at the wider width); GAT also its projected sources and
+      per-edge logits and attention (src x wo + 3 x edges x heads);
+    * backward, cached aggregates (SAGE, GCN): the gradient buffer and the aggregation's adjoint
+      over the sources (2 x src x w, not in layer 0, whose input needs no gradient) and the
+      destinations' temporaries;
+    * backward, recomputed (GAT, ``fullgraph.recompute = "recompute"``): the reloaded row buffer,
+      the next unit's rows, the gathered sources, the gradient buffer (4 x src x w), the
+      recomputed projection and its gradients (4 x src x wo) and the per-edge terms twice.
+
+    Traced (bench/alloc_trace.py, 2 ranks): products-like 0.25 SAGE 100-64-47, 16 chunks,
+    forward of layer 0 3 x 377k x 100 floats; the 60k SBM, GAT 128-256-256-8, 8 chunks,
+    backward of layer 1 8 x 42k x 256."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     k = max(fg.chunks, 1)
     frac = min(fg.batch_chunks, k) / k
     src = nl if k == 1 else min(nl, expected_distinct(nl, ne * frac))
-    return int(2 * src * wmax * F32 + SAVED_PER_LAYER * ns * frac * wmax * F32)
+    dst, edges = ns * frac, ne * frac
+    gat, recompute = cfg.model.arch == "gat", offload_recomputes(cfg)
+    heads = int(cfg.model.heads) if gat else 0
+    fwd, bwd = [], []
+    for l in range(layers):
+        w, wo = widths[l], widths[l + 1]
+        temps = SAVED_PER_LAYER * dst * max(w, wo)
+        edge = 3 * edges * heads
+        fwd.append(3 * src * w + temps + (src * wo + edge if gat else 0))
+        if recompute:
+            bwd.append(4 * src * w + 4 * src * wo + temps + 2 * edge)
+        else:
+            bwd.append((2 * src * w if l > 0 else 0) + temps)
+    return [int(b * F32) for b in fwd], [int(b * F32) for b in bwd]
+
+
+def offload_batch_bytes(cfg, meta, s: dict) -> int:
+    """Bytes of one batch of chunks on the compute device (offloaded full graph): the largest
+    pass of :func:`offload_phase_bytes`."""
+    fwd, bwd = offload_phase_bytes(cfg, meta, s)
+    return max(fwd + bwd)
+
+
+def offload_host_gradient_bytes(cfg, meta, s: dict) -> list[int]:
+    """Bytes of host gradients live in each layer's backward (offloaded full graph): the
+    gradient of the layer's output rows (the logits' for the last layer, else the next layer's
+    input gradient over every local row, whose solid rows it passes on) and, except in layer 0,
+    the gradient of its input over every local row (engine/offload._backward_layer)."""
+    ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
+    return [int(((ns if l == layers - 1 else nl) * widths[l + 1] + (nl * widths[l] if l > 0 else 0)) * F32)
+            for l in range(layers)]
 
 
 def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
@@ -468,14 +522,16 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     per_layer = [nl * widths[l] * F32 + saved * ns * max(widths[l], widths[l + 1]) * F32
                  for l in range(layers)]
     if fg.offload:
-        # host-resident layer inputs/outputs, the cached aggregates of the solid rows, the
-        # gradients of the host-resident rows in backward (two layers' worth) and one batch
-        # of chunks of temporaries (engine/offload.py)
-        host = sum(nl * widths[l] * F32 for l in range(layers + 1))
-        agg = sum(ns * widths[l] * F32 for l in range(layers))
-        grads = 2 * nl * wmax * F32
-        batch = offload_batch_bytes(cfg, meta, s)
-        est.terms["activations"] = int(x0 + host + agg + grads + batch)
+        # host-resident for the run (engine/offload.py): layer 0's input (x0: the store's
+        # solid rows and the halo rows), every hidden layer's input over solid + halo rows,
+        # the logits of the solid rows and, caching, the solid rows' aggregates; then the
+        # larger of a forward pass's batch of chunks and a backward pass's host gradients
+        # beside its batch (on a GPU the batches are device memory, here host memory)
+        hidden = sum(nl * widths[l] * F32 for l in range(1, layers)) + ns * widths[layers] * F32
+        agg = 0 if offload_recomputes(cfg) else sum(ns * widths[l] * F32 for l in range(layers))
+        fwd, bwd = offload_phase_bytes(cfg, meta, s)
+        step = max(fwd + [g + b for g, b in zip(offload_host_gradient_bytes(cfg, meta, s), bwd)])
+        est.terms["activations"] = int(x0 + hidden + agg + step)
         est.shrink["activations"] = ("more ranks (hpcgnn partition --parts): the host-resident rows "
                                      "are the partition's, chunks do not shrink them")
         # the chunks' own topology: their CSRs (local IDs), source lists, transposes (indices;
