@@ -448,7 +448,7 @@ def offload_recomputes(cfg) -> bool:
     return cfg.fullgraph.recompute == "recompute" or cfg.model.arch == "gat"
 
 
-def offload_phase_bytes(cfg, meta, s: dict) -> tuple[list[int], list[int]]:
+def offload_phase_bytes(cfg, meta, s: dict, sources: int | None = None) -> tuple[list[int], list[int]]:
     """``(forward, backward)``: bytes on the compute device of one batch of chunks of each
     layer's forward and backward pass (offloaded full graph, engine/offload.py over
     engine/chunk_stream.py). A batch's sources ``src`` are the expected distinct sources of its
@@ -467,14 +467,19 @@ def offload_phase_bytes(cfg, meta, s: dict) -> tuple[list[int], list[int]]:
       the next unit's rows, the gathered sources, the gradient buffer (4 x src x w), the
       recomputed projection and its gradients (4 x src x wo) and the per-edge terms twice.
 
-    Traced (bench/alloc_trace.py, 2 ranks): products-like 0.25 SAGE 100-64-47, 16 chunks,
-    forward of layer 0 3 x 377k x 100 floats; the 60k SBM, GAT 128-256-256-8, 8 chunks,
-    backward of layer 1 8 x 42k x 256."""
+    ``sources``: a batch's source rows as counted on the partition
+    (:func:`offload_sampled_sources`), else the uniform model's expectation (products-like 0.25,
+    16 chunks: 484k expected, 377k counted). Traced (bench/alloc_trace.py, 2 ranks):
+    products-like 0.25 SAGE 100-64-47, 16 chunks, forward of layer 0 3 x 377k x 100 floats;
+    the 60k SBM, GAT 128-256-256-8, 8 chunks, backward of layer 1 8 x 42k x 256."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     k = max(fg.chunks, 1)
     frac = min(fg.batch_chunks, k) / k
-    src = nl if k == 1 else min(nl, expected_distinct(nl, ne * frac))
+    if sources is not None:
+        src = int(sources)
+    else:
+        src = nl if k == 1 else min(nl, expected_distinct(nl, ne * frac))
     dst, edges = ns * frac, ne * frac
     gat, recompute = cfg.model.arch == "gat", offload_recomputes(cfg)
     heads = int(cfg.model.heads) if gat else 0
@@ -491,11 +496,41 @@ def offload_phase_bytes(cfg, meta, s: dict) -> tuple[list[int], list[int]]:
     return [int(b * F32) for b in fwd], [int(b * F32) for b in bwd]
 
 
-def offload_batch_bytes(cfg, meta, s: dict) -> int:
+def offload_batch_bytes(cfg, meta, s: dict, sources: int | None = None) -> int:
     """Bytes of one batch of chunks on the compute device (offloaded full graph): the largest
     pass of :func:`offload_phase_bytes`."""
-    fwd, bwd = offload_phase_bytes(cfg, meta, s)
+    fwd, bwd = offload_phase_bytes(cfg, meta, s, sources)
     return max(fwd + bwd)
+
+
+def offload_sampled_sources(cfg, meta, part_id: int) -> int:
+    """The most source rows of one batch of chunks of rank ``part_id``'s partition (offloaded full
+    graph): the engine's chunks (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, edge-balanced
+    destination ranges), ``fullgraph.batch_chunks`` consecutive chunks a batch (the natural
+    order; the ``cost`` order may group them otherwise), each batch's destinations and the
+    distinct sources of its edges: ``Chunk.num_src`` of the engine's chunks with one chunk a
+    batch. Reads the partition's ``indptr`` and one batch of ``indices`` at a time (a mark per
+    vertex of the graph: no sort, no per-edge copy beyond the batch's edges)."""
+    from hpcgnn.engine.chunk_schedule import chunk_bounds
+    from hpcgnn.partition.store import open_partition_file
+
+    first = int(meta.part_offsets[part_id])
+    with open_partition_file(meta.path, part_id, meta) as f:
+        indptr = np.asarray(f["indptr"][()], dtype=np.int64)
+        bounds = chunk_bounds(indptr, max(int(cfg.fullgraph.chunks), 1))
+        n = bounds.shape[0] - 1
+        step = max(1, min(int(cfg.fullgraph.batch_chunks), n))
+        mark = np.zeros(int(meta.num_nodes), dtype=bool)
+        most = 0
+        for i in range(0, n, step):
+            b, e = int(bounds[i]), int(bounds[min(i + step, n)])
+            edges = np.asarray(f["indices"][int(indptr[b]):int(indptr[e])], dtype=np.int64)
+            mark[edges] = True
+            mark[first + b:first + e] = True
+            most = max(most, int(np.count_nonzero(mark)))
+            mark[edges] = False
+            mark[first + b:first + e] = False
+    return most
 
 
 def offload_host_gradient_bytes(cfg, meta, s: dict) -> list[int]:
@@ -1139,7 +1174,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     staged tensor path is resident (:func:`tensor_resident_bytes`) also ``resident``. ``sample``: measure instead of model (reads the store): the minibatch
     frontiers of :func:`minibatch_sampled_sizes` (not in the exact halo mode, which samples the
     whole graph), the tensor chunk of :func:`tensor_stage_rows`
-    (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound)."""
+    (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound), the offloaded batch's
+    sources of :func:`offload_sampled_sources`."""
     from hpcgnn.store.budget import resolve_budget
 
     dev = device or _device_type(cfg)
@@ -1204,7 +1240,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))
             out.shrink["activations"] = "lower minibatch.batch_size or minibatch.fanouts"
         elif cfg.fullgraph.offload:
-            out.terms["activations"] = offload_batch_bytes(cfg, meta, s)
+            sources = offload_sampled_sources(cfg, meta, part_id) if sample else None
+            out.terms["activations"] = offload_batch_bytes(cfg, meta, s, sources)
             out.shrink["activations"] = "raise fullgraph.chunks or lower fullgraph.batch_chunks"
             if dev == "cuda":
                 out.terms["chunks"] = int(t.get("chunks", 0))

@@ -328,3 +328,30 @@ def test_tensor_engine_on_a_gpu_keeps_its_topology_in_the_host_estimate(cora_par
         assert host >= on_gpu.terms["partition"] + on_gpu.terms["topology"] + on_gpu.terms["kernels"]
         assert on_gpu.terms["topology"] >= on_cpu.terms["topology"]
         assert dev == on_gpu.device["nn"] + on_gpu.device["chunk"] + CUDA_CONTEXT
+
+
+@pytest.mark.parametrize("chunks,batch", [(1, 1), (4, 1), (5, 2), (16, 3)])
+def test_offloaded_batch_sources_are_the_engines_chunks(cora_parts, chunks, batch):
+    """The pre-run device check's count of a batch's source rows (offload_sampled_sources) is
+    exactly the largest batch of the engine's own chunks (make_chunks on the rank's local CSR,
+    batch_chunks consecutive chunks a batch: the union of their source lists), on every rank."""
+    from hpcgnn.engine.chunk_schedule import make_chunks, natural_schedule
+    from hpcgnn.engine.estimate import offload_sampled_sources
+    from hpcgnn.partition.store import open_partition_file, read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    cfg = load_config(ROOT / "inputs" / "cora-gcn-fullgraph.toml",
+                      [f"data.partitions={store}", "fullgraph.offload=true", f"fullgraph.chunks={chunks}",
+                       f"fullgraph.batch_chunks={batch}"])
+    for rank in range(2):
+        b, e = int(meta.part_offsets[rank]), int(meta.part_offsets[rank + 1])
+        with open_partition_file(meta.path, rank, meta) as f:
+            indptr, glob = f["indptr"][()].astype(np.int64), f["indices"][()].astype(np.int64)
+            halo = f["halo_ids"][()].astype(np.int64)
+        local = np.where((glob >= b) & (glob < e), glob - b, np.searchsorted(halo, glob) + (e - b))
+        built = make_chunks(indptr, local, chunks)
+        want = max(np.unique(np.concatenate([built[c].src for c in group])).size
+                   for group in natural_schedule(len(built), batch).batches)
+        assert offload_sampled_sources(cfg, meta, rank) == want, (rank, chunks, batch)
