@@ -275,6 +275,36 @@ def _keep_largest(est: MemoryEstimate, names: tuple) -> None:
                 est.terms[k] = 0
 
 
+def _partition_topology_error(meta, part_id: int, what: str) -> InputError:
+    """The one-line error of a partition file whose topology a pre-run reader found broken (the
+    engine's load would refuse it too, on its part_hash, but only after the check)."""
+    from hpcgnn.partition.store import part_file_name
+
+    return InputError(f"{Path(meta.path) / part_file_name(part_id)}: {what} (the file is corrupt or was "
+                      f"modified; partition the graph again)")
+
+
+def _checked_indptr(f, meta, part_id: int) -> np.ndarray:
+    """The partition file's ``indptr`` (open h5py file ``f``), checked: one offset per solid
+    vertex and one more, from 0, non-decreasing, ending at the length of ``indices``."""
+    ns = int(meta.part_offsets[part_id + 1]) - int(meta.part_offsets[part_id])
+    indptr = np.asarray(f["indptr"][()], dtype=np.int64)
+    if indptr.shape != (ns + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
+            or indptr[-1] != f["indices"].shape[0]:
+        raise _partition_topology_error(meta, part_id, f"indptr is not the {ns + 1} non-decreasing offsets "
+                                        f"of {f['indices'].shape[0]} indices")
+    return indptr
+
+
+def _checked_indices(edges: np.ndarray, meta, part_id: int) -> np.ndarray:
+    """``edges`` (global vertex IDs read from a partition file's ``indices``), checked to lie in
+    ``[0, num_nodes)``."""
+    if edges.size and (int(edges.min()) < 0 or int(edges.max()) >= int(meta.num_nodes)):
+        bad = int(edges.min()) if int(edges.min()) < 0 else int(edges.max())
+        raise _partition_topology_error(meta, part_id, f"indices holds vertex {bad}, outside [0, {int(meta.num_nodes)})")
+    return edges
+
+
 def estimate_rank_memory(cfg, meta, part_id: int, baseline_bytes: int,
                          shapes: dict | None = None) -> MemoryEstimate:
     """Peak resident bytes of rank ``part_id`` for ``cfg`` on the store ``meta``."""
@@ -516,7 +546,7 @@ def offload_sampled_sources(cfg, meta, part_id: int) -> int:
 
     first = int(meta.part_offsets[part_id])
     with open_partition_file(meta.path, part_id, meta) as f:
-        indptr = np.asarray(f["indptr"][()], dtype=np.int64)
+        indptr = _checked_indptr(f, meta, part_id)
         bounds = chunk_bounds(indptr, max(int(cfg.fullgraph.chunks), 1))
         n = bounds.shape[0] - 1
         step = max(1, min(int(cfg.fullgraph.batch_chunks), n))
@@ -524,7 +554,8 @@ def offload_sampled_sources(cfg, meta, part_id: int) -> int:
         most = 0
         for i in range(0, n, step):
             b, e = int(bounds[i]), int(bounds[min(i + step, n)])
-            edges = np.asarray(f["indices"][int(indptr[b]):int(indptr[e])], dtype=np.int64)
+            edges = _checked_indices(np.asarray(f["indices"][int(indptr[b]):int(indptr[e])], dtype=np.int64),
+                                     meta, part_id)
             mark[edges] = True
             mark[first + b:first + e] = True
             most = max(most, int(np.count_nonzero(mark)))
@@ -1358,13 +1389,18 @@ def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATC
 
     b, e = int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])
     with open_partition_file(meta.path, part_id, meta) as f:
-        indptr = np.asarray(f["indptr"][()], dtype=np.int64)
-        glob = np.asarray(f["indices"][()], dtype=np.int64)
+        indptr = _checked_indptr(f, meta, part_id)
+        glob = _checked_indices(np.asarray(f["indices"][()], dtype=np.int64), meta, part_id)
         halo = np.asarray(f["halo_ids"][()], dtype=np.int64)
         train = np.flatnonzero(np.asarray(f["train_mask"][()], dtype=bool)).astype(np.int64)
     ns = e - b
     solid = (glob >= b) & (glob < e)
     local = np.searchsorted(halo, glob) + ns
+    outside = ~solid
+    if np.any(local[outside] >= ns + halo.size) or np.any(halo[local[outside] - ns] != glob[outside]) \
+            or np.any(train >= ns):
+        raise _partition_topology_error(meta, part_id, "indices names a vertex that is neither solid nor in "
+                                        "halo_ids, or train_mask is not one flag per solid vertex")
     local[solid] = glob[solid] - b
     mb = cfg.minibatch
     size = min(int(mb.batch_size), int(train.size))

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -355,3 +356,77 @@ def test_offloaded_batch_sources_are_the_engines_chunks(cora_parts, chunks, batc
         want = max(np.unique(np.concatenate([built[c].src for c in group])).size
                    for group in natural_schedule(len(built), batch).batches)
         assert offload_sampled_sources(cfg, meta, rank) == want, (rank, chunks, batch)
+
+
+def _corrupt_copy(store: Path, dest: Path, field: str, index: int, value: int) -> Path:
+    """A copy of ``store`` whose part 0 has ``field[index] = value`` (its part_hash left stale)."""
+    import shutil
+
+    import h5py
+
+    shutil.copytree(store, dest)
+    with h5py.File(dest / "part-00000.h5", "r+") as f:
+        f[field][index] = value
+    return dest
+
+
+@pytest.mark.parametrize("field,index,value,message", [
+    ("indices", 10, 10 ** 7, "indices holds vertex 10000000, outside [0, 2708)"),
+    ("indices", 10, -3, "indices holds vertex -3, outside [0, 2708)"),
+    ("indptr", 5, 10 ** 9, "indptr is not the"),
+])
+def test_the_pre_run_readers_refuse_a_corrupt_partition_file_in_one_line(cora_parts, tmp_path, field, index,
+                                                                          value, message):
+    """The device check's readers of a partition's topology (offload_sampled_sources,
+    minibatch_sampled_sizes) run before the engine's load verifies the part_hash: a corrupt
+    ``indices`` or ``indptr`` is an InputError naming the file and the field, not an IndexError
+    or the sampler's ValueError."""
+    from hpcgnn.engine.estimate import minibatch_sampled_sizes, offload_sampled_sources
+    from hpcgnn.errors import InputError
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    bad = _corrupt_copy(cora_parts(2), tmp_path / "bad", field, index, value)
+    meta = read_meta(bad)
+    for config, sets in (("cora-gcn-fullgraph.toml", ["fullgraph.offload=true", "fullgraph.chunks=4"]),
+                         ("cora-sage.toml", [])):
+        cfg = load_config(ROOT / "inputs" / config, [f"data.partitions={bad}", *sets])
+        read = offload_sampled_sources if cfg.train.engine == "fullgraph" else minibatch_sampled_sizes
+        with pytest.raises(InputError, match=re.escape(f"{bad / 'part-00000.h5'}: {message}")):
+            read(cfg, meta, 0)
+        read(cfg, meta, 1)                                     # the intact partition still reads
+
+
+def test_a_halo_vertex_missing_from_halo_ids_is_refused(cora_parts, tmp_path):
+    """An in-range source that is neither solid nor among the partition's halo_ids (the sampler
+    would take it for a local vertex past the end): one line naming the file."""
+    from hpcgnn.engine.estimate import minibatch_sampled_sizes
+    from hpcgnn.errors import InputError
+    from hpcgnn.partition.store import open_partition_file, read_meta
+    from hpcgnn.run.config import load_config
+
+    store = cora_parts(2)
+    meta = read_meta(store)
+    with open_partition_file(store, 0, meta) as f:
+        halo = set(f["halo_ids"][()].tolist())
+    stranger = next(v for v in range(int(meta.part_offsets[1]), int(meta.num_nodes)) if v not in halo)
+    bad = _corrupt_copy(store, tmp_path / "bad", "indices", 0, stranger)
+    cfg = load_config(ROOT / "inputs" / "cora-sage.toml", [f"data.partitions={bad}"])
+    with pytest.raises(InputError, match="neither solid nor in halo_ids"):
+        minibatch_sampled_sizes(cfg, read_meta(bad), 0)
+
+
+def test_train_with_a_device_limit_refuses_a_corrupt_partition_on_every_rank(cora_parts, tmp_path):
+    """``train`` with a stated device size (the device check samples the store) on a store whose
+    part 0 holds an out-of-range vertex: exit 2 on every rank, one line, no traceback, no run."""
+    bad = _corrupt_copy(cora_parts(2), tmp_path / "bad", "indices", 10, 10 ** 7)
+    run = tmp_path / "run"
+    proc, codes = mb.train_each_rank_exit(2, [
+        "train", "--config", str(ROOT / "inputs" / "cora-gcn-fullgraph.toml"), "--set", f"data.partitions={bad}",
+        "--set", f"output.dir={run}", "--set", "fullgraph.offload=true", "--set", "runtime.device_memory_limit=1GiB"],
+        timeout=120)
+    assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcgnn: error:")]
+    assert lines == [f"hpcgnn: error: {bad / 'part-00000.h5'}: indices holds vertex 10000000, outside [0, 2708) "
+                     "(the file is corrupt or was modified; partition the graph again)"], proc.stderr
+    assert "Traceback" not in proc.stderr and not (run / "run.h5").exists()
