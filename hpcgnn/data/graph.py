@@ -281,11 +281,26 @@ def read_topology(path: str | os.PathLike, index_dtype=np.int64) -> tuple[np.nda
 
 
 def _check_csr(where: str, ip: np.ndarray, ix: np.ndarray, n: int) -> None:
-    if ip[0] != 0 or ip[-1] != ix.shape[0] or np.any(np.diff(ip) < 0):
-        raise InputError(f"{where}: 'indptr' is not a valid CSR row pointer for {ix.shape[0]} edges")
-    if ix.size and (ix.min() < 0 or ix.max() >= n):
-        bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
-        raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n})")
+    check_row_pointer(where, ip, ix.shape[0])
+    check_vertex_ids(where, ix, n)
+
+
+def check_row_pointer(where: str, ip: np.ndarray, edges: int, rows: int | None = None, hint: str = "") -> None:
+    """Refuse (InputError naming ``where``) an ``indptr`` that is not a CSR row pointer of
+    ``edges`` entries: from 0, non-decreasing, ending at ``edges`` (and ``rows`` + 1 long when
+    given). ``hint``: appended to the message."""
+    if (rows is not None and ip.shape != (rows + 1,)) or ip[0] != 0 or ip[-1] != edges or np.any(np.diff(ip) < 0):
+        raise InputError(f"{where}: 'indptr' is not a valid CSR row pointer for {edges} edges{hint}")
+
+
+def check_vertex_ids(where: str, ix: np.ndarray, n: int, hint: str = "") -> None:
+    """Refuse (InputError naming ``where``) vertex IDs ``ix`` outside ``[0, n)``; ``hint``:
+    appended to the message."""
+    if ix.size:
+        low, high = int(ix.min()), int(ix.max())
+        if low < 0 or high >= n:
+            bad = low if low < 0 else high
+            raise InputError(f"{where}: 'indices' holds vertex ID {bad}, expected IDs in [0, {n}){hint}")
 
 
 def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -> tuple[np.ndarray, str]:

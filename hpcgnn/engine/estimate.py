@@ -275,33 +275,34 @@ def _keep_largest(est: MemoryEstimate, names: tuple) -> None:
                 est.terms[k] = 0
 
 
-def _partition_topology_error(meta, part_id: int, what: str) -> InputError:
-    """The one-line error of a partition file whose topology a pre-run reader found broken (the
-    engine's load would refuse it too, on its part_hash, but only after the check)."""
+# appended to a pre-run reader's refusal of a partition file's topology (the engine's load would
+# refuse the file too, on its part_hash, but only after the check)
+CORRUPT_PARTITION = " (the file is corrupt or was modified; partition the graph again)"
+
+
+def _partition_file(meta, part_id: int) -> str:
     from hpcgnn.partition.store import part_file_name
 
-    return InputError(f"{Path(meta.path) / part_file_name(part_id)}: {what} (the file is corrupt or was "
-                      f"modified; partition the graph again)")
+    return str(Path(meta.path) / part_file_name(part_id))
 
 
 def _checked_indptr(f, meta, part_id: int) -> np.ndarray:
-    """The partition file's ``indptr`` (open h5py file ``f``), checked: one offset per solid
-    vertex and one more, from 0, non-decreasing, ending at the length of ``indices``."""
+    """The partition file's ``indptr`` (open h5py file ``f``), checked
+    (:func:`hpcgnn.data.graph.check_row_pointer`: one offset per solid vertex and one more)."""
+    from hpcgnn.data.graph import check_row_pointer
+
     ns = int(meta.part_offsets[part_id + 1]) - int(meta.part_offsets[part_id])
     indptr = np.asarray(f["indptr"][()], dtype=np.int64)
-    if indptr.shape != (ns + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0) \
-            or indptr[-1] != f["indices"].shape[0]:
-        raise _partition_topology_error(meta, part_id, f"indptr is not the {ns + 1} non-decreasing offsets "
-                                        f"of {f['indices'].shape[0]} indices")
+    check_row_pointer(_partition_file(meta, part_id), indptr, f["indices"].shape[0], ns, CORRUPT_PARTITION)
     return indptr
 
 
 def _checked_indices(edges: np.ndarray, meta, part_id: int) -> np.ndarray:
     """``edges`` (global vertex IDs read from a partition file's ``indices``), checked to lie in
-    ``[0, num_nodes)``."""
-    if edges.size and (int(edges.min()) < 0 or int(edges.max()) >= int(meta.num_nodes)):
-        bad = int(edges.min()) if int(edges.min()) < 0 else int(edges.max())
-        raise _partition_topology_error(meta, part_id, f"indices holds vertex {bad}, outside [0, {int(meta.num_nodes)})")
+    ``[0, num_nodes)`` (:func:`hpcgnn.data.graph.check_vertex_ids`)."""
+    from hpcgnn.data.graph import check_vertex_ids
+
+    check_vertex_ids(_partition_file(meta, part_id), edges, int(meta.num_nodes), CORRUPT_PARTITION)
     return edges
 
 
@@ -514,10 +515,10 @@ def offload_phase_bytes(cfg, meta, s: dict, sources: int | None = None) -> tuple
     gat, recompute = cfg.model.arch == "gat", offload_recomputes(cfg)
     heads = int(cfg.model.heads) if gat else 0
     fwd, bwd = [], []
+    edge = 3 * edges * heads
     for l in range(layers):
         w, wo = widths[l], widths[l + 1]
         temps = SAVED_PER_LAYER * dst * max(w, wo)
-        edge = 3 * edges * heads
         fwd.append(3 * src * w + temps + (src * wo + edge if gat else 0))
         if recompute:
             bwd.append(4 * src * w + 4 * src * wo + temps + 2 * edge)
@@ -1383,7 +1384,7 @@ def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATC
     ``train.seed``): ``rows[l]`` input rows of layer ``l`` (``rows[layers]``: the seeds),
     ``edges[l]`` the sampled edges of layer ``l``'s block. Reads the partition's topology and
     training mask only (no features); the first ``min(batches, steps of an epoch)`` batches."""
-    from hpcgnn.partition.store import open_partition_file
+    from hpcgnn.partition.store import local_ids, open_partition_file
     from hpcgnn.sampling.neighbor import NeighborSampler
     from hpcgnn.seeding import numpy_rng, stream_seed
 
@@ -1394,14 +1395,12 @@ def minibatch_sampled_sizes(cfg, meta, part_id: int, batches: int = SAMPLED_BATC
         halo = np.asarray(f["halo_ids"][()], dtype=np.int64)
         train = np.flatnonzero(np.asarray(f["train_mask"][()], dtype=bool)).astype(np.int64)
     ns = e - b
-    solid = (glob >= b) & (glob < e)
-    local = np.searchsorted(halo, glob) + ns
-    outside = ~solid
+    local = local_ids(glob, b, e, halo)
+    outside = (glob < b) | (glob >= e)
     if np.any(local[outside] >= ns + halo.size) or np.any(halo[local[outside] - ns] != glob[outside]) \
             or np.any(train >= ns):
-        raise _partition_topology_error(meta, part_id, "indices names a vertex that is neither solid nor in "
-                                        "halo_ids, or train_mask is not one flag per solid vertex")
-    local[solid] = glob[solid] - b
+        raise InputError(f"{_partition_file(meta, part_id)}: indices names a vertex that is neither solid nor "
+                         f"in halo_ids, or train_mask is not one flag per solid vertex{CORRUPT_PARTITION}")
     mb = cfg.minibatch
     size = min(int(mb.batch_size), int(train.size))
     if size == 0:

@@ -183,11 +183,7 @@ class Partition:
 
     def to_local(self, global_ids: np.ndarray) -> np.ndarray:
         """Local IDs of global IDs that are solid or halo here (undefined for others)."""
-        g = np.asarray(global_ids, dtype=np.int64)
-        out = g - self.solid_begin
-        halo = (g < self.solid_begin) | (g >= self.solid_end)   # searched for these only
-        out[halo] = np.searchsorted(self.halo_ids, g[halo]) + self.num_solid
-        return out
+        return local_ids(global_ids, self.solid_begin, self.solid_end, self.halo_ids)
 
     def to_global(self, local_ids: np.ndarray) -> np.ndarray:
         """Global IDs of local IDs."""
@@ -204,6 +200,16 @@ class Partition:
     def local_degree(self) -> np.ndarray:
         """Full-graph degree of every local vertex (solid, then halo)."""
         return np.concatenate([self.degree, self.halo_degree])
+
+
+def local_ids(global_ids: np.ndarray, solid_begin: int, solid_end: int, halo_ids: np.ndarray) -> np.ndarray:
+    """Local IDs (solid ``[solid_begin, solid_end)`` first, then ``halo_ids``' order, sorted) of
+    global IDs that are solid or halo in a partition (undefined for others)."""
+    g = np.asarray(global_ids, dtype=np.int64)
+    out = g - solid_begin
+    halo = (g < solid_begin) | (g >= solid_end)   # searched for these only
+    out[halo] = np.searchsorted(halo_ids, g[halo]) + (solid_end - solid_begin)
+    return out
 
 
 @contextlib.contextmanager

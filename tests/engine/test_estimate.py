@@ -371,9 +371,9 @@ def _corrupt_copy(store: Path, dest: Path, field: str, index: int, value: int) -
 
 
 @pytest.mark.parametrize("field,index,value,message", [
-    ("indices", 10, 10 ** 7, "indices holds vertex 10000000, outside [0, 2708)"),
-    ("indices", 10, -3, "indices holds vertex -3, outside [0, 2708)"),
-    ("indptr", 5, 10 ** 9, "indptr is not the"),
+    ("indices", 10, 10 ** 7, "'indices' holds vertex ID 10000000, expected IDs in [0, 2708)"),
+    ("indices", 10, -3, "'indices' holds vertex ID -3, expected IDs in [0, 2708)"),
+    ("indptr", 5, 10 ** 9, "'indptr' is not a valid CSR row pointer"),
 ])
 def test_the_pre_run_readers_refuse_a_corrupt_partition_file_in_one_line(cora_parts, tmp_path, field, index,
                                                                           value, message):
@@ -427,6 +427,6 @@ def test_train_with_a_device_limit_refuses_a_corrupt_partition_on_every_rank(cor
         timeout=120)
     assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcgnn: error:")]
-    assert lines == [f"hpcgnn: error: {bad / 'part-00000.h5'}: indices holds vertex 10000000, outside [0, 2708) "
+    assert lines == [f"hpcgnn: error: {bad / 'part-00000.h5'}: 'indices' holds vertex ID 10000000, expected IDs in [0, 2708) "
                      "(the file is corrupt or was modified; partition the graph again)"], proc.stderr
     assert "Traceback" not in proc.stderr and not (run / "run.h5").exists()
