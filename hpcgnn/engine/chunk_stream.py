@@ -139,6 +139,7 @@ class ChunkStream:
                 if received is not None:
                     received(ui, rows)
                 self.meter.release(rows.nbytes)
+                del rows                 # in the buffer now: not held beside it while the unit computes
                 if early_prefetch:
                     pre.issue(ui + 1)
                 nxt = (lambda p=ui + 1: pre.issue(p))
@@ -178,6 +179,7 @@ class ChunkStream:
                     self.meter.hold(rows.nbytes)
                     buf.index_copy_(0, entering, rows)
                     self.meter.release(rows.nbytes)
+                    del rows
                     pre.issue(pos + 1)
                 if gbuf is not None:
                     gbuf.index_fill_(0, entering, 0.0)

@@ -336,6 +336,9 @@ class OffloadEngine:
                     self.h[l + 1] = self._host_out(rows_out, out)
                     self.h[l + 1][self.num_solid:].zero_()  # halo rows: filled by the exchange
                 self.mover.store_range(out, self.h[l + 1], chunk.dst_begin, "out")
+                # the chunk's tensors go now (the copies out hold their own stream use), not when
+                # the next chunk's replace them: one chunk's sources on the device at a time
+                x = a = out = None
         self.mover.synchronize()
 
     # ---- backward ------------------------------------------------------------

@@ -307,6 +307,7 @@ class DeviceStage:
                     nxt[a:b].copy_(out)
                 else:
                     self.mover.store_range(out, nxt, a, "out")
+                x = out = zd = None         # one chunk's tensors at a time (not two across chunks)
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0 - (waited[0] - w0), (e1 - e0) * w, start)
             after_store(j)
@@ -363,6 +364,7 @@ class DeviceStage:
                 if x is not None:
                     self.mover.add_range(edge_dot(block, g_rows, x, **kernel_options(self)), grad_w,
                                          self.edges[j][0], "edge_grad")
+                x = g = g_rows = gx = None  # one chunk's tensors at a time (not two across chunks)
             e0, e1 = self.edges[j]
             run._agg(time.perf_counter() - t0, (e1 - e0) * w, start)
         if not (gprev_dev and g0_host is None and x_saved is None):
