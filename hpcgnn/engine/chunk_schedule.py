@@ -129,50 +129,64 @@ def natural_schedule(num_chunks: int, batch_chunks: int) -> Schedule:
     return Schedule([list(range(s, min(s + b, num_chunks))) for s in range(0, num_chunks, b)], "natural")
 
 
-def _overlap_counts(mask: np.ndarray, flat: np.ndarray, seg: np.ndarray, n: int) -> np.ndarray:
-    """|N_a ∩ mask| for every chunk a (flat/seg: concatenated source lists and their chunk IDs)."""
-    return np.bincount(seg, weights=mask[flat].astype(np.float64), minlength=n)
+def _overlap_counts(mask: np.ndarray, flat: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """|N_a ∩ mask| for every chunk a (flat: concatenated non-empty source lists, starts: the
+    offset of each list in it)."""
+    return np.add.reduceat(mask[flat], starts, dtype=np.int64)
+
+
+def _offsets(lists: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([a.shape[0] for a in lists[:-1]])]).astype(np.int64)
 
 
 def greedy_schedule(chunks: list[Chunk], batch_chunks: int, num_vertices: int) -> Schedule:
-    """HongTu Alg. 4 on one device: group by overlap (phase 1), order batches (phase 2)."""
+    """HongTu Alg. 4 on one device: group by overlap (phase 1), order batches (phase 2).
+
+    Memory beyond the chunks: a mask per vertex and one concatenation of the source lists (of
+    the chunks in phase 1, of the batch unions in phase 2; with one chunk a batch the unions
+    are the chunks' own lists, and phase 1 has nothing to group)."""
     n = len(chunks)
     if n == 0:
         return Schedule([], "greedy")
     b = max(1, int(batch_chunks))
-    flat = np.concatenate([c.src for c in chunks])
-    seg = np.repeat(np.arange(n), [c.num_src for c in chunks])
-    # phase 1: seed each batch with the first free chunk, add the chunks sharing most sources
-    free = np.ones(n, dtype=bool)
-    groups: list[list[int]] = []
     mask = np.zeros(num_vertices, dtype=bool)
-    while free.any():
-        seed = int(np.argmax(free))
-        group = [seed]
-        free[seed] = False
-        mask[:] = False
-        mask[chunks[seed].src] = True
-        while len(group) < b and free.any():
-            counts = _overlap_counts(mask, flat, seg, n)
-            counts[~free] = -1.0
-            best = int(np.argmax(counts))
-            group.append(best)
-            free[best] = False
-            mask[chunks[best].src] = True
-        groups.append(sorted(group))
+    if b == 1:
+        groups = [[c] for c in range(n)]
+        unions = [c.src for c in chunks]               # distinct already; order is not needed
+    else:
+        flat = np.concatenate([c.src for c in chunks])
+        starts = _offsets([c.src for c in chunks])
+        # phase 1: seed each batch with the first free chunk, add the chunks sharing most sources
+        free = np.ones(n, dtype=bool)
+        groups = []
+        while free.any():
+            seed = int(np.argmax(free))
+            group = [seed]
+            free[seed] = False
+            mask[:] = False
+            mask[chunks[seed].src] = True
+            while len(group) < b and free.any():
+                counts = _overlap_counts(mask, flat, starts)
+                counts[~free] = -1
+                best = int(np.argmax(counts))
+                group.append(best)
+                free[best] = False
+                mask[chunks[best].src] = True
+            groups.append(sorted(group))
+        del flat
+        unions = [unique_ids(np.concatenate([chunks[c].src for c in g])) for g in groups]
     # phase 2: batch 0 stays first; next = the batch sharing most sources with the last placed
-    unions = [unique_ids(np.concatenate([chunks[c].src for c in g])) for g in groups]
     g = len(groups)
     uflat = np.concatenate(unions)
-    useg = np.repeat(np.arange(g), [u.shape[0] for u in unions])
+    ustarts = _offsets(unions)
     placed = np.zeros(g, dtype=bool)
     order = [0]
     placed[0] = True
     for _ in range(1, g):
         mask[:] = False
         mask[unions[order[-1]]] = True
-        counts = _overlap_counts(mask, uflat, useg, g)
-        counts[placed] = -1.0
+        counts = _overlap_counts(mask, uflat, ustarts)
+        counts[placed] = -1
         nxt = int(np.argmax(counts))
         order.append(nxt)
         placed[nxt] = True
