@@ -15,6 +15,12 @@ them to ``--out`` (HDF5, one file per rank) when given::
 
     mpiexec -n 2 python -m hpcgnn.bench.alloc_trace [--top 20] [--out DIR] -- train --config C \\
         --set train.kernels=torch
+
+``--passes`` (the offloaded full graph, ``fullgraph.offload = true``) also prints, per layer
+pass of :class:`~hpcgnn.engine.offload.OffloadEngine`, the peak of the storages made during the
+pass that would be device memory on a GPU (:class:`PassTracker`: the host-resident layer data
+and gradients, ``engine/transfer.py``'s host buffers, and the chunks' cached host transposes
+left out), the figure :func:`hpcgnn.engine.estimate.offload_phase_bytes` models.
 """
 from __future__ import annotations
 
@@ -115,6 +121,61 @@ class AllocationTracker(TorchDispatchMode):
         return self.segments
 
 
+class PassTracker(AllocationTracker):
+    """:class:`AllocationTracker` that also keeps ``device``: the live bytes of storages whose
+    label names none of ``host_labels`` (storages under ``labelled_bytes`` count as device
+    memory), and, through :meth:`watch`, the peak of those above what was live when a method
+    began, per key: ``passes`` {key: bytes}."""
+
+    HOST_LABELS = ("host_empty", "host_zeros", "block.py:89:transpose")
+
+    def __init__(self, labelled_bytes: int = 1 << 16, host_labels=HOST_LABELS):
+        super().__init__(labelled_bytes)
+        self.host_labels = tuple(host_labels)
+        self.device = 0
+        self.device_peak = 0
+        self._host: set[int] = set()
+        self.passes: dict = {}
+
+    def _count(self, func, t: torch.Tensor) -> None:
+        key = t.untyped_storage().data_ptr() if t.layout == torch.strided else None
+        new = key is not None and key not in self.live
+        super()._count(func, t)
+        if new and key in self.live:
+            nbytes, label, _ = self.live[key]
+            if any(h in label for h in self.host_labels):
+                self._host.add(key)
+            else:
+                self.device += nbytes
+                self.device_peak = max(self.device_peak, self.device)
+
+    def _gone(self, key: int, ref) -> None:
+        entry = self.live.get(key)
+        super()._gone(key, ref)
+        if entry is not None and key not in self.live:
+            if key in self._host:
+                self._host.discard(key)
+            else:
+                self.device -= entry[0]
+
+    def watch(self, cls, name: str, key_of) -> None:
+        """Wrap ``cls.name``: each call's peak of device storages above its start goes to
+        ``passes[key_of(*args)]`` (the largest over calls)."""
+        method = getattr(cls, name)
+
+        def traced(*args, **kwargs):
+            start, outer = self.device, self.device_peak
+            self.device_peak = start
+            try:
+                return method(*args, **kwargs)
+            finally:
+                key = key_of(*args)
+                self.passes[key] = max(self.passes.get(key, 0), self.device_peak - start)
+                self.device_peak = max(outer, self.device_peak)
+
+        setattr(cls, name, traced)
+
+
 def report(segments: list[tuple[int, dict]], rank: int, top: int) -> str:
     """Lines: each segment's peak (MiB; the set-up, then the epochs) and its ``top`` largest
     groups of live storages."""
@@ -127,10 +188,11 @@ def report(segments: list[tuple[int, dict]], rank: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def write(out_dir: str, rank: int, segments: list[tuple[int, dict]]) -> str:
+def write(out_dir: str, rank: int, segments: list[tuple[int, dict]], passes: dict | None = None) -> str:
     """``out_dir/alloc-trace-<rank>.h5``: ``peak_bytes`` [segments] (the set-up, then the epochs)
-    and, per segment, the labels and bytes of its peak's live set (written to a temporary name,
-    then renamed)."""
+    and, per segment, the labels and bytes of its peak's live set; with ``passes``
+    ({(pass, layer): bytes}, :class:`PassTracker`) also ``passes/names`` ("forward 0", ...) and
+    ``passes/peak_bytes`` (written to a temporary name, then renamed)."""
     import h5py
     import numpy as np
 
@@ -146,6 +208,11 @@ def write(out_dir: str, rank: int, segments: list[tuple[int, dict]]) -> str:
             g.create_dataset("labels", data=np.asarray([k.encode() for k, _ in items], dtype=object),
                              dtype=h5py.string_dtype())
             g.create_dataset("bytes", data=np.asarray([v for _, v in items], dtype=np.int64))
+        if passes is not None:
+            items = sorted(passes.items())
+            f.create_dataset("passes/names", data=np.asarray([f"{k[0]} {k[1]}".encode() for k, _ in items],
+                                                             dtype=object), dtype=h5py.string_dtype())
+            f.create_dataset("passes/peak_bytes", data=np.asarray([v for _, v in items], dtype=np.int64))
     os.replace(tmp, path)
     return path
 
@@ -156,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.alloc_trace", description=__doc__.splitlines()[0])
     p.add_argument("--top", type=int, default=20, help="groups of live storages listed per epoch")
     p.add_argument("--out", default=None, help="folder for alloc-trace-<rank>.h5")
+    p.add_argument("--passes", action="store_true",
+                   help="also the device-side peak of each offloaded layer pass (fullgraph.offload)")
     args = p.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
@@ -163,8 +232,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpcgnn.run.timer import PhaseTimer
 
-    tracker = AllocationTracker()
+    tracker = PassTracker() if args.passes else AllocationTracker()
     reset = PhaseTimer.reset
+    if args.passes:
+        from hpcgnn.engine.offload import OffloadEngine
+
+        saved = {n: getattr(OffloadEngine, n) for n in ("_forward_layer", "_backward_layer")}
+        tracker.watch(OffloadEngine, "_forward_layer", lambda self, l, *a: ("forward", l))
+        tracker.watch(OffloadEngine, "_backward_layer", lambda self, l, *a: ("backward", l))
 
     def new_epoch(timer):        # the training loop resets the timer as each epoch starts
         reset(timer)
@@ -181,11 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         PhaseTimer.reset = reset
         sys.argv = argv0
+        if args.passes:
+            for n, m in saved.items():
+                setattr(OffloadEngine, n, m)
     segments = tracker.finish()
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    print(report(segments, rank, args.top), file=sys.stderr, flush=True)
+    text = report(segments, rank, args.top)
+    if args.passes:
+        text += f"\nalloc-trace: rank {rank} device-side peak per offloaded pass: " + ", ".join(
+            f"{k[0]} layer {k[1]} {v / 2**20:.1f} MiB" for k, v in sorted(tracker.passes.items()))
+    print(text, file=sys.stderr, flush=True)
     if args.out:
-        write(args.out, rank, segments)
+        write(args.out, rank, segments, tracker.passes if args.passes else None)
     return rc
 
 

@@ -479,90 +479,195 @@ def offload_recomputes(cfg) -> bool:
     return cfg.fullgraph.recompute == "recompute" or cfg.model.arch == "gat"
 
 
-def offload_phase_bytes(cfg, meta, s: dict, sources: int | None = None) -> tuple[list[int], list[int]]:
-    """``(forward, backward)``: bytes on the compute device of one batch of chunks of each
+@dataclass(frozen=True)
+class OffloadUnitRows:
+    """Rows of the offloaded engine's transfer plan that size its device batch (one layer pass,
+    :func:`hpcgnn.engine.chunk_schedule.build_transfer_plan`): ``capacity`` the device row
+    buffer (the largest unit's distinct sources, ``TransferPlan.capacity``); ``first`` the rows
+    of the first unit, which a forward pass loads before anything computes, ``first_halo`` the
+    halo rows among them (layer 0 gathers those apart from the store's); ``enter`` the most rows
+    a later unit loads in forward (those the unit before it did not hold, requested while that
+    one computes); ``last`` / ``last_halo`` / ``leave`` the same for a recomputing backward,
+    which runs the units in reverse (the last unit's rows; the most rows another unit loads:
+    those the unit after it does not hold); ``chunk`` the most sources of one chunk (the rows
+    it gathers from the buffer)."""
+
+    capacity: int
+    first: int
+    first_halo: int
+    enter: int
+    last: int
+    last_halo: int
+    leave: int
+    chunk: int
+
+
+def offload_expected_rows(cfg, nl: int, nh: int, ne: int) -> OffloadUnitRows:
+    """:class:`OffloadUnitRows` of the uniform model: a chunk's ``ne / chunks`` edges draw their
+    sources uniformly from the ``nl`` local rows, ``nh`` of them halo rows (a chunk of
+    destinations reaches most of the partition's rows when the graph has no locality; validated
+    by `make bench-plan`, docs/plan.md); a unit is ``batch_chunks`` chunks (one without
+    ``fullgraph.dedup``) and loads its whole source set (consecutive units share nothing)."""
+    fg = cfg.fullgraph
+    k = max(int(fg.chunks), 1)
+    if k == 1:
+        return OffloadUnitRows(nl, nl, nh, 0, nl, nh, 0, nl)
+    per_unit = min(int(fg.batch_chunks), k) if fg.dedup else 1
+    unit = int(min(nl, expected_distinct(nl, ne * per_unit / k)))
+    halo = int(unit * nh / max(nl, 1))
+    chunk = int(min(nl, expected_distinct(nl, ne / k)))
+    return OffloadUnitRows(unit, unit, halo, unit, unit, halo, unit, chunk)
+
+
+def offload_phase_bytes(cfg, meta, s: dict, rows: OffloadUnitRows | None = None) -> tuple[list[int], list[int]]:
+    """``(forward, backward)``: bytes on the compute device of one unit of chunks of each
     layer's forward and backward pass (offloaded full graph, engine/offload.py over
-    engine/chunk_stream.py). A batch's sources ``src`` are the expected distinct sources of its
-    edges (a chunk of destinations reaches most of the partition's rows when the graph has no
-    locality; validated by `make bench-plan`, docs/plan.md), its destinations ``dst`` =
-    solid rows x batch_chunks / chunks, ``w`` / ``wo`` the layer's input / output width:
+    engine/chunk_stream.py: a row buffer of a unit's sources, the chunks of the unit one at a
+    time), with ``rows`` (:class:`OffloadUnitRows`; the uniform model's,
+    :func:`offload_expected_rows`, when None), ``w`` / ``wo`` the layer's input / output width and
+    a chunk's destinations ``dst`` = solid rows / chunks:
 
-    * forward: the stream's row buffer, the next unit's rows requested while this one computes
-      and the chunk's gathered sources (3 x src x w), the destinations' temporaries
-      (``SAVED_PER_LAYER`` x dst at the wider width); GAT also its projected sources and
-      per-edge logits and attention (src x wo + 3 x edges x heads);
+    * forward: the row buffer beside the larger of the first unit's rows as they arrive (first
+      x w; layer 0 also their halo rows, gathered apart) and a chunk's compute: the next unit's
+      rows, requested while it computes, and the chunk's gathered sources ((enter + chunk) x w),
+      the destinations' temporaries (``SAVED_PER_LAYER`` x dst at the wider width); GAT also the
+      chunk's projection and its product with the attention vectors (2 x chunk x the projection's
+      width: heads x classes in the last layer) and per-edge logits and attention (3 x edges x
+      heads), GCN its scaled or projected sources (chunk x the wider width);
     * backward, cached aggregates (SAGE, GCN): the gradient buffer and the aggregation's adjoint
-      over the sources (2 x src x w, not in layer 0, whose input needs no gradient) and the
-      destinations' temporaries;
-    * backward, recomputed (GAT, ``fullgraph.recompute = "recompute"``): the reloaded row buffer,
-      the next unit's rows, the gathered sources, the gradient buffer (4 x src x w), the
-      recomputed projection and its gradients (4 x src x wo) and the per-edge terms twice.
+      over the chunk's sources ((capacity + chunk) x w, not in layer 0, whose input needs no
+      gradient) and the destinations' temporaries;
+    * backward, recomputed (GAT; SAGE and GCN with ``fullgraph.recompute = "recompute"``): the
+      reloaded row buffer and, after layer 0, the gradient buffer (capacity x w each), beside
+      the larger of the last unit's rows as they arrive (last x w; layer 0 also their halo
+      rows) and a chunk's compute: the next unit's rows, the gathered sources and, after layer
+      0, their gradient ((leave + chunk [+ chunk]) x w), GAT's recomputed projection, its
+      product with the attention vectors and their gradient (3 x chunk x the projection's
+      width) and the per-edge terms twice, GCN's projected sources and their gradient (2 x
+      chunk x the narrower width), the destinations' temporaries; the cached backward of a GCN
+      layer after layer 0 also a chunk's scaled sources.
 
-    ``sources``: a batch's source rows as counted on the partition
-    (:func:`offload_sampled_sources`), else the uniform model's expectation (products-like 0.25,
-    16 chunks: 484k expected, 377k counted). Traced (bench/alloc_trace.py, 2 ranks):
-    products-like 0.25 SAGE 100-64-47, 16 chunks, forward of layer 0 3 x 377k x 100 floats;
-    the 60k SBM, GAT 128-256-256-8, 8 chunks, backward of layer 1 8 x 42k x 256."""
+    The rows are :func:`offload_sampled_rows`' (the engine's plan) in the pre-run device check.
+    Each pass was traced on the CPU with :class:`hpcgnn.bench.alloc_trace.AllocationTracker`
+    around the engine's layer passes, counting what would be device memory on a GPU (docs/plan.md:
+    products-like 0.25, 2 ranks, SAGE, GCN, GAT 2 x 32, 100-64-47, 16 chunks, one and four a
+    batch, caching and recomputing): the largest pass reads 1.00-1.11x of the traced one, GAT
+    1.19-1.21x."""
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     fg = cfg.fullgraph
     k = max(fg.chunks, 1)
-    frac = min(fg.batch_chunks, k) / k
-    if sources is not None:
-        src = int(sources)
-    else:
-        src = nl if k == 1 else min(nl, expected_distinct(nl, ne * frac))
-    dst, edges = ns * frac, ne * frac
+    r = rows if rows is not None else offload_expected_rows(cfg, nl, nh, ne)
+    dst, edges = ns / k, ne / k
     gat, recompute = cfg.model.arch == "gat", offload_recomputes(cfg)
     heads = int(cfg.model.heads) if gat else 0
     fwd, bwd = [], []
     edge = 3 * edges * heads
+    gcn = cfg.model.arch == "gcn"
     for l in range(layers):
         w, wo = widths[l], widths[l + 1]
         temps = SAVED_PER_LAYER * dst * max(w, wo)
-        fwd.append(3 * src * w + temps + (src * wo + edge if gat else 0))
+        # a chunk's source-side tensors besides its gathered rows: GAT's projection, GCN's
+        # scaled (or projected) sources; backward also their gradients
+        pw = wo * heads if gat and l == layers - 1 else wo    # GAT's last layer: heads x classes
+        # (GAT: the projection and the logits' product with the attention vectors)
+        proj = 2 * r.chunk * pw if gat else (r.chunk * max(w, wo) if gcn else 0)
+        # the first unit's rows arrive before anything computes (layer 0: the store's rows and,
+        # apart, the halo rows); later units' rows arrive while a chunk computes
+        first = r.first + (r.first_halo if l == 0 else 0)
+        fwd.append(r.capacity * w + max(first * w, (r.enter + r.chunk) * w + temps + proj + (edge if gat else 0)))
         if recompute:
-            bwd.append(4 * src * w + 4 * src * wo + temps + 2 * edge)
+            # the input's gradient: a gradient buffer, and the chunk's; the last unit's rows
+            # arrive before anything computes, others while a chunk computes
+            gbuf = r.capacity * w if l > 0 else 0
+            grads = r.chunk * w if l > 0 else 0
+            extra = 3 * r.chunk * pw if gat else (2 * r.chunk * min(w, wo) if gcn else 0)
+            last = r.last + (r.last_halo if l == 0 else 0)
+            bwd.append(r.capacity * w + gbuf + max(last * w, (r.leave + r.chunk) * w + grads + extra + temps
+                                                   + 2 * edge))
         else:
-            bwd.append((2 * src * w if l > 0 else 0) + temps)
+            extra = r.chunk * max(w, wo) if gcn else 0
+            bwd.append(((r.capacity + r.chunk) * w + extra if l > 0 else 0) + temps)
     return [int(b * F32) for b in fwd], [int(b * F32) for b in bwd]
 
 
-def offload_batch_bytes(cfg, meta, s: dict, sources: int | None = None) -> int:
-    """Bytes of one batch of chunks on the compute device (offloaded full graph): the largest
+def offload_batch_bytes(cfg, meta, s: dict, rows: OffloadUnitRows | None = None) -> int:
+    """Bytes of one unit of chunks on the compute device (offloaded full graph): the largest
     pass of :func:`offload_phase_bytes`."""
-    fwd, bwd = offload_phase_bytes(cfg, meta, s, sources)
+    fwd, bwd = offload_phase_bytes(cfg, meta, s, rows)
     return max(fwd + bwd)
 
 
-def offload_sampled_sources(cfg, meta, part_id: int) -> int:
-    """The most source rows of one batch of chunks of rank ``part_id``'s partition (offloaded full
-    graph): the engine's chunks (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, edge-balanced
-    destination ranges), ``fullgraph.batch_chunks`` consecutive chunks a batch (the natural
-    order; the ``cost`` order may group them otherwise), each batch's destinations and the
-    distinct sources of its edges: ``Chunk.num_src`` of the engine's chunks with one chunk a
-    batch. Reads the partition's ``indptr`` and one batch of ``indices`` at a time (a mark per
-    vertex of the graph: no sort, no per-edge copy beyond the batch's edges)."""
-    from hpcgnn.engine.chunk_schedule import chunk_bounds
+def offload_sampled_rows(cfg, meta, part_id: int) -> OffloadUnitRows:
+    """:class:`OffloadUnitRows` of the engine's transfer plan for rank ``part_id``'s partition
+    (offloaded full graph), counted on the partition: the engine's chunks
+    (:func:`hpcgnn.engine.chunk_schedule.chunk_bounds`, edge-balanced destination ranges),
+    grouped as the engine groups them (one chunk a unit without ``fullgraph.dedup``; else
+    ``fullgraph.batch_chunks`` chunks a batch in the schedule
+    :func:`~hpcgnn.engine.chunk_schedule.choose_schedule` picks), a unit's rows its destinations
+    and the distinct sources of their edges. Reads the partition's ``indptr`` and one chunk's
+    ``indices`` at a time with a mark per vertex of the graph, keeping the sources of the
+    current and the previous unit; in the ``cost`` order, which may group and order chunks
+    otherwise than the natural order, it keeps every chunk's source list (int64, the chunks'
+    sources summed) and builds the engine's schedule from them, as the engine does at its start
+    (products-like 1.0, 16 chunks: 3-5 s and about 600 MiB per rank, freed before the engine)."""
+    from hpcgnn.engine.chunk_schedule import Chunk, choose_schedule, chunk_bounds, natural_schedule
     from hpcgnn.partition.store import open_partition_file
 
-    first = int(meta.part_offsets[part_id])
+    fg = cfg.fullgraph
+    first_id = int(meta.part_offsets[part_id])
     with open_partition_file(meta.path, part_id, meta) as f:
         indptr = _checked_indptr(f, meta, part_id)
-        bounds = chunk_bounds(indptr, max(int(cfg.fullgraph.chunks), 1))
+        bounds = chunk_bounds(indptr, max(int(fg.chunks), 1))
         n = bounds.shape[0] - 1
-        step = max(1, min(int(cfg.fullgraph.batch_chunks), n))
-        mark = np.zeros(int(meta.num_nodes), dtype=bool)
-        most = 0
-        for i in range(0, n, step):
-            b, e = int(bounds[i]), int(bounds[min(i + step, n)])
+        step = max(1, min(int(fg.batch_chunks), n)) if fg.dedup else 1
+        mark = np.zeros(int(meta.num_nodes), dtype=bool)          # a unit's rows
+        chunk_mark = np.zeros(int(meta.num_nodes), dtype=bool)    # a chunk's
+
+        def chunk_sources(c: int) -> np.ndarray:
+            """Chunk ``c``'s destinations and its edges' sources (global IDs, sorted)."""
+            b, e = int(bounds[c]), int(bounds[c + 1])
             edges = _checked_indices(np.asarray(f["indices"][int(indptr[b]):int(indptr[e])], dtype=np.int64),
                                      meta, part_id)
-            mark[edges] = True
-            mark[first + b:first + e] = True
-            most = max(most, int(np.count_nonzero(mark)))
-            mark[edges] = False
-            mark[first + b:first + e] = False
-    return most
+            chunk_mark[edges] = True
+            chunk_mark[first_id + b:first_id + e] = True
+            src = np.flatnonzero(chunk_mark)
+            chunk_mark[src] = False
+            return src
+
+        if fg.order == "natural" or n <= 1:
+            groups, sources = natural_schedule(n, step).batches, chunk_sources
+        else:                          # the engine's choice between the natural and greedy orders
+            chunks = [Chunk(c, int(bounds[c]), int(bounds[c + 1]), chunk_sources(c), np.zeros(1, np.int64),
+                            np.zeros(0, np.int64)) for c in range(n)]
+            schedule, _ = choose_schedule(chunks, step, fg.order, int(meta.num_nodes),
+                                          int(meta.num_features) * F32)
+            groups, sources = schedule.batches, (lambda c: chunks[c].src)
+        capacity = first = first_halo = enter = leave = widest = 0
+        halo_of = lambda rows: int(rows.shape[0]) - int(np.count_nonzero(  # noqa: E731
+            (rows >= first_id) & (rows < first_id + ns)))
+        prev = np.zeros(0, dtype=np.int64)
+        ns = int(meta.part_offsets[part_id + 1]) - first_id
+        for u, g in enumerate(groups):
+            for c in g:
+                src = sources(c)
+                widest = max(widest, int(src.shape[0]))
+                mark[src] = True
+            cur = np.flatnonzero(mark)
+            mark[cur] = False
+            # rows shared with the previous unit stay in their slots (with dedup)
+            shared = 0
+            if fg.dedup:
+                mark[prev] = True
+                shared = int(np.count_nonzero(mark[cur]))
+                mark[prev] = False
+            capacity = max(capacity, int(cur.shape[0]))
+            if u == 0:
+                first, first_halo = int(cur.shape[0]), halo_of(cur)
+            else:
+                enter = max(enter, int(cur.shape[0]) - shared)
+                leave = max(leave, int(prev.shape[0]) - shared)
+            prev = cur
+    return OffloadUnitRows(capacity, first, first_halo, enter, int(prev.shape[0]), halo_of(prev), leave, widest)
 
 
 def offload_host_gradient_bytes(cfg, meta, s: dict) -> list[int]:
@@ -1207,7 +1312,7 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     frontiers of :func:`minibatch_sampled_sizes` (not in the exact halo mode, which samples the
     whole graph), the tensor chunk of :func:`tensor_stage_rows`
     (on the CPU; CUDA keeps the :func:`tensor_device_bytes` bound), the offloaded batch's
-    sources of :func:`offload_sampled_sources`."""
+    unit rows of :func:`offload_sampled_rows`."""
     from hpcgnn.store.budget import resolve_budget
 
     dev = device or _device_type(cfg)
@@ -1272,8 +1377,8 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
                 _keep_largest(out, ("activations", "eval", "optimizer_step"))
             out.shrink["activations"] = "lower minibatch.batch_size or minibatch.fanouts"
         elif cfg.fullgraph.offload:
-            sources = offload_sampled_sources(cfg, meta, part_id) if sample else None
-            out.terms["activations"] = offload_batch_bytes(cfg, meta, s, sources)
+            rows = offload_sampled_rows(cfg, meta, part_id) if sample else None
+            out.terms["activations"] = offload_batch_bytes(cfg, meta, s, rows)
             out.shrink["activations"] = "raise fullgraph.chunks or lower fullgraph.batch_chunks"
             if dev == "cuda":
                 out.terms["chunks"] = int(t.get("chunks", 0))

@@ -51,6 +51,19 @@ def sbm_parts(tmp_path_factory):
     return d / "p2"
 
 
+CONFIG = ROOT / "inputs" / "products-fullgraph.toml"
+
+
+def _traced_train(tmp_path: Path, sets: list[str], *flags: str) -> str:
+    """``hpcgnn train`` of CONFIG with ``sets`` on 2 ranks under the tracker (``flags`` for it),
+    its files in ``tmp_path/trace``; returns the ranks' stderr."""
+    args = ["-m", "hpcgnn.bench.alloc_trace", *flags, "--top", "3", "--out", tmp_path / "trace", "--", "train",
+            "--config", CONFIG, *[a for s in sets + [f"output.dir={tmp_path / 'run'}"] for a in ("--set", s)]]
+    proc = run_mpi(2, args, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
+
+
 @pytest.mark.parametrize("sets", [("model.arch=sage", "model.hidden=64", "model.layers=3"),
                                   ("model.arch=gat", "model.hidden=16", "model.layers=2"),
                                   ("model.arch=gcn", "model.hidden=256", "model.layers=3"),
@@ -65,15 +78,10 @@ def test_fullgraph_device_estimate_within_25_percent_of_every_allocation(sbm_par
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
-    config = ROOT / "inputs" / "products-fullgraph.toml"
     common = [f"data.partitions={sbm_parts}", "train.kernels=torch", "train.epochs=2", "train.eval_every=0",
               "train.checkpoint_every=0", *sets]
-    args = ["-m", "hpcgnn.bench.alloc_trace", "--top", "5", "--out", tmp_path / "trace", "--", "train",
-            "--config", config, *[a for s in common + [f"output.dir={tmp_path / 'run'}"] for a in ("--set", s)]]
-    proc = run_mpi(2, args, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "alloc-trace: rank 1 epoch 2: peak" in proc.stderr
-    cfg = load_config(config, common)
+    assert "alloc-trace: rank 1 epoch 2: peak" in _traced_train(tmp_path, common)
+    cfg = load_config(CONFIG, common)
     meta = read_meta(sbm_parts)
     for rank in range(2):
         with h5py.File(tmp_path / "trace" / f"alloc-trace-{rank}.h5") as f:
@@ -83,3 +91,53 @@ def test_fullgraph_device_estimate_within_25_percent_of_every_allocation(sbm_par
         need = est.total - est.terms["cuda_context"] - est.terms["cuda_libraries"]
         ratio = need / peaks[-1]
         assert 0.95 <= ratio <= 1.25, (rank, ratio, {k: v >> 20 for k, v in est.terms.items()})
+
+
+def test_pass_tracker_counts_device_side_storages_above_each_call():
+    """PassTracker.watch: the peak of the storages a call makes beyond what was live at its
+    start, host-labelled storages left out, the largest over calls per key."""
+    from hpcgnn.bench.alloc_trace import PassTracker
+
+    class Engine:
+        def work(self, n):
+            a = torch.empty(n, 256)                    # device-side: n x 1 KiB
+            host = torch.empty(4 * n, 256)             # labelled host below: left out
+            del a, host
+            return torch.empty(1, 256)
+
+    tr = PassTracker(labelled_bytes=0, host_labels=("(4000, 256)", "(8000, 256)"))
+    tr.watch(Engine, "work", lambda self, n: ("work", n // 1000))
+    with tr:
+        kept = torch.empty(3000, 256)                  # live before: not the call's
+        e = Engine()
+        out = [e.work(1000), e.work(2000), e.work(1000)]
+        assert tr.device == 3000 * 1024 + 3 * 1024
+    assert tr.passes == {("work", 1): 1000 * 1024, ("work", 2): 2000 * 1024}
+    del kept, out
+
+
+@pytest.mark.parametrize("sets", [("model.arch=sage", "fullgraph.batch_chunks=1"),
+                                  ("model.arch=gcn", "fullgraph.batch_chunks=3", "fullgraph.recompute=recompute"),
+                                  ("model.arch=gat", "model.heads=2", "model.hidden=16", "fullgraph.batch_chunks=2")])
+def test_offloaded_batch_estimate_against_each_traced_pass(sbm_parts, tmp_path, sets):
+    """One offloaded epoch on 2 ranks (20k vertices, 400k edges, 8 chunks): the device batch the
+    pre-run check counts (offload_phase_bytes over offload_sampled_rows, the engine's plan) is,
+    for its largest pass, within 25 % of the largest traced pass (``--passes``: the storages a
+    GPU would hold) and not below 0.95 of it, on every rank."""
+    from hpcgnn.engine.estimate import offload_phase_bytes, offload_sampled_rows, part_shapes
+    from hpcgnn.partition.store import read_meta
+    from hpcgnn.run.config import load_config
+
+    common = [f"data.partitions={sbm_parts}", "fullgraph.offload=true", "fullgraph.chunks=8", "model.layers=2",
+              "model.hidden=64", "train.epochs=1", "train.eval_every=0", "train.checkpoint_every=0", *sets]
+    assert "device-side peak per offloaded pass: backward layer 0" in _traced_train(tmp_path, common, "--passes")
+    cfg = load_config(CONFIG, common)
+    meta = read_meta(sbm_parts)
+    for rank in range(2):
+        with h5py.File(tmp_path / "trace" / f"alloc-trace-{rank}.h5") as f:
+            names = [n.decode() if isinstance(n, bytes) else n for n in f["passes/names"][()]]
+            traced = dict(zip(names, f["passes/peak_bytes"][()]))
+        assert sorted(traced) == ["backward 0", "backward 1", "forward 0", "forward 1"]
+        fwd, bwd = offload_phase_bytes(cfg, meta, part_shapes(meta.path, rank), offload_sampled_rows(cfg, meta, rank))
+        ratio = max(fwd + bwd) / max(traced.values())
+        assert 0.95 <= ratio <= 1.25, (rank, ratio, fwd, bwd, traced)

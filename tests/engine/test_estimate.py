@@ -331,13 +331,22 @@ def test_tensor_engine_on_a_gpu_keeps_its_topology_in_the_host_estimate(cora_par
         assert dev == on_gpu.device["nn"] + on_gpu.device["chunk"] + CUDA_CONTEXT
 
 
-@pytest.mark.parametrize("chunks,batch", [(1, 1), (4, 1), (5, 2), (16, 3)])
-def test_offloaded_batch_sources_are_the_engines_chunks(cora_parts, chunks, batch):
-    """The pre-run device check's count of a batch's source rows (offload_sampled_sources) is
-    exactly the largest batch of the engine's own chunks (make_chunks on the rank's local CSR,
-    batch_chunks consecutive chunks a batch: the union of their source lists), on every rank."""
-    from hpcgnn.engine.chunk_schedule import make_chunks, natural_schedule
-    from hpcgnn.engine.estimate import offload_sampled_sources
+@pytest.mark.parametrize("chunks,batch,order,dedup", [
+    (1, 1, "cost", True), (4, 1, "cost", True), (5, 2, "natural", True), (16, 3, "natural", True),
+    (16, 1, "natural", True), (5, 2, "cost", True), (16, 3, "cost", True), (12, 4, "cost", True),
+    (5, 2, "cost", False)])
+def test_offloaded_unit_rows_are_the_engines_transfer_plan(cora_parts, chunks, batch, order, dedup):
+    """The pre-run device check's count of the offloaded engine's unit rows
+    (offload_sampled_rows) is exactly the engine's transfer plan (make_chunks on the rank's
+    local CSR, choose_schedule and build_transfer_plan, as OffloadEngine builds them) on every
+    rank: its device buffer (``TransferPlan.capacity``), the first unit's rows and its halo rows,
+    the most rows a later unit loads in forward (``enter``), the last unit's rows and halo rows
+    and the most another unit loads in backward (``leave``) and the most sources of a chunk. The units are
+    consecutive chunks in the natural order, HongTu's greedy grouping where the cost order
+    picks it (on Cora it does, and groups chunks otherwise: 5 chunks in pairs hold 1175 rows,
+    the natural pairs 1161; single chunks it reorders) and one chunk each without dedup."""
+    from hpcgnn.engine.chunk_schedule import build_transfer_plan, choose_schedule, make_chunks
+    from hpcgnn.engine.estimate import OffloadUnitRows, offload_sampled_rows
     from hpcgnn.partition.store import open_partition_file, read_meta
     from hpcgnn.run.config import load_config
 
@@ -345,7 +354,9 @@ def test_offloaded_batch_sources_are_the_engines_chunks(cora_parts, chunks, batc
     meta = read_meta(store)
     cfg = load_config(ROOT / "inputs" / "cora-gcn-fullgraph.toml",
                       [f"data.partitions={store}", "fullgraph.offload=true", f"fullgraph.chunks={chunks}",
-                       f"fullgraph.batch_chunks={batch}"])
+                       f"fullgraph.batch_chunks={batch}", f"fullgraph.order={order}",
+                       f"fullgraph.dedup={str(dedup).lower()}"])
+    methods = set()
     for rank in range(2):
         b, e = int(meta.part_offsets[rank]), int(meta.part_offsets[rank + 1])
         with open_partition_file(meta.path, rank, meta) as f:
@@ -353,9 +364,20 @@ def test_offloaded_batch_sources_are_the_engines_chunks(cora_parts, chunks, batc
             halo = f["halo_ids"][()].astype(np.int64)
         local = np.where((glob >= b) & (glob < e), glob - b, np.searchsorted(halo, glob) + (e - b))
         built = make_chunks(indptr, local, chunks)
-        want = max(np.unique(np.concatenate([built[c].src for c in group])).size
-                   for group in natural_schedule(len(built), batch).batches)
-        assert offload_sampled_sources(cfg, meta, rank) == want, (rank, chunks, batch)
+        nl = (e - b) + halo.shape[0]
+        schedule, _ = choose_schedule(built, batch, order, nl, meta.num_features * 4)
+        methods.add(schedule.method)
+        plan = build_transfer_plan(built, schedule, nl, dedup=dedup)
+        u0, un = plan.units[0], plan.units[-1]
+        halo = lambda u: int(np.count_nonzero(u.vertices >= e - b))  # noqa: E731
+        want = OffloadUnitRows(plan.capacity, u0.enter.shape[0], halo(u0),
+                               max((u.enter.shape[0] for u in plan.units[1:]), default=0),
+                               un.leave.shape[0], halo(un),
+                               max((u.leave.shape[0] for u in plan.units[:-1]), default=0),
+                               max(c.num_src for c in built))
+        assert offload_sampled_rows(cfg, meta, rank) == want, (rank, chunks, batch, order, dedup)
+    if order == "cost" and chunks > 1:
+        assert methods == {"greedy"}      # the case the natural count would miss is exercised
 
 
 def _corrupt_copy(store: Path, dest: Path, field: str, index: int, value: int) -> Path:
@@ -377,11 +399,11 @@ def _corrupt_copy(store: Path, dest: Path, field: str, index: int, value: int) -
 ])
 def test_the_pre_run_readers_refuse_a_corrupt_partition_file_in_one_line(cora_parts, tmp_path, field, index,
                                                                           value, message):
-    """The device check's readers of a partition's topology (offload_sampled_sources,
+    """The device check's readers of a partition's topology (offload_sampled_rows,
     minibatch_sampled_sizes) run before the engine's load verifies the part_hash: a corrupt
     ``indices`` or ``indptr`` is an InputError naming the file and the field, not an IndexError
     or the sampler's ValueError."""
-    from hpcgnn.engine.estimate import minibatch_sampled_sizes, offload_sampled_sources
+    from hpcgnn.engine.estimate import minibatch_sampled_sizes, offload_sampled_rows
     from hpcgnn.errors import InputError
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
@@ -391,7 +413,7 @@ def test_the_pre_run_readers_refuse_a_corrupt_partition_file_in_one_line(cora_pa
     for config, sets in (("cora-gcn-fullgraph.toml", ["fullgraph.offload=true", "fullgraph.chunks=4"]),
                          ("cora-sage.toml", [])):
         cfg = load_config(ROOT / "inputs" / config, [f"data.partitions={bad}", *sets])
-        read = offload_sampled_sources if cfg.train.engine == "fullgraph" else minibatch_sampled_sizes
+        read = offload_sampled_rows if cfg.train.engine == "fullgraph" else minibatch_sampled_sizes
         with pytest.raises(InputError, match=re.escape(f"{bad / 'part-00000.h5'}: {message}")):
             read(cfg, meta, 0)
         read(cfg, meta, 1)                                     # the intact partition still reads
