@@ -260,6 +260,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                         if conv.bias is not None:
                             res = res + conv.bias
                     out = _store_rows(out, res, a, b, num_solid, model, final, reuse=acc)
+                    res = None          # one chunk's rows at a time, not two across chunks
                 if out is None:
                     out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=device)
                 del acc, src
@@ -340,6 +341,7 @@ def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Ten
                 blk = _Csr(int(x.shape[0]), b - a, kept[ip[a:b + 1] - lo], edges.remap[sel])
                 del keep, sel
             acc[a:b] += aggregate_sum(blk, x, **(kernels or {}))
+            blk = kept = None            # one chunk's edges at a time, not two across chunks
         del x
     return acc
 
@@ -361,6 +363,7 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, ip_host: np.n
         res = conv.combine(blk, z, el, z[a:b], self_loop=False)
         res = res.mean(1) if final else res.flatten(1)
         out = _store_rows(out, res, a, b, num_solid, model, final)
+        blk = res = None                 # one chunk's block and rows at a time
     if out is None:
         out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=ip.device)
     return out

@@ -189,3 +189,49 @@ def test_chunks_never_wait_for_the_device(arch):
     assert torch.allclose(outs[5], outs[s], rtol=1e-5, atol=1e-6)
     assert seen[5] == seen[s], (len(seen[5]), len(seen[s]))
     assert not {"__int__", "__bool__", "item", "bool_index", "repeat_interleave"} & set(seen[5]), seen[5]
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+def test_chunks_hold_one_chunks_tensors_at_a_time(arch, monkeypatch):
+    """When a chunk's aggregation (or its SAGE update, its GAT combination) starts, no earlier
+    chunk's block or output rows are still referenced: on a GPU each would be one more chunk's
+    worth of device memory (the full evaluation at products-like 0.25, 2 ranks: peak RSS 2.04 /
+    2.08 -> 1.92 / 1.97 GiB SAGE, 2.17 / 2.33 -> 2.08 / 2.09 GiB GAT 4 x 32)."""
+    import weakref
+
+    from hpcgnn.engine import inference
+    from hpcgnn.nn import aggregate
+    from hpcgnn.nn.conv import GATConv, SAGEConv
+
+    earlier: list[weakref.ref] = []
+    alive: list[int] = []
+
+    def starting():
+        alive.append(sum(r() is not None for r in earlier))
+
+    def tracked(fn, *, check=True, keep=None):
+        def run(*args, **kwargs):
+            if check:
+                starting()
+            if keep is not None:
+                earlier.append(weakref.ref(args[keep]))
+            return fn(*args, **kwargs)
+        return run
+
+    indptr, indices = _graph()
+    n = indptr.size - 1
+    torch.manual_seed(0)
+    model = build_model(arch, 24, 32 if arch != "gat" else 8, 5, 3, heads=3, dropout=0.0).eval()
+    x = torch.randn(n, 24)
+    deg = torch.from_numpy(np.diff(indptr)).float()
+    scale = (deg + 1).rsqrt() if arch == "gcn" else None
+    ref = _reference(model, indptr, indices, x, scale)
+    s = 250
+    halo = SimulatedHalo(s, n - s, 3, _owner_rows(model, ref, x, scale, s))
+    monkeypatch.setattr(inference, "_store_rows", tracked(inference._store_rows, check=False, keep=1))
+    monkeypatch.setattr(aggregate, "aggregate_sum", tracked(aggregate.aggregate_sum, keep=0))
+    monkeypatch.setattr(SAGEConv, "update", tracked(SAGEConv.update))
+    monkeypatch.setattr(GATConv, "combine", tracked(GATConv.combine, keep=1))
+    layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo, rows=37,
+                        gcn_scale=None if scale is None else scale[:s])
+    assert len(alive) > 10 and max(alive) == 0, alive
