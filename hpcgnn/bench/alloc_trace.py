@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -123,11 +124,11 @@ class AllocationTracker(TorchDispatchMode):
 
 class PassTracker(AllocationTracker):
     """:class:`AllocationTracker` that also keeps ``device``: the live bytes of storages whose
-    label names none of ``host_labels`` (storages under ``labelled_bytes`` count as device
-    memory), and, through :meth:`watch`, the peak of those above what was live when a method
-    began, per key: ``passes`` {key: bytes}."""
+    label, its line numbers left out, names none of ``host_labels`` (storages under
+    ``labelled_bytes`` count as device memory), and, through :meth:`watch`, the peak of those
+    above what was live when a method began, per key: ``passes`` {key: bytes}."""
 
-    HOST_LABELS = ("host_empty", "host_zeros", "block.py:89:transpose")
+    HOST_LABELS = ("host_empty", "host_zeros", "block.py::transpose")
 
     def __init__(self, labelled_bytes: int = 1 << 16, host_labels=HOST_LABELS):
         super().__init__(labelled_bytes)
@@ -143,6 +144,7 @@ class PassTracker(AllocationTracker):
         super()._count(func, t)
         if new and key in self.live:
             nbytes, label, _ = self.live[key]
+            label = re.sub(r":\d+:", "::", label)
             if any(h in label for h in self.host_labels):
                 self._host.add(key)
             else:

@@ -609,7 +609,7 @@ def offload_sampled_rows(cfg, meta, part_id: int) -> OffloadUnitRows:
     current and the previous unit; in the ``cost`` order, which may group and order chunks
     otherwise than the natural order, it keeps every chunk's source list (int64, the chunks'
     sources summed) and builds the engine's schedule from them, as the engine does at its start
-    (products-like 1.0, 16 chunks: 3-5 s and about 600 MiB per rank, freed before the engine)."""
+    (products-like 1.0, 16 chunks: 2.6-2.9 s and about 500 MiB per rank, freed before the engine)."""
     from hpcgnn.engine.chunk_schedule import Chunk, choose_schedule, chunk_bounds, natural_schedule
     from hpcgnn.partition.store import open_partition_file
 
