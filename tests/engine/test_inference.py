@@ -73,25 +73,38 @@ def _owner_rows(model, ref, x, scale, s):
     return out
 
 
-@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
-@pytest.mark.parametrize("rows,rounds", [(1, 1), (37, 3), (400, 1), (0, 7)])
-def test_chunked_equals_whole_graph(arch, rows, rounds):
+SOLID = 250
+
+
+def _partition_case(arch: str, rounds: int, dropout: float):
+    """A 3-layer model on the 24-feature graph, its whole-graph reference outputs and a
+    "partition": solid = vertices [0, SOLID), halo = the rest (all of them, a superset is fine),
+    served by a SimulatedHalo in ``rounds`` rounds. Returns ``(model, ref, halo, run)``, ``run(rows)``
+    being layerwise_inference over the partition. Widths shrink and grow so both projection
+    orders run (SAGE/GCN project first when out < in)."""
     indptr, indices = _graph()
-    n = indptr.size - 1
+    n, s = indptr.size - 1, SOLID
     torch.manual_seed(0)
-    # widths shrink and grow so both projection orders run (SAGE/GCN project first when out < in)
-    model = build_model(arch, 24, 32 if arch != "gat" else 8, 5, 3, heads=3, dropout=0.5).eval()
+    model = build_model(arch, 24, 32 if arch != "gat" else 8, 5, 3, heads=3, dropout=dropout).eval()
     x = torch.randn(n, 24)
     deg = torch.from_numpy(np.diff(indptr)).float()
     scale = (deg + 1).rsqrt() if arch == "gcn" else None
     ref = _reference(model, indptr, indices, x, scale)
-
-    # The "partition": solid = vertices [0, s); halo = [s, n) (all of them, a superset is fine).
-    s = 250
     halo = SimulatedHalo(s, n - s, rounds, _owner_rows(model, ref, x, scale, s))
+
+    def run(rows):
+        return layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo,
+                                   rows=rows, gcn_scale=None if scale is None else scale[:s])
+    return model, ref, halo, run
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("rows,rounds", [(1, 1), (37, 3), (400, 1), (0, 7)])
+def test_chunked_equals_whole_graph(arch, rows, rounds):
+    model, ref, halo, run = _partition_case(arch, rounds, dropout=0.5)
+    s = SOLID
     model.train()   # must be switched to eval inside and restored
-    out = layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo,
-                              rows=rows, gcn_scale=None if scale is None else scale[:s])
+    out = run(rows)
     assert model.training
     assert halo.layer == 3
     want = ref[-1][:s]
@@ -218,20 +231,10 @@ def test_chunks_hold_one_chunks_tensors_at_a_time(arch, monkeypatch):
             return fn(*args, **kwargs)
         return run
 
-    indptr, indices = _graph()
-    n = indptr.size - 1
-    torch.manual_seed(0)
-    model = build_model(arch, 24, 32 if arch != "gat" else 8, 5, 3, heads=3, dropout=0.0).eval()
-    x = torch.randn(n, 24)
-    deg = torch.from_numpy(np.diff(indptr)).float()
-    scale = (deg + 1).rsqrt() if arch == "gcn" else None
-    ref = _reference(model, indptr, indices, x, scale)
-    s = 250
-    halo = SimulatedHalo(s, n - s, 3, _owner_rows(model, ref, x, scale, s))
+    _, _, _, run = _partition_case(arch, 3, dropout=0.0)
     monkeypatch.setattr(inference, "_store_rows", tracked(inference._store_rows, check=False, keep=1))
     monkeypatch.setattr(aggregate, "aggregate_sum", tracked(aggregate.aggregate_sum, keep=0))
     monkeypatch.setattr(SAGEConv, "update", tracked(SAGEConv.update))
     monkeypatch.setattr(GATConv, "combine", tracked(GATConv.combine, keep=1))
-    layerwise_inference(model, indptr[:s + 1], indices[:indptr[s]], x[:s].clone(), halo, rows=37,
-                        gcn_scale=None if scale is None else scale[:s])
+    run(37)
     assert len(alive) > 10 and max(alive) == 0, alive
