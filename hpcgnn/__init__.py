@@ -10,7 +10,8 @@ itself through others (tests/test_layers.py computes the import graph and checks
   units.py       byte sizes as text: parse_size, fmt_bytes
   seeding.py     random streams as functions of integers
   native.py      the compiled kernels (native/), one extension module per family
-  progress.py    progress bar for long preprocessing steps
+  log.py         what hpcgnn says: Python logging, rank 0's records, --quiet / -v
+  progress.py    progress bar for long preprocessing steps, heartbeat for long ones that cannot count
   supervisor.py  a rank's watcher: which signal killed it, and why
   fileio.py      atomic file output, one-line errors for unreadable inputs
   upload.py      host-to-device copies of a step that do not wait for the device
@@ -32,7 +33,8 @@ itself through others (tests/test_layers.py computes the import graph and checks
   run/           configuration (config.py) and the engines' sections (engines/: the registry
                  and one spec per engine), run output (HDF5, output.py), the run directory's lock
                  (lock.py), checkpoints and the training state saved in them (checkpoint.py),
-                 phase timing (timer.py), memory measurement (memory.py)
+                 phase timing (timer.py), memory measurement (memory.py), what a run prints
+                 (console.py), per-epoch CSV and TensorBoard export (export.py)
 4 partition/     partitioners (METIS multi-constraint, random, contiguous) and the partition store
 5 engine/        the shared training loop (loop.py), hooks, the engines (minibatch, fullgraph,
                  tensor), the device choice (device.py), the model and optimizer built from the
@@ -51,7 +53,7 @@ itself through others (tests/test_layers.py computes the import graph and checks
 __version__ = "0.1.0"
 
 LAYERS = (
-    ("__init__", "errors", "units", "seeding", "native", "progress", "supervisor", "fileio", "upload", "ids"),
+    ("__init__", "errors", "units", "seeding", "native", "log", "progress", "supervisor", "fileio", "upload", "ids"),
     ("sampling", "cache", "nn"),
     ("runtime", "comm", "data", "store"),
     ("run",),

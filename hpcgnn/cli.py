@@ -1,7 +1,8 @@
 """The `hpcgnn` command: one entry point, one module per subcommand.
 
 Each subcommand lives in ``hpcgnn/commands/<name>.py`` and provides
-``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only
+``add_arguments(parser)``, ``run(args) -> int`` and ``EXAMPLES`` (the text that ends its
+``--help``). Modules are imported only
 when their subcommand runs, so `hpcgnn inspect` does not pay for torch.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from hpcgnn import log
 from hpcgnn.errors import EXIT_INPUT, InputError
 
 SUBCOMMANDS = {
@@ -20,6 +22,7 @@ SUBCOMMANDS = {
     "report": "summarise a run directory",
     "plan": "predict memory and epoch time of every engine setting; recommend one",
     "infer": "write every vertex's logits, predictions or embeddings from a checkpoint (collective)",
+    "config": "list every configuration key: type, default, allowed values, engines, help",
 }
 
 
@@ -36,9 +39,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from hpcgnn import __version__
 
     parser.add_argument("--version", action="version", version=f"hpcgnn {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="train/infer: rank 0 says at start-up which backend carries the data "
-                             "plane and which MPI library runs the job")
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument("-v", "--verbose", action="count", default=0,
+                      help="say more: train prints each epoch's phase times under its line, and "
+                           "train/infer name the backend that carries the data plane and the MPI library")
+    talk.add_argument("-q", "--quiet", action="store_true",
+                      help="print warnings and errors only (no banner, epoch lines or summary)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, help_text in SUBCOMMANDS.items():
@@ -46,6 +52,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if command is None or name == command:
             module = importlib.import_module(f"hpcgnn.commands.{name}")
             module.add_arguments(p)
+            p.epilog = module.EXAMPLES   # --help ends with the command's examples
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
             p.set_defaults(_module=module)
     return parser
 
@@ -59,12 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] if argv is None else list(argv)
         command = next((a for a in argv if not a.startswith("-")), None)
         args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
+        log.configure(log.QUIET if args.quiet else min(args.verbose, 1))
         return int(args._module.run(args) or 0)
     except InputError as exc:
-        from hpcgnn.supervisor import launcher_rank
-
-        if launcher_rank() in (None, 0):   # under mpiexec every rank parses the same line: say it once
-            print(f"hpcgnn: error: {exc}", file=sys.stderr, flush=True)
+        log.error(str(exc))    # rank 0's only: under mpiexec every rank parses the same line
         return EXIT_INPUT
     except BrokenPipeError:
         # Output piped into `head` and closed early: not an error of ours.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import os
 import re
 import secrets
@@ -241,6 +242,112 @@ def atomic_file(path: str | os.PathLike):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class _RecordingFile(io.RawIOBase):
+    """The file object under :func:`atomic_h5`: plain unbuffered file I/O, except that the first
+    OS error of a write is recorded (:attr:`error`) and that write and every later one report
+    success without writing. HDF5 then never sees a failed write (after one, its close can leave
+    the library in a state that crashes the process at exit), and the writer learns the OS
+    reason with its errno instead of HDF5's own text."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._f = open(path, "r+b", buffering=0)
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def readinto(self, buffer) -> int:
+        return self._f.readinto(buffer)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self.error is None:
+            try:
+                done = 0
+                while done < n:   # an unbuffered write may be partial
+                    done += self._f.write(view[done:])
+                return n
+            except OSError as exc:
+                self.error = exc
+        self._f.seek(n, os.SEEK_CUR)
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.error is None:
+            try:
+                return self._f.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self._f.tell() if size is None else size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+        super().close()
+
+
+class H5Output:
+    """What :func:`atomic_h5` yields: ``file`` (an :class:`h5py.File` open for writing) and
+    :meth:`failure`."""
+
+    def __init__(self, path: Path, file: h5py.File, sink: _RecordingFile):
+        self.path, self.file, self._sink = path, file, sink
+
+    def failure(self) -> InputError | None:
+        """The one-line error of the first write the OS refused so far (``PATH: cannot write
+        (No space left on device (ENOSPC))``), None while every write succeeded. HDF5 caches
+        writes: a failure may show only when the file is closed (:func:`atomic_h5` checks then)."""
+        return None if self._sink.error is None else write_error(self.path, self._sink.error)
+
+
+@contextlib.contextmanager
+def atomic_h5(path: str | os.PathLike):
+    """Write the HDF5 file ``path`` atomically (:func:`atomic_file`): yields an :class:`H5Output`
+    whose ``file`` is open for writing on the temporary; closed and renamed into place when the
+    block ends. A write the OS refuses (a full disk, a quota, an I/O error), also one HDF5 makes
+    while closing, raises :func:`write_error`'s InputError naming ``path`` and the OS reason,
+    and the temporary is removed; so does an OSError creating the temporary."""
+    path = Path(path)
+    in_block = False
+    try:
+        with atomic_file(path) as tmp:
+            sink = _RecordingFile(tmp)
+            try:
+                out = H5Output(path, h5py.File(sink, "w"), sink)
+                try:
+                    in_block = True
+                    yield out
+                    in_block = False
+                finally:
+                    out.file.close()
+            finally:
+                sink.close()
+            failure = out.failure()
+            if failure is not None:
+                raise failure
+    except OSError as exc:
+        if in_block or not exc.errno:   # the caller's own error, or not the OS's
+            raise
+        raise write_error(path, exc) from None
 
 
 @contextlib.contextmanager

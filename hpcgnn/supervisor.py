@@ -20,6 +20,12 @@ descriptors (PMI) and initialises MPI itself. A process that started MPI before 
 ``hpcgnn.cli.main``) runs the work itself, unwatched: a fork would finalise, in the child, an
 MPI whose progress threads stayed in the parent (UCX then joins a thread that is not its own,
 and the rank hangs at exit).
+
+Launchers: a rank killed by a signal must end the job with a non-zero exit status, or a batch
+script reads success. MPICH's Hydra (``mpiexec``, ``mpiexec.hydra``, ``mpirun``), SLURM's
+``srun`` and Open MPI's ``mpiexec`` do; MPICH's forking launcher ``mpiexec.gforker`` reports a
+rank killed by a signal as exit status 0, so :func:`run_watched` refuses it
+(:func:`unsupported_launcher`, one line, exit 2 on every rank, before any work).
 """
 from __future__ import annotations
 
@@ -29,7 +35,14 @@ import signal
 import sys
 from typing import Callable
 
+from hpcgnn.errors import EXIT_INPUT
+
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCONT")
+SUPPORTED_LAUNCHERS = ("MPICH's mpiexec (Hydra: mpiexec, mpiexec.hydra, mpirun), srun --mpi=pmi2, "
+                       "Open MPI's mpiexec")
+# Launchers whose exit status is 0 when a rank dies of a signal (names of their executables).
+UNSUPPORTED_LAUNCHERS = ("mpiexec.gforker", "gforker")
+
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 PR_SET_PDEATHSIG = 1
 
@@ -40,6 +53,44 @@ def launcher_rank() -> int | None:
         value = os.environ.get(var, "")
         if value.isdigit():
             return int(value)
+    return None
+
+
+def _process_names(pid: int) -> list[str]:
+    """The names process ``pid`` goes by (Linux /proc): its executable's file name, the name of
+    the program it was started as, its command name; ``[]`` where /proc cannot tell."""
+    names = []
+    try:
+        names.append(os.path.basename(os.readlink(f"/proc/{pid}/exe")))
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+        if argv0:
+            names.append(os.path.basename(argv0))
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            names.append(f.read().strip())
+    except OSError:
+        pass
+    return names
+
+
+def unsupported_launcher(parent: int | None = None) -> str | None:
+    """The one-line error for a launcher whose exit status hides a rank killed by a signal
+    (:data:`UNSUPPORTED_LAUNCHERS`: the process that started this one, ``parent``, default
+    ``os.getppid()``, under a launcher's rank variables), None for every other start."""
+    if launcher_rank() is None:
+        return None
+    pid = os.getppid() if parent is None else parent
+    for name in _process_names(pid):
+        if name in UNSUPPORTED_LAUNCHERS:
+            return (f"this job was started by {name} (pid {pid}), whose exit status is 0 even when a "
+                    "rank is killed, so a batch script would read success: launch with one of "
+                    f"{SUPPORTED_LAUNCHERS}")
     return None
 
 
@@ -85,7 +136,14 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
 def run_watched(work: Callable[[], int]) -> int:
     """Run ``work()`` in a forked child and return its exit code (in the child: ``work()``'s own
     return value, so the child leaves through the normal interpreter exit, atexit handlers and
-    MPI finalisation included). The parent never returns: it exits with the child's code."""
+    MPI finalisation included). The parent never returns: it exits with the child's code.
+    Under an unsupported launcher (:func:`unsupported_launcher`) nothing runs: one line (rank 0's)
+    and :data:`EXIT_INPUT` on every rank."""
+    refused = unsupported_launcher()
+    if refused is not None:
+        if launcher_rank() in (None, 0):
+            print(f"hpcgnn: error: {refused}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
     if not enabled():
         return work()
     sys.stdout.flush()

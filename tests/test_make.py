@@ -26,12 +26,12 @@ def _index(lines, needle):
 def test_demo_plan_on_a_fresh_checkout(tmp_path):
     lines = _plan(tmp_path, "demo")
     steps = ["-m venv .venv", "pip install -q --disable-pip-version-check torch==2.13.0",
-             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis matplotlib pytest",
+             "pip install -q --disable-pip-version-check numpy h5py pymetis cmeel-metis kaminpar tensorboard matplotlib pytest",
              "pip install -q --disable-pip-version-check " + " ".join(MPI_WHEEL),
              "setup.py -q build_ext --inplace", "mkdir -p data",
              "prepare --dataset cora --root inputs/data --out data/cora.h5",
              "partition data/cora.h5 --parts 2", "inspect data/cora-metis-2",
-             ".venv/bin/mpiexec -n 2 .venv/bin/python -m hpcgnn train", "report runs/demo"]
+             ".venv/bin/mpiexec -n 2 .venv/bin/python -m hpcgnn train"]
     positions = [_index(lines, s) for s in steps]
     assert positions == sorted(positions)
     assert not any("synthetic-small" in line for line in lines)
@@ -50,7 +50,7 @@ def test_test_and_data_plans_on_a_fresh_checkout(tmp_path):
 
 
 CUDA_TORCH = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
-DEPS = "numpy h5py pymetis cmeel-metis matplotlib pytest pybind11 setuptools wheel".split()
+DEPS = "numpy h5py pymetis cmeel-metis kaminpar tensorboard matplotlib pytest pybind11 setuptools wheel".split()
 # the default MPI: mpi4py's PyPI wheel and the MPICH wheel, in a step of their own
 MPI_WHEEL = "--force-reinstall --no-deps --only-binary=mpi4py,mpich mpi4py mpich".split()
 # MPI=system: mpi4py compiled from source (no wheel, no cached build), no MPICH wheel
@@ -179,3 +179,19 @@ def test_check_gpu_on_another_interpreter_uses_only_the_prepared_wheels(tmp_path
     lines = _plan(tmp_path, "check-gpu-run", "GPU_CHECK_ARGS=--ranks 1")
     assert _index(lines, "build_ext --inplace") < _index(lines, ".venv/bin/python -m hpcgnn.bench.gpu_check "
                                                                 "--out runs/gpu-check --ranks 1")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_demo_prints_no_line_wider_than_120_and_ends_with_the_summary(tmp_path):
+    """`make demo` itself (the set-up already made by this suite's `make test`; the graph, store
+    and run in tmp_path): every line at most 120 characters, the run summary last."""
+    from mpiutil import clean_env
+
+    proc = subprocess.run(["make", "--no-print-directory", "demo", f"DATA={tmp_path / 'data'}",
+                           f"RUNS={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).replace(str(tmp_path) + "/", "").splitlines()
+    assert max(len(line) for line in lines) <= 120, [line for line in lines if len(line) > 120]
+    assert lines[-2].startswith("next       hpcgnn report ") and "infer" in lines[-1]
+    assert any(line.startswith("best val   ") for line in lines)

@@ -38,3 +38,33 @@ def test_terminal_redraws_and_switches_off(monkeypatch):
     with Progress("step", total=2, stream=quiet) as bar:
         bar.update(2)
     assert quiet.getvalue() == ""
+
+
+def test_heartbeat_says_a_long_step_still_runs(monkeypatch):
+    """In a log: nothing for a step shorter than the interval, a plain line per interval for a
+    longer one; on a terminal: redrawn lines, erased when the step ends."""
+    import time
+
+    from hpcgnn.progress import Heartbeat, fmt_seconds
+
+    monkeypatch.delenv("HPCGNN_PROGRESS", raising=False)
+    monkeypatch.setenv("HPCGNN_HEARTBEAT", "0.05")
+    log = io.StringIO()
+    with Heartbeat("quick", stream=log):
+        pass
+    assert log.getvalue() == ""
+    with Heartbeat(lambda: "epoch 3/30", stream=log) as beat:
+        time.sleep(0.4)
+    lines = log.getvalue().splitlines()
+    assert beat.beats == len(lines) >= 2 and "\r" not in log.getvalue()
+    assert all(line.startswith("epoch 3/30: still running, 0.") and line.endswith(" s") for line in lines)
+    tty = _Tty()
+    with Heartbeat("set-up", stream=tty, interval=0.05) as beat:
+        time.sleep(0.3)
+    assert beat.beats >= 2 and tty.getvalue().count("\r\033[K") == beat.beats + 1
+    assert tty.getvalue().endswith("\r\033[K") and "set-up: still running" in tty.getvalue()
+    off = io.StringIO()
+    with Heartbeat("rank 1", stream=off, enabled=False):
+        time.sleep(0.15)
+    assert off.getvalue() == ""
+    assert [fmt_seconds(s) for s in (0.0321, 12.345, 123.45, 3723.0)] == ["0.032 s", "12.35 s", "123.5 s", "1h02m03s"]

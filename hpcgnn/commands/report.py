@@ -11,6 +11,8 @@ JSON object (NaN as null).
 
 ``--plot FILE.png`` also draws the run into an image (panels in :mod:`hpcgnn.run.plot`), written
 atomically; ``--compare RUN2 ...`` overlays further runs' loss and accuracy curves in it.
+``--csv FILE`` writes one row per epoch, ``--tensorboard DIR`` the same figures as TensorBoard
+scalars (:mod:`hpcgnn.run.export`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,15 @@ import numpy as np
 
 from hpcgnn.errors import InputError
 
+EXAMPLES = """examples:
+  hpcgnn report runs/demo
+  hpcgnn report runs/demo --json
+  hpcgnn report runs/demo --plot demo.png --compare runs/other
+  hpcgnn report runs/demo --csv demo.csv --tensorboard tb/demo    # then: tensorboard --logdir tb
+(docs/reports.md)
+"""
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("run", metavar="RUN", help="run directory (or its run.h5)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -33,6 +44,12 @@ def add_arguments(parser) -> None:
                              "offload transfers, peak memory (hpcgnn/run/plot.py)")
     parser.add_argument("--compare", nargs="+", default=[], metavar="RUN2",
                         help="with --plot: overlay these runs' loss and accuracy curves on RUN's")
+    parser.add_argument("--csv", metavar="FILE",
+                        help="also write one row per epoch to FILE: loss, accuracies, epoch and phase "
+                             "times, counters (bytes), peak memory")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="also write the same per-epoch figures as TensorBoard scalars into DIR "
+                             "(view with: tensorboard --logdir DIR)")
 
 
 def _over_ranks(fn, values) -> float | None:
@@ -57,14 +74,15 @@ def summarise(run: dict) -> dict:
     timing but ``epoch``, mean over ranks) and ``top_level_s`` (per rank: the sum of the
     top-level phases, those with parent ``epoch``; None for a rank without any); the run's
     ``timing_parents``."""
+    from hpcgnn.run.config import canonical_names
     from hpcgnn.run.output import timing_parents
 
     a = run["attrs"]
     parents = timing_parents(run)
     top = [k for k, parent in parents.items() if parent == "epoch"]
     try:
-        config = json.loads(a.get("config", "{}"))
-    except json.JSONDecodeError:
+        config = canonical_names(json.loads(a.get("config", "{}")))
+    except (json.JSONDecodeError, AttributeError):
         config = {}
     m, t, c, pl = run["metrics"], run["timings"], run["counters"], run["per_layer"]
     epochs = [int(e) for e in m.get("epoch", [])]
@@ -232,8 +250,9 @@ def format_table(s: dict) -> str:
                         "its checkpoint is written: hpcgnn train ... --resume continues the run")
     if s["engine"] == "minibatch":
         lines.append(f"minibatch  batch {mb.get('batch_size')} fanouts {mb.get('fanouts')} halo "
-                     f"{mb.get('halo')} (d {mb.get('delay')}, nc {mb.get('nc')}, cs {mb.get('cs')}, "
-                     f"ls {mb.get('ls')}); eval {mb.get('eval')}")
+                     f"{mb.get('halo')} (push_delay {mb.get('push_delay')}, push_limit {mb.get('push_limit')}, "
+                     f"cache_lines {mb.get('cache_lines')}, cache_lifespan {mb.get('cache_lifespan')}); "
+                     f"eval {mb.get('eval')}")
     rows = s["epochs"]
     parents = s["timing_parents"]
     timed = [p for p in parents if p != "epoch" and any(r["phases_mean_s"].get(p) is not None for r in rows)]
@@ -377,6 +396,16 @@ def run(args) -> int:
         print(json.dumps(s, indent=1, default=_clean))
     else:
         print(format_table(s))
+    said = sys.stderr if args.json else sys.stdout
+    if getattr(args, "csv", None):
+        from hpcgnn.run.export import write_csv
+
+        print(f"wrote {write_csv(data, args.csv)}: {len(s['epochs'])} epoch row(s)", file=said, flush=True)
+    if getattr(args, "tensorboard", None):
+        from hpcgnn.run.export import write_tensorboard
+
+        print(f"wrote {write_tensorboard(data, args.tensorboard)}: TensorBoard scalars of "
+              f"{len(s['epochs'])} epoch(s)", file=said, flush=True)
     if fig is not None:
         from hpcgnn.run.plot import save_figure
 

@@ -10,10 +10,25 @@ process that names the rank if a signal (the OOM killer's SIGKILL) ends it
 (:mod:`hpcgnn.supervisor`). A stop signal (``train.stop_signals``: a batch system's time limit,
 ``--signal`` or preemption) ends the run after the epoch in progress with its checkpoint and exit
 status 75 (:mod:`hpcgnn.run.stop`); ``--resume`` continues it.
+
+Rank 0 prints (:mod:`hpcgnn.run.console`) a start banner once the engine is built, one line per
+epoch (``hpcgnn -v``: and its phases), a heartbeat on stderr while set-up or an epoch runs long,
+and a summary at the end, also of a run that a stop signal ended or that failed.
 """
 from __future__ import annotations
 
+import time
+
 from hpcgnn.run.stop import EXIT_STOPPED
+
+
+EXAMPLES = """examples:
+  mpiexec -n 2 python -m hpcgnn train --config inputs/cora-sage.toml \\
+      --set data.partitions=data/cora-metis-2 --set output.dir=runs/cora
+  mpiexec -n 2 python -m hpcgnn train --config inputs/cora-sage.toml --set output.dir=runs/cora --resume
+  python -m hpcgnn train --config inputs/cora-gcn-fullgraph.toml --set train.epochs=5   # one rank
+(every key: hpcgnn config; docs/cluster.md, docs/runs.md)
+"""
 
 
 def add_arguments(parser) -> None:
@@ -32,14 +47,26 @@ def run(args) -> int:
     return run_watched(lambda: _train(args))
 
 
-def say_data_plane(rt) -> None:
-    """``hpcgnn -v``: one line naming what carries the data plane (``Runtime.data_plane``, made by
-    the engine from ``runtime.backend``) and the MPI library of the job."""
+def verbose(args) -> bool:
+    """Whether the command runs with ``hpcgnn -v`` (its ``args.verbose``, or a ``hpcgnn`` logger
+    set to show debug records)."""
+    from hpcgnn import log
+
+    return bool(getattr(args, "verbose", 0)) or log.verbose()
+
+
+def say_data_plane(rt, args) -> None:
+    """``hpcgnn -v`` (rank 0): one line naming what carries the data plane
+    (``Runtime.data_plane``, made by the engine from ``runtime.backend``) and the MPI library of
+    the job."""
+    from hpcgnn import log
     from hpcgnn.runtime import mpi_library
 
+    if not (rt.is_root and verbose(args)):
+        return
     plane = getattr(rt, "data_plane", None)
-    print(f"hpcgnn: data plane {plane.name if plane is not None else 'none (the engine made none)'} "
-          f"on {rt.size} rank(s); MPI library {mpi_library()}", flush=True)
+    log.info(f"hpcgnn: data plane {plane.name if plane is not None else 'none (the engine made none)'} "
+              f"on {rt.size} rank(s); MPI library {mpi_library()}")
 
 
 def _train(args) -> int:
@@ -77,19 +104,32 @@ def _train_with(args, rt, cfg, stop) -> int:
                   **estimate_attrs(rt, host_est, dev_est))     # the estimates, beside the measured peaks
     from hpcgnn.engine.hooks import make_hooks
     from hpcgnn.engine.loop import fit
+    from hpcgnn.progress import fmt_seconds
+    from hpcgnn.run.console import LABEL, RunConsole, first_epoch
     from hpcgnn.run.engines.registry import engine_spec, resolve
 
+    console = RunConsole(cfg, rt, out, verbose=verbose(args))
+    rt.on_failure(console.failed)       # after the run file's own hook: the file says failed first
     hooks = make_hooks(cfg, rt, out)
-    engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
-    if getattr(args, "verbose", False) and rt.is_root:
-        say_data_plane(rt)
-    stopped = fit(engine, cfg, rt, out, hooks, stop)
+    with console.setup_step(f"setting up the {cfg.train.engine} engine"):
+        engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
+    say_data_plane(rt, args)
+    console.banner(meta, engine.model)
+    first = first_epoch(out) if rt.is_root else 1
+    t0 = time.perf_counter()
+    stopped = fit(engine, cfg, rt, out, hooks, stop, console)
+    seconds = time.perf_counter() - t0
     out.close(stopped_by=stopped.reason if stopped else None)
+    rt.remove_failure_hook(console.failed)
     rt.finish()
     if stopped is None:
+        epochs = int(cfg.train.epochs)
+        trained = "no epoch" if first > epochs else \
+            f"epoch {first}" if first == epochs else f"epochs {first}-{epochs}"
+        console.summary(f"{'finished':<{LABEL}}all {epochs} epochs; this job trained {trained} in "
+                        f"{fmt_seconds(seconds)}")
         return 0
-    if rt.is_root:
-        print(stop_message(stopped, cfg, out.run_dir), flush=True)
+    console.summary(stop_message(stopped, cfg, out.run_dir))
     return EXIT_STOPPED
 
 

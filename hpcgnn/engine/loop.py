@@ -27,9 +27,13 @@ is logged and checkpointed whether or not a checkpoint is due, and :func:`fit` r
 reason; a stop before the first epoch of the job returns before any training.
 
 After the last epoch (or a stop) ``engine.close()`` releases the engine's communicators.
+
+What rank 0 prints (a heartbeat while an epoch runs long, the epoch's line once it is logged) is
+the ``console``'s (:class:`~hpcgnn.run.console.RunConsole`; None: nothing).
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -141,9 +145,10 @@ class Stopped:
     epoch: int
 
 
-def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
+def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None, console=None) -> Stopped | None:
     """Collective: train ``cfg.train.epochs`` epochs with ``engine`` (see the module docstring).
-    ``stop``: the rank's :class:`~hpcgnn.run.stop.StopRequest` (None: no stop signals). Returns
+    ``stop``: the rank's :class:`~hpcgnn.run.stop.StopRequest` (None: no stop signals);
+    ``console``: a :class:`~hpcgnn.run.console.RunConsole` (None: print nothing). Returns
     None when every epoch ran, else :class:`Stopped`."""
     from hpcgnn.engine.hooks import TrainHooks
 
@@ -151,6 +156,8 @@ def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
     start, extra = restore_training_state(out, engine.model, engine.optimizer)
     if start > 1:
         engine.restore_extra(extra)
+    if console is not None:
+        console.resumed(out.history)
     epochs = cfg.train.epochs
 
     def stop_reason():          # collective; the same answer on every rank
@@ -163,26 +170,29 @@ def fit(engine: Engine, cfg, rt, out, hooks=None, stop=None) -> Stopped | None:
         timer.reset()
         seed_torch(cfg.train.seed, epoch, rt.rank)
         engine.model.train()
-        with timer.phase("epoch"):
-            result = engine.train_epoch(epoch)
-        metrics = {"loss": float(result.loss)}
         last = epoch == epochs
-        reason = stop_reason()
-        if due(epoch, cfg.train.eval_every, epochs) and (reason is None or last):
-            with timer.phase("eval"):
-                engine.model.eval()
-                try:
-                    metrics.update(engine.evaluate())
-                finally:
-                    engine.model.train()
-            reason = reason or stop_reason()
-        else:
-            metrics.update({f"{s}_acc": float("nan") for s in SPLITS})
-        engine.finish_epoch(result)
+        with console.epoch_running(epoch) if console is not None else contextlib.nullcontext():
+            with timer.phase("epoch"):
+                result = engine.train_epoch(epoch)
+            metrics = {"loss": float(result.loss)}
+            reason = stop_reason()
+            if due(epoch, cfg.train.eval_every, epochs) and (reason is None or last):
+                with timer.phase("eval"):
+                    engine.model.eval()
+                    try:
+                        metrics.update(engine.evaluate())
+                    finally:
+                        engine.model.train()
+                reason = reason or stop_reason()
+            else:
+                metrics.update({f"{s}_acc": float("nan") for s in SPLITS})
+            engine.finish_epoch(result)
         timings, parents = epoch_timings(timer, result)
         mem_counters, mem_labels = timer.memory_record()
-        out.log_epoch(epoch, metrics, timings, {**result.counters, **mem_counters}, result.per_layer,
-                      labels=mem_labels, timing_parents=parents)
+        row = out.log_epoch(epoch, metrics, timings, {**result.counters, **mem_counters}, result.per_layer,
+                            labels=mem_labels, timing_parents=parents)
+        if console is not None:
+            console.epoch(row)
         hooks.after_epoch(epoch, engine)
         stopping = reason is not None and not last
         if due(epoch, cfg.train.checkpoint_every, epochs) or stopping:

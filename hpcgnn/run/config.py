@@ -25,7 +25,12 @@ from hpcgnn.store import budget as _store_budget
 
 @dataclass(frozen=True)
 class Key:
-    """One configuration key: type, default, validity check and help."""
+    """One configuration key: type, default, validity check and help.
+
+    ``aliases``: other names the key loads under (a config file or ``--set`` may use either;
+    the resolved configuration holds the key's own name only). ``engines``: the values of
+    ``train.engine`` that read a core-section key (empty: every engine; an engine's own
+    section is read by that engine)."""
 
     type: type | tuple
     default: Any
@@ -33,6 +38,8 @@ class Key:
     check: Callable[[Any], bool] | None = None
     expect: str = ""          # what `check` requires, for the error message
     choices: tuple = ()
+    aliases: tuple = ()
+    engines: tuple = ()
 
 
 def positive(x) -> bool:
@@ -93,7 +100,8 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                            "attention, DistGNN-MB eq. 2) or 'standard'", choices=("distgnn", "standard")),
     },
     "train": {
-        "engine": Key(str, "minibatch", "training engine (hpcgnn.run.engines.registry)",
+        "engine": Key(str, "minibatch", "training engine; its own keys are in the section of its name "
+                      "(docs/choosing-an-engine.md)",
                       choices=ENGINE_NAMES),
         "epochs": Key(int, 10, "training epochs", positive, "> 0"),
         "lr": Key(float, 0.006, "Adam learning rate", lambda x: 0 < x <= 1e30, "> 0 and <= 1e30 (Adam applies it as a float32 scalar)"),
@@ -101,7 +109,7 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "seed": Key(int, 0, "seed for initialisation, sampling and data order", nonneg, ">= 0"),
         "grad_reduce": Key(str, "mean", "minibatch gradient allreduce: mean (each rank weighted by its "
                            "samples in the step) or sum over ranks",
-                           choices=("mean", "sum")),
+                           choices=("mean", "sum"), engines=("minibatch",)),
         "eval_every": Key(int, 1, "evaluate every N epochs (0 = only at the end)", nonneg, ">= 0"),
         "checkpoint_every": Key(int, 0, "checkpoint every N epochs (0 = only at the end)",
                                 nonneg, ">= 0"),
@@ -165,14 +173,41 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                              "'auto', a fraction in [0, 1] or a size such as '6GiB'"),
         "hotness": Key(str, "degree", "row ranking of the minibatch engine: 'degree' (in-degree) or "
                        "'presample' (access frequency of pre-sampled minibatches); the full-pass engines "
-                       "(fullgraph, tensor) read every row every pass and always place by degree", choices=("degree", "presample")),
+                       "(fullgraph, tensor) read every row every pass and always place by degree",
+                       choices=("degree", "presample"), engines=("minibatch",)),
         "presample": Key(int, 16, "minibatches per pre-sampling pass of the minibatch engine (the "
-                         "solver runs two: ranking and hit-rate prediction)", positive, "> 0"),
+                         "solver runs two: ranking and hit-rate prediction)", positive, "> 0",
+                         engines=("minibatch",)),
         "overlap": Key(bool, True, "minibatch engine: read the next minibatch's rows on a gather "
                        "thread (GPU: pinned staging and a side-stream copy) and sample the one after it "
-                       "there (the loader) while the current one computes (from 4 threads a rank)"),
+                       "there (the loader) while the current one computes (from 4 threads a rank)",
+                       engines=("minibatch",)),
+        "features": Key(str, "memory", "how a rank holds its partition's feature rows: 'memory' reads "
+                        "them into its heap; 'mmap' maps them from the partition file (read-only), so its "
+                        "resident memory holds the rows it touches and the OS page cache serves the rest",
+                        choices=("memory", "mmap"), engines=("minibatch", "fullgraph")),
     },
 }
+
+
+CORE_SECTION_HELP = {
+    "data": "the partition store a run trains on",
+    "model": "the GNN: architecture, widths, depth",
+    "train": "the training loop: engine, epochs, optimizer, device, checkpoints",
+    "output": "the run directory: run file and checkpoints",
+    "runtime": "processes: threads, the data plane's backend, memory limits",
+    "store": "the vertex data store: features and topology over device and host memory",
+}
+
+
+def section_help(section: str) -> str:
+    """One line on what ``section`` configures (an engine's section: its engine's summary)."""
+    from hpcgnn.run.engines.registry import engine_specs
+
+    for spec in engine_specs():
+        if spec.section == section:
+            return f"read when train.engine = \"{spec.name}\": {spec.summary}"
+    return CORE_SECTION_HELP[section]
 
 
 def schema() -> dict[str, dict[str, Key]]:
@@ -184,6 +219,33 @@ def schema() -> dict[str, dict[str, Key]]:
         if spec.section:
             out[spec.section] = dict(spec.keys)
     return out
+
+
+def alias_names(keys: dict[str, Key]) -> dict[str, str]:
+    """Alias -> key name of one section's keys."""
+    return {alias: name for name, spec in keys.items() for alias in spec.aliases}
+
+
+def canonical_names(stored: dict) -> dict:
+    """A copy of a stored configuration (a run file's or a checkpoint's ``config``, section ->
+    key -> value) with every alias renamed to its key's name: a run file written before a key
+    was renamed reads as one written after."""
+    sections = schema()
+    out = {}
+    for section, values in (stored or {}).items():
+        names = alias_names(sections.get(section, {})) if isinstance(values, dict) else {}
+        out[section] = ({names.get(k, k): v for k, v in values.items()} if isinstance(values, dict)
+                        else values)
+    return out
+
+
+def key_engines(section: str, key: Key) -> tuple[str, ...]:
+    """The values of ``train.engine`` that read ``section``'s ``key``: an engine's own section
+    is read by that engine; a core key by those in ``key.engines``, or by every engine."""
+    from hpcgnn.run.engines.registry import engine_specs
+
+    owners = tuple(spec.name for spec in engine_specs() if spec.section == section)
+    return owners or key.engines or ENGINE_NAMES
 
 
 class Config:
@@ -249,10 +311,35 @@ def parse_override(text: str):
     return name.strip(), value
 
 
+def _canonical_keys(label: str, raw: dict, sections: dict) -> None:
+    """Rename every alias in ``raw`` (section -> key -> value) to its key's name, in place;
+    an unknown section or key, or a key given under two of its names, is an InputError."""
+    for section, values in raw.items():
+        if section not in sections:
+            raise InputError(f"{label}: unknown section [{section}], expected one of "
+                             f"{', '.join(sections)}")
+        if not isinstance(values, dict):
+            raise InputError(f"{label}: '{section}' must be a table")
+        names = alias_names(sections[section])
+        for key in list(values):
+            if key in names:
+                if names[key] in values:
+                    raise InputError(f"{label}: {section}.{key} and {section}.{names[key]} are the "
+                                     f"same setting ({key} is the older name); give it once")
+                values[names[key]] = values.pop(key)
+            elif key not in sections[section]:
+                raise InputError(f"{label}: unknown key {section}.{key}; known keys: "
+                                 f"{', '.join(sections[section])}")
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a TOML config (or none), apply overrides, validate every key, fill defaults."""
+    """Read a TOML config (or none), apply overrides, validate every key, fill defaults.
+
+    A key may be named by any of its names (:attr:`Key.aliases`) in the file and in an
+    override; an override replaces the file's value whichever name either uses."""
     raw: dict = {}
     label = str(path) if path else "config"
+    sections = schema()
     if path:
         p = Path(path)
         if not p.is_file():
@@ -261,24 +348,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raw = tomllib.loads(p.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{p}: not valid TOML ({exc})") from None
+        _canonical_keys(label, raw, sections)
     for text in overrides:
         name, value = parse_override(text)
         if name.count(".") != 1:
             raise InputError(f"--set {name}: expected section.key")
         section, key = name.split(".")
-        raw.setdefault(section, {})[key] = value
+        one = {section: {key: value}}
+        _canonical_keys(f"--set {name}", one, sections)
+        for key, value in one[section].items():
+            raw.setdefault(section, {})[key] = value
     resolved: dict = {}
-    sections = schema()
-    for section, values in raw.items():
-        if section not in sections:
-            raise InputError(f"{label}: unknown section [{section}], expected one of "
-                             f"{', '.join(sections)}")
-        if not isinstance(values, dict):
-            raise InputError(f"{label}: '{section}' must be a table")
-        for key in values:
-            if key not in sections[section]:
-                raise InputError(f"{label}: unknown key {section}.{key}; known keys: "
-                                 f"{', '.join(sections[section])}")
     for section, keys in sections.items():
         resolved[section] = {}
         for key, spec in keys.items():

@@ -56,8 +56,8 @@ rewrite costs about 20 ms of rank 0's time on a small run, more than a whole epo
 graph), and always after the first epoch of the job (also of a resumed one) and the last, before each checkpoint
 (:meth:`RunOutput.flush`: a run file never holds fewer epochs than the newest checkpoint), on
 failure and at the end. A rank 0 killed from outside therefore loses at most the epochs of the
-last ``flush_seconds`` from the file, never one a checkpoint holds. Rank 0 prints one line per
-epoch.
+last ``flush_seconds`` from the file, never one a checkpoint holds. The file is written through
+:func:`hpcgnn.fileio.atomic_h5`: a full disk is one line naming ``run.h5`` and the OS reason. What the run prints is :mod:`hpcgnn.run.console`'s.
 """
 from __future__ import annotations
 
@@ -65,17 +65,15 @@ import datetime
 import json
 import math
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from hpcgnn import __version__
 from hpcgnn.errors import InputError
-from hpcgnn.fileio import atomic_file, check_writable_dir, open_h5, write_error, write_failure
+from hpcgnn.fileio import atomic_h5, check_writable_dir, open_h5, write_error, write_failure
 
 RUN_FILE = "run.h5"
 RUN_FORMAT = "hpcgnn-run"
@@ -169,8 +167,9 @@ def _setting(value) -> str:
 def config_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
     """(dotted key, old value, new value) of every schema setting that differs; a key missing
     from ``old`` (a run file from before the key existed) counts as its default."""
-    from hpcgnn.run.config import schema
+    from hpcgnn.run.config import canonical_names, schema
 
+    old, new = canonical_names(old), canonical_names(new)
     changes = []
     for section, keys in schema().items():
         for key, spec in keys.items():
@@ -188,33 +187,6 @@ def _union(dicts) -> list[str]:
             if k not in names:
                 names.append(k)
     return names
-
-
-def _fmt_range(lo: float, hi: float) -> str:
-    if abs(hi - lo) < 0.005 * max(abs(hi), 1e-9) or hi - lo < 5e-4:
-        return f"{hi:.3f}"
-    return f"{lo:.3f}-{hi:.3f}"
-
-
-def format_epoch_line(epoch: int, epochs: int, metrics: dict, timings_min: dict,
-                      timings_max: dict) -> str:
-    """One line: epoch, loss, accuracies, epoch time (max over ranks) and its breakdown (min-max)."""
-    parts = [f"epoch {epoch:>{len(str(epochs))}}/{epochs}"]
-    if "loss" in metrics:
-        parts.append(f"loss {metrics['loss']:.4f}")
-    names = [k for k in METRIC_ORDER if k in metrics] + [k for k in metrics if k not in METRIC_ORDER]
-    acc = [f"{k[:-4]} {100 * metrics[k]:.2f}" for k in names
-           if k.endswith("_acc") and not math.isnan(metrics[k])]
-    if acc:
-        parts.append("acc% " + " ".join(acc))
-    others = [f"{k} {v:.4g}" for k, v in metrics.items()
-              if k not in METRIC_ORDER and not k.endswith("_acc") and not math.isnan(v)]
-    parts.extend(others)
-    if "epoch" in timings_max:
-        breakdown = ", ".join(f"{k} {_fmt_range(timings_min[k], timings_max[k])}"
-                              for k in timings_max if k != "epoch")
-        parts.append(f"{timings_max['epoch']:.3f} s" + (f" ({breakdown})" if breakdown else ""))
-    return " | ".join(parts)
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -433,6 +405,23 @@ class RunOutput:
         return str(self._attrs.get("run_id", ""))
 
     @property
+    def history(self) -> list[dict]:
+        """Rank 0: the logged epochs, oldest first (a resumed run's earlier ones included), each
+        the row :meth:`log_epoch` returned; ``[]`` on the other ranks. Read only."""
+        return self._history
+
+    @property
+    def attrs(self) -> dict:
+        """Rank 0: the run file's attributes beyond the base ones (:meth:`set_attrs`'s, dicts
+        and lists as JSON text); ``{}`` on the other ranks. Read only."""
+        return self._attrs
+
+    @property
+    def timing_parents(self) -> dict[str, str]:
+        """Rank 0: the parent of every timing logged so far (module docstring)."""
+        return self._timing_parents
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / CHECKPOINT_DIR
 
@@ -456,8 +445,10 @@ class RunOutput:
 
     def log_epoch(self, epoch: int, metrics: dict[str, float], timings: dict[str, float],
                   counters: dict[str, float], per_layer: dict[str, np.ndarray] | None = None,
-                  labels: dict[str, str] | None = None, timing_parents: dict[str, str] | None = None) -> None:
-        """Collective: gather every rank's timings/counters/per_layer/labels; rank 0 appends and prints.
+                  labels: dict[str, str] | None = None, timing_parents: dict[str, str] | None = None) -> dict | None:
+        """Collective: gather every rank's timings/counters/per_layer/labels; rank 0 appends them
+        and returns the epoch's row (``epoch``, ``metrics``, and per rank: ``timings``,
+        ``counters``, ``per_layer``, ``labels``), the other ranks None.
 
         ``metrics`` are global values (identical on every rank; rank 0's are stored).
         ``timing_parents``: timing name -> parent (``""`` for a root; module docstring); the first
@@ -484,7 +475,7 @@ class RunOutput:
         gathered = self.rt.comm.gather(local, root=0)
         if not self.rt.is_root:
             self.rt.agree(None)   # rank 0's write of the run file
-            return
+            return None
         self._warn_shared_devices([g[4] for g in gathered])
         for g in gathered:
             for k, v in g[5].items():
@@ -499,11 +490,7 @@ class RunOutput:
         if due:
             self._last_write = now
         self.rt.agree(self._try_write() if due else None)
-        names = _union(row["timings"])
-        tmin = {k: min(t.get(k, math.nan) for t in row["timings"]) for k in names}
-        tmax = {k: max(t.get(k, math.nan) for t in row["timings"]) for k in names}
-        print(format_epoch_line(epoch, int(self.cfg.train.epochs), row["metrics"], tmin, tmax),
-              flush=True)
+        return row
 
     def flush(self) -> None:
         """Collective: rewrite the run file now if an epoch was logged since its last rewrite
@@ -548,6 +535,8 @@ class RunOutput:
         The previous run file stays intact (atomic write)."""
         try:
             self._write()
+        except InputError as exc:  # atomic_h5: the path and the OS reason
+            return str(exc)
         except Exception as exc:   # noqa: BLE001 - h5py raises OSError, RuntimeError, ValueError
             return str(write_failure(self.run_dir / RUN_FILE, exc))
         self._unwritten = 0
@@ -573,51 +562,51 @@ class RunOutput:
     def _write(self) -> None:
         hist = self._history
         p = self.rt.size
-        with atomic_file(self.run_dir / RUN_FILE) as tmp:
-            with h5py.File(tmp, "w") as f:
-                attrs = self._base_attrs()
-                attrs["created"] = self._attrs.get("created") or _now()
-                attrs["status"] = "running"
-                attrs.update(self._attrs)
-                self._attrs["created"] = attrs["created"]
-                for k, v in attrs.items():
-                    f.attrs[k] = v
-                g = f.create_group("metrics")
-                g.create_dataset("epoch", data=np.array([h["epoch"] for h in hist], dtype=np.int64))
-                names = _union(h["metrics"] for h in hist)
-                names = [n for n in METRIC_ORDER if n in names] + [n for n in names if n not in METRIC_ORDER]
+        with atomic_h5(self.run_dir / RUN_FILE) as out:
+            f = out.file
+            attrs = self._base_attrs()
+            attrs["created"] = self._attrs.get("created") or _now()
+            attrs["status"] = "running"
+            attrs.update(self._attrs)
+            self._attrs["created"] = attrs["created"]
+            for k, v in attrs.items():
+                f.attrs[k] = v
+            g = f.create_group("metrics")
+            g.create_dataset("epoch", data=np.array([h["epoch"] for h in hist], dtype=np.int64))
+            names = _union(h["metrics"] for h in hist)
+            names = [n for n in METRIC_ORDER if n in names] + [n for n in names if n not in METRIC_ORDER]
+            for n in names:
+                g.create_dataset(n, data=np.array([h["metrics"].get(n, math.nan) for h in hist],
+                                                  dtype=np.float64))
+            for group in ("timings", "counters"):
+                g = f.create_group(group)
+                names = _union(r for h in hist for r in h[group])
+                if group == "timings" and self._timing_parents:
+                    g.attrs["parents"] = json.dumps({k: v for k, v in self._timing_parents.items()
+                                                     if k in names})
                 for n in names:
-                    g.create_dataset(n, data=np.array([h["metrics"].get(n, math.nan) for h in hist],
-                                                      dtype=np.float64))
-                for group in ("timings", "counters"):
-                    g = f.create_group(group)
-                    names = _union(r for h in hist for r in h[group])
-                    if group == "timings" and self._timing_parents:
-                        g.attrs["parents"] = json.dumps({k: v for k, v in self._timing_parents.items()
-                                                         if k in names})
-                    for n in names:
-                        arr = np.full((len(hist), p), math.nan)
-                        for i, h in enumerate(hist):
-                            for r, d in enumerate(h[group][:p]):
-                                arr[i, r] = d.get(n, math.nan)
-                        g.create_dataset(n, data=arr)
-                g = f.create_group("per_layer")
-                names = _union(r for h in hist for r in h["per_layer"])
-                for n in names:
-                    width = max((np.size(r[n]) for h in hist for r in h["per_layer"] if n in r), default=0)
-                    arr = np.full((len(hist), p, width), math.nan)
+                    arr = np.full((len(hist), p), math.nan)
                     for i, h in enumerate(hist):
-                        for r, d in enumerate(h["per_layer"][:p]):
-                            if n in d:
-                                v = np.ravel(d[n])
-                                arr[i, r, :v.size] = v
+                        for r, d in enumerate(h[group][:p]):
+                            arr[i, r] = d.get(n, math.nan)
                     g.create_dataset(n, data=arr)
-                g = f.create_group("labels")
-                names = _union(r for h in hist for r in h.get("labels", []))
-                for n in names:
-                    arr = np.array([[(h["labels"][r].get(n, "") if r < len(h.get("labels", [])) else "")
-                                     .encode() for r in range(p)] for h in hist], dtype=bytes)
-                    g.create_dataset(n, data=arr.reshape(len(hist), p))
+            g = f.create_group("per_layer")
+            names = _union(r for h in hist for r in h["per_layer"])
+            for n in names:
+                width = max((np.size(r[n]) for h in hist for r in h["per_layer"] if n in r), default=0)
+                arr = np.full((len(hist), p, width), math.nan)
+                for i, h in enumerate(hist):
+                    for r, d in enumerate(h["per_layer"][:p]):
+                        if n in d:
+                            v = np.ravel(d[n])
+                            arr[i, r, :v.size] = v
+                g.create_dataset(n, data=arr)
+            g = f.create_group("labels")
+            names = _union(r for h in hist for r in h.get("labels", []))
+            for n in names:
+                arr = np.array([[(h["labels"][r].get(n, "") if r < len(h.get("labels", [])) else "")
+                                 .encode() for r in range(p)] for h in hist], dtype=bytes)
+                g.create_dataset(n, data=arr.reshape(len(hist), p))
 
 
 def _now() -> str:
@@ -625,5 +614,8 @@ def _now() -> str:
 
 
 def warn(message: str) -> None:
-    """A one-line warning on stderr."""
-    print(f"hpcgnn: warning: {message}", file=sys.stderr, flush=True)
+    """A one-line warning on stderr (``hpcgnn: warning: ...``, :mod:`hpcgnn.log`), printed by the
+    rank that calls it (callers call it on rank 0)."""
+    from hpcgnn import log
+
+    log.warning(message, every_rank=True)

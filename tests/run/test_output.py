@@ -10,7 +10,7 @@ import pytest
 
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import load_config
-from hpcgnn.run.output import RunOutput, format_epoch_line, read_run
+from hpcgnn.run.output import RunOutput, read_run
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +37,13 @@ def test_run_file_layout_and_epoch_line(tmp_path, rt, capsys):
     out = RunOutput(run, rt, cfg, _meta(tmp_path), resume=False, force=False)
     out.set_attrs(halo_mode="hec", dims=[3, 4])
     for e in (1, 2):
-        out.log_epoch(e, {"loss": 1.0 / e, "train_acc": 0.5, "val_acc": float("nan"), "test_acc": 0.25 * e},
-                      {"epoch": 2.0 * e, "forward": 1.0}, {"bytes_sent": 100 * e},
-                      {"hec_hit_rate": np.array([0.5, 0.25, 0.125])})
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("epoch 1/3 | loss 1.0000 | acc% train 50.00 test 25.00 | 2.000 s (forward 1.000)")
-    assert "val" not in lines[0]          # not evaluated -> not printed
+        row = out.log_epoch(e, {"loss": 1.0 / e, "train_acc": 0.5, "val_acc": float("nan"), "test_acc": 0.25 * e},
+                            {"epoch": 2.0 * e, "forward": 1.0}, {"bytes_sent": 100 * e},
+                            {"hec_hit_rate": np.array([0.5, 0.25, 0.125])})
+        assert row["epoch"] == e and row["metrics"]["loss"] == 1.0 / e      # rank 0's row, per rank lists
+        assert row["timings"] == [{"epoch": 2.0 * e, "forward": 1.0}] and row["counters"] == [{"bytes_sent": 100 * e}]
+    assert [h["epoch"] for h in out.history] == [1, 2]
+    assert capsys.readouterr().out == ""    # the run file prints nothing: hpcgnn.run.console does
     r = read_run(run)
     a = r["attrs"]
     assert a["format"] == "hpcgnn-run" and a["engine"] == "minibatch" and a["num_ranks"] == 1
@@ -84,12 +85,6 @@ def test_refuse_force_resume(tmp_path, rt):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="not a directory"):
         RunOutput(tmp_path / "file", rt, cfg, _meta(tmp_path), resume=False, force=True)
-
-
-def test_format_epoch_line_ranges():
-    line = format_epoch_line(3, 10, {"loss": 0.5, "val_acc": 0.75}, {"epoch": 1.0, "forward": 0.2},
-                             {"epoch": 1.5, "forward": 0.4})
-    assert line == "epoch  3/10 | loss 0.5000 | acc% val 75.00 | 1.500 s (forward 0.200-0.400)"
 
 
 def test_report_table_and_json(tmp_path, rt, capsys):

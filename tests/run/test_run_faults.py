@@ -240,3 +240,85 @@ def test_disk_full_when_the_run_file_is_rewritten_keeps_the_last_good_one(tmpfs)
     filler.unlink()
     out.close()
     assert read_run(run)["attrs"]["status"] == "finished"
+
+
+def _leave_free(filler: Path, nbytes: int) -> None:
+    """Free ``nbytes`` of a full file system by shortening its filler file."""
+    size = filler.stat().st_size
+    os.truncate(filler, max(0, size - nbytes))
+
+
+MIDWAY = r"""
+import os, sys
+from types import SimpleNamespace
+import numpy as np
+from mpi4py import MPI
+from hpcgnn.errors import InputError
+from hpcgnn.run.config import load_config
+from hpcgnn.run.output import RunOutput, read_run
+from hpcgnn.runtime import Runtime
+
+mnt, free_kib = sys.argv[1], int(sys.argv[2])
+rt = Runtime.start(threads=1, comm=MPI.COMM_SELF)
+run = os.path.join(mnt, "run")
+cfg = load_config(None, ["data.partitions=x", f"output.dir={run}", "output.flush_seconds=0"])
+out = RunOutput(run, rt, cfg, SimpleNamespace(content_hash="ab" * 32, path=mnt, num_parts=1),
+                resume=False, force=False)
+out.log_epoch(1, {"loss": 1.0}, {"epoch": 1.0}, {})
+filler = os.path.join(mnt, "filler")
+with open(filler, "wb") as f:
+    try:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    except OSError:
+        pass
+os.truncate(filler, os.path.getsize(filler) - (free_kib << 10))
+try:   # 300 per-layer datasets of 800 B: HDF5 fails flushing its metadata
+    out.log_epoch(2, {"loss": 0.5}, {"epoch": 1.0}, {}, {f"x{i}": np.ones(100) for i in range(300)})
+except InputError as exc:
+    print("ERROR", exc)
+print("EPOCHS", read_run(run)["metrics"]["epoch"].tolist())
+print("LEFT", sorted(os.listdir(run)))
+"""
+
+
+def test_disk_full_midway_through_the_run_file_names_it_with_the_os_reason(tmpfs):
+    """Some space left, less than the new run.h5 needs, so HDF5 fails inside its own writes (its
+    text was "Disable slist on flush dest failure failed", and the process then crashed at exit
+    with status 139): one line naming run.h5 and ENOSPC, the previous run.h5 kept, no temporary
+    left, and the process ends normally."""
+    free_kib = 256                  # more than write_failure's probe of the directory writes
+    proc = subprocess.run([sys.executable, "-c", MIDWAY, str(tmpfs), str(free_kib)], capture_output=True,
+                          text=True, timeout=120, env=clean_env(), cwd=ROOT)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert f"ERROR {tmpfs / 'run' / 'run.h5'}: cannot write (No space left on device (ENOSPC))\n" in proc.stdout
+    assert "EPOCHS [1]\n" in proc.stdout and "LEFT ['.hpcgnn.lock', 'checkpoints', 'run.h5']" in proc.stdout, proc.stdout
+
+
+def test_disk_full_during_infer_out_names_the_file_and_every_rank_exits_2(cora_parts, tmp_path, tmpfs):
+    run = tmp_path / "run"
+    proc = mb.train(2, SAGE, cora_parts(2), run, *QUICK, "--set", "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    target = tmpfs / "logits.h5"
+    filler = _fill(tmpfs)
+    _leave_free(filler, 16 << 10)           # the file is made; its 100 kB of rows do not fit
+    proc, codes = mb.train_each_rank_exit(2, ["infer", str(run), "--out", str(target)], timeout=120)
+    assert codes == {0: 2, 1: 2}, proc.stdout + proc.stderr
+    _one_line(proc, f"{target}: cannot write (No space left on device (ENOSPC))")
+    assert "Abort" not in proc.stderr and "wrote" not in proc.stdout, proc.stderr
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]     # no output, no temporary
+
+
+def test_mpich_gforker_is_refused_and_the_launchers_are_named(tmp_path):
+    """MPICH's mpiexec.gforker ends with exit status 0 when a rank is killed by a signal: train
+    and infer refuse it (one line, exit 2 from every rank, so the launcher's status is 2)."""
+    gforker = MPIEXEC.parent / "mpiexec.gforker"
+    if not gforker.exists():
+        pytest.skip(f"{gforker} is not installed (the MPICH wheel ships it)")
+    for args in (["train", "--config", str(SAGE)], ["infer", str(tmp_path), "--out", str(tmp_path / "x.h5")]):
+        proc = subprocess.run([str(gforker), "-n", "2", sys.executable, "-m", "hpcgnn", *args],
+                              capture_output=True, text=True, timeout=120, env=clean_env(), cwd=ROOT)
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        _one_line(proc, "started by mpiexec.gforker", "exit status is 0 even when a rank is killed",
+                  "MPICH's mpiexec (Hydra", "srun --mpi=pmi2", "Open MPI's mpiexec")

@@ -15,8 +15,13 @@ KEYS = {
     "batch_size": Key(int, 1000, "seed vertices per rank per iteration", positive, "> 0"),
     "fanouts": Key(list, [5, 10, 15], "neighbours sampled per layer, input side first; -1 = all",
                    _fanouts, "a list of positive integers or -1"),
-    "eval": Key(str, "full", "evaluation: 'full' (layer-wise, all neighbours) or 'sampled'",
+    "eval": Key(str, "full", "evaluation: 'full' (layer-wise, all neighbours, every vertex) or "
+                "'sampled' (the training fanouts, validation and test vertices; train accuracy is that "
+                "of the epoch's training minibatches, dropout on)",
                 choices=("full", "sampled")),
+    "eval_batch_size": Key(int, 0, "sampled evaluation: seed vertices per rank per batch (0 = 10 x "
+                           "batch_size; no activations are kept for backward); the predictions do not "
+                           "depend on it", nonneg, ">= 0"),
     "eval_rows": Key(int, 0, "full evaluation: destination rows per chunk (0 = as many as keep "
                      "one chunk's temporaries within 256 MiB)", nonneg, ">= 0"),
     "eval_halo_rounds": Key(int, 0, "full evaluation: halo exchanges per layer, each with a part of "
@@ -25,12 +30,15 @@ KEYS = {
     "halo": Key(str, "hec", "halo neighbours: 'hec' (historical embeddings + AEP), 'off' "
                 "(dropped), 'exact' (fetched synchronously each minibatch)",
                 choices=("hec", "off", "exact")),
-    "delay": Key(int, 1, "AEP delay d in iterations", positive, ">= 1"),
-    "nc": Key(int, 2000, "AEP: most vertices pushed per destination per layer per iteration",
-              positive, "> 0"),
-    "cs": Key(int, 1_000_000, "HEC lines per layer (at most; a cache holds min(cs, the rank's halo "
-              "vertices) lines and grows to that as rows arrive)", positive, "> 0"),
-    "ls": Key(int, 2, "HEC life span in receive steps (layers > 0)", nonneg, ">= 0"),
+    "push_delay": Key(int, 1, "AEP: iterations between pushing a solid row and its use by the "
+                      "receiving rank's HEC (the paper's d)", positive, ">= 1", aliases=("delay",)),
+    "push_limit": Key(int, 2000, "AEP: most solid rows pushed per destination rank per layer per "
+                      "iteration (the paper's nc)", positive, "> 0", aliases=("nc",)),
+    "cache_lines": Key(int, 1_000_000, "HEC size: lines per layer, at most (a cache holds "
+                       "min(cache_lines, the rank's halo vertices) lines and grows to that as rows "
+                       "arrive; the paper's cs)", positive, "> 0", aliases=("cs",)),
+    "cache_lifespan": Key(int, 2, "HEC: receive steps a cached line stays valid, layers > 0 (the "
+                          "paper's ls)", nonneg, ">= 0", aliases=("ls",)),
     "reset_cache_each_epoch": Key(bool, True, "clear the HECs at the start of every epoch"),
 }
 
@@ -51,7 +59,7 @@ SPEC = EngineSpec(
     factory="hpcgnn.engine.minibatch:make_engine",
     memory_terms="hpcgnn.engine.estimate:minibatch_terms",
     validate=validate,
-    safe_on_resume=("minibatch.eval", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
+    safe_on_resume=("minibatch.eval", "minibatch.eval_batch_size", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
                     # the store changes where rows live, never their values (docs/store.md)
                     "store.device_memory", "store.hotness", "store.presample", "store.overlap"),
 )
