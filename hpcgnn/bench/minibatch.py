@@ -1,8 +1,10 @@
 """Benchmark the DistGNN-MB engine: `python -m hpcgnn.bench.minibatch --out FILE.h5`.
 
 1. ``hpcgnn prepare --dataset products-like --scale S`` (an ogbn-products-shaped synthetic graph
-   scaled to this machine) and ``hpcgnn partition`` (METIS) into 1 and 2 parts, in a work
-   directory (reused when already there).
+   scaled to this machine) and ``hpcgnn partition`` (METIS) into as many parts as each run's
+   ranks (and 1 part for the store section and the DGL peer), in a work directory (reused when
+   already there); ``--store K=DIR`` uses the store ``DIR`` (K parts) for the K-rank runs
+   instead.
 2. ``hpcgnn train`` with ``inputs/products-sage.toml`` (the paper's GraphSAGE settings) under
    mpiexec: HEC mode on 1 and 2 ranks (d = 1), exact (DistDGL-style) mode and halo-off mode on
    2 ranks.
@@ -101,6 +103,24 @@ def table(results: dict) -> str:
     return "\n".join("  ".join(c.rjust(x) for c, x in zip(r, w)) for r in rows)
 
 
+def given_stores(specs: list[str]) -> dict[int, Path]:
+    """``{K: DIR}`` of ``--store K=DIR`` arguments, each checked to be a store of K parts
+    (InputError naming the argument otherwise)."""
+    from hpcgnn.errors import InputError
+    from hpcgnn.partition.store import read_meta
+
+    out = {}
+    for spec in specs:
+        k, sep, d = spec.partition("=")
+        if not sep or not k.strip().isdigit() or int(k) < 1 or not d:
+            raise InputError(f"--store {spec!r}: expected K=DIR (K the store's part count, a positive integer)")
+        parts = read_meta(d).num_parts
+        if parts != int(k):
+            raise InputError(f"--store {spec!r}: {d} has {parts} parts, not {int(k)}")
+        out[int(k)] = Path(d)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcgnn.bench.minibatch", description=__doc__.splitlines()[0])
     store_bench.add_arguments(p)
@@ -111,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", default=str(ROOT / "inputs" / "products-sage.toml"))
     p.add_argument("--runs", default="hec-1,hec-2,exact-2,off-2", help="comma-separated runs (MODE-RANKS)")
+    p.add_argument("--store", action="append", default=[], metavar="K=DIR",
+                   help="use the partitioned store DIR (K parts) for the K-rank runs instead of building one")
     p.add_argument("--set", action="append", default=[], help="extra train --set overrides")
     p.add_argument("--backend", default="mpi4py", choices=("mpi4py", "auto", "gloo", "nccl", "ccl"),
                    help="runtime.backend of every run: what carries the data plane (default mpi4py)")
@@ -123,9 +145,28 @@ def main(argv=None) -> int:
     work = Path(args.work) if args.work else out.parent / "minibatch-work"
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    graph_file, stores = products_like_inputs(work, args.scale, args.seed, (1, 2), args.timeout, "hpcgnn.bench.minibatch")
+    from hpcgnn.errors import InputError
+
+    try:
+        given = given_stores(args.store)
+    except InputError as exc:
+        p.error(str(exc))
+    specs = [x for x in args.runs.split(",") if x]
+    needed = {int(spec.rsplit("-", 1)[1]) for spec in specs}
+    if args.store_budgets.strip():
+        needed.add(args.store_ranks)
+    from hpcgnn.bench import peers
+
+    dgl_peer = args.peer_rounds > 0 and peers.dgl_python() is not None
+    if dgl_peer:
+        needed.add(1)
+    graph_file, stores = None, dict(given)
+    if needed - set(given) or dgl_peer:
+        graph_file, built = products_like_inputs(work, args.scale, args.seed, sorted(needed - set(given)),
+                                                 args.timeout, "hpcgnn.bench.minibatch")
+        stores.update(built)
     results, walls = {}, {}
-    for spec in [x for x in args.runs.split(",") if x]:      # --runs '' runs the store section only
+    for spec in specs:      # --runs '' runs the store section only
         mode, ranks = spec.rsplit("-", 1)
         run_dir = work / f"run-{spec}"
         cmd = rank_command(int(ranks), [
@@ -152,11 +193,10 @@ def main(argv=None) -> int:
     if hec2 is not None and exact2 is not None and hec2["bytes_sent_per_epoch"] > 0:
         summary["exact_over_aep_bytes"] = exact2["bytes_sent_per_epoch"] / hec2["bytes_sent_per_epoch"]
         summary["target_bytes_ratio"] = TARGET_BYTES_RATIO
-    from hpcgnn.bench import peers
-
     dgl = peers.minibatch_vs_dgl(graph_file, Path(args.config), args.set, args.epochs, args.seed, args.peer_rounds,
                                  peers.hpcgnn_minibatch_1rank(Path(args.config), stores[1], work, args.epochs,
-                                                              args.seed, args.set, args.timeout), args.timeout)
+                                                              args.seed, args.set, args.timeout), args.timeout) \
+        if dgl_peer else None
     if dgl is not None:
         summary.update(dgl=dgl, hpcgnn_over_dgl=dgl["hpcgnn_over_dgl"], dgl_epoch_s=dgl["dgl_epoch_s"],
                        hpcgnn_1rank_epoch_s=dgl["hpcgnn_epoch_s"])
@@ -165,12 +205,13 @@ def main(argv=None) -> int:
             "overrides": list(args.set), "host": platform.node(), "cpus": os.cpu_count() or 0,
             "python": platform.python_version(), "total_wall_s": time.perf_counter() - t0,
             "graph": json.dumps({k: str(v) for k, v in stores.items()})}
+    cut_parts = min((k for k in stores if k > 1), default=None)   # 2 parts when there is such a store
     try:
         from hpcgnn.partition.store import read_meta
 
-        m2 = read_meta(stores[2])
+        m2 = read_meta(stores[cut_parts])
         meta.update(num_nodes=m2.num_nodes, num_edges=m2.num_edges, num_features=m2.num_features,
-                    edge_cut=m2.edge_cut)
+                    edge_cut=m2.edge_cut, edge_cut_parts=cut_parts)
     except Exception:  # noqa: BLE001 - figures without graph sizes are still useful
         pass
     write_results(out, {**results, **store_results}, {**meta, **summary, **store_summary}, "hpcgnn-bench-minibatch")
@@ -179,7 +220,7 @@ def main(argv=None) -> int:
         print(store_bench.table(store_results, store_summary))
     if "num_nodes" in meta:
         print(f"graph: {meta['num_nodes']:,} vertices, {meta['num_edges']:,} directed edges, "
-              f"{meta['num_features']} features, edge cut (2 parts) {meta['edge_cut']:,}")
+              f"{meta['num_features']} features, edge cut ({meta['edge_cut_parts']} parts) {meta['edge_cut']:,}")
     if "comm_wait_share_d1" in summary:
         s = summary["comm_wait_share_d1"]
         print(f"AEP wait share at d=1 (worst rank, data plane {hec2.get('comm_backend', args.backend)}): "

@@ -1,9 +1,10 @@
 """CaPGNN's two-tier cache of remote halo rows (JACA): tiers, admission, stores and lookups.
 
-Every rank caches remote halo rows of every layer input in two tiers: a *device* tier (on the
+Every rank caches remote halo rows of every layer (what the exact exchange sends at that layer:
+its input or its projection; ``widths``) in two tiers: a *device* tier (on the
 training device; on a CPU run a separately budgeted host buffer, so the same code and counters
 run) and a *host* tier. Admission (:func:`admission`) is decided once at start-up, per halo
-vertex for all layers together (``4 * sum(layer input widths)`` bytes a row): halo vertices in
+vertex for all layers together (``4 * sum(widths)`` bytes a row): halo vertices in
 decreasing duplication count (the number of partitions that hold the vertex as halo, CaPGNN's
 priority), ties by global ID; the first ones fill the device budget, the next ones the host
 budget, the rest are never cached. Membership is frozen (JACA never evicts); values are
@@ -51,8 +52,8 @@ def admission(dup: np.ndarray, row_bytes: int, budget_bytes: int | None,
 class ReceiverCache:
     """The receiver's two-tier cache of one rank's halo rows (see the module text).
 
-    ``tier`` int8 / ``slot`` int64 [num_halo] from :func:`admission`; ``widths`` the layer input
-    widths; the device tier lives on ``device``, the host tier in host memory."""
+    ``tier`` int8 / ``slot`` int64 [num_halo] from :func:`admission`; ``widths`` the widths of
+    the rows each layer exchanges; the device tier lives on ``device``, the host tier in host memory."""
 
     def __init__(self, tier: np.ndarray, slot: np.ndarray, widths: list[int], device="cpu"):
         self.tier, self.slot = np.asarray(tier, dtype=np.int8), np.asarray(slot, dtype=np.int64)

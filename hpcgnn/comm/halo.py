@@ -174,12 +174,6 @@ class HaloProvider(ABC):
         """Whether there is anything to exchange (more than one rank)."""
         return self.comm is not None and self.comm.size > 1
 
-    #: Whether every exchange sends the rows it is given now and keeps none across calls (the
-    #: exact exchange): a layer may then exchange any row-wise function of its input, at any
-    #: width (its projection, :meth:`hpcgnn.engine.offload.LayerOps.exchanges_projection`).
-    #: A cache or a pipeline keeps each layer's input rows across epochs: False.
-    stateless: bool = True
-
     def reset_stats(self) -> None:
         self.stats.clear()
 
@@ -197,8 +191,12 @@ class HaloProvider(ABC):
             self.stats["halo_fwd_bytes"] = fwd
 
     def epoch_report(self) -> tuple[dict, dict]:
-        """(counters, per_layer) of the training epoch so far for the run file."""
-        return ({"halo_fwd_bytes": float(self.stats.get("halo_fwd_bytes", 0))} if self.distributed else {}), {}
+        """(counters, per_layer) of the training epoch so far for the run file: ``halo_fwd_bytes``
+        (training's forward rows sent) and ``halo_adjoint_bytes`` (their gradients sent back)."""
+        if not self.distributed:
+            return {}, {}
+        return {"halo_fwd_bytes": float(self.stats.get("halo_fwd_bytes", 0)),
+                "halo_adjoint_bytes": float(self.stats.get("halo_adjoint_bytes", 0))}, {}
 
     def timing_report(self) -> dict:
         """Seconds of the epoch so far: ``halo`` (all exchanges)."""
@@ -338,7 +336,9 @@ class ExactHalo(HaloProvider):
             back = g[:0]
         else:
             back = self.comm.alltoallv(g, self.plan.recv_counts, self.plan.send_counts)
-        self.account(t0, g.numel() * g.element_size() if self.distributed else 0)
+        nbytes = g.numel() * g.element_size() if self.distributed else 0
+        self.account(t0, nbytes)
+        self.stats["halo_adjoint_bytes"] = self.stats.get("halo_adjoint_bytes", 0) + nbytes
         return back
 
 

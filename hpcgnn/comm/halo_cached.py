@@ -7,20 +7,29 @@ Cache (receiver side): :class:`~hpcgnn.cache.halo.ReceiverCache`, the two-tier c
 :mod:`hpcgnn.cache.halo` (tiers, admission by duplication count, stores and lookups). This
 module fills it: :func:`duplication_counts` (collective) gives the counts admission orders by.
 
-Protocol (sender side, :class:`SenderState`). At start-up every receiver tells each owner which of
-the rows it sends are cached there (one all-to-all of a byte per halo row), so both sides agree
-deterministically. The owner keeps, per (receiver, row) = per entry of its send list and layer,
-the epoch it last sent the row. At epoch ``t`` with staleness bound ``S`` and pipeline lag
-``lag`` (0 blocking, 1 pipelined: a message sent at ``t`` is used at ``t + 1``) it sends a row
-when the receiver does not cache it or when ``last_sent < t + lag - S`` (the cached copy would be
-older than ``S`` when used), and updates ``last_sent``. Layer 0 (the input features never change)
-sends a cached row once, ever. A message is the rows plus their int32 positions in the
-sender's segment for that receiver (a capped exchange of the data plane,
+What a layer's halo holds. Per layer the cache keeps the rows the exact exchange sends at that
+layer, in the same width: the layer's input, or its projection where the layer exchanges that
+instead (:func:`hpcgnn.nn.conv.halo_exchange_width`, the one rule of both modes: GCN's source
+rows, a SAGE or GAT projection narrower than the input). ``widths`` are those widths.
+
+Protocol (:class:`RefreshSchedule`, run by both sides). At start-up every receiver tells each
+owner which of the rows it sends are cached there (one all-to-all of a byte per halo row), so
+both sides agree deterministically. The owner keeps, per (receiver, row) = per entry of its send
+list and layer, the epoch it last sent the row. At epoch ``t`` with staleness bound ``S`` and
+pipeline lag ``lag`` (0 blocking, 1 pipelined: a message sent at ``t`` is used at ``t + 1``) it
+sends a row when the receiver does not cache it or when ``last_sent < t + lag - S`` (the cached
+copy would be older than ``S`` when used), and updates ``last_sent``. Layer 0 (the input features
+never change) sends a cached row once, ever. The receiver runs the same schedule over its halo
+rows (the same cached bits, the same calls), so it knows which rows arrive: a message is the rows
+alone, in the owner's send-list order (a capped exchange of the data plane,
 :meth:`~hpcgnn.comm.communicator.Communicator.open_capped`: no blocking count exchange, at most the
-plan's halo rows per peer); the receiver trusts the positions. So **every row used at epoch t was
+plan's halo rows per peer), and the receiver checks the count from every owner (it raises on a
+mismatch). So a row costs what it costs in the exact exchange, **every row used at epoch t was
 written at an epoch >= t - S** (a hard bound; :meth:`~hpcgnn.cache.halo.ReceiverCache.assemble`
 raises if it ever would not hold), S = 0 without pipeline is the exact exchange, and the pipeline (which needs
-S >= 1) uses rows exactly one epoch old for the rows the receiver does not cache.
+S >= 1) uses rows exactly one epoch old for the rows the receiver does not cache. With every row
+cached a hidden layer's rows travel once every S + 1 epochs (pipelined: S), so its forward bytes
+are 1/(S + 1) (1/S) of the exact exchange's.
 
 Pipeline. Layer ``l`` of epoch ``t`` waits for the message started at layer ``l`` of epoch
 ``t - 1`` (its rows are one epoch old), then starts epoch ``t``'s message non-blocking and
@@ -52,7 +61,9 @@ the gradient messages stay float32.
 
 Measured staleness, per training epoch (:meth:`CachedHalo.epoch_report`): per layer the
 histogram of the ages of the halo rows used (0 = sent this epoch), rows taken from each tier,
-bytes sent (rows + indices) and what the uncached exchange of the same layer would send.
+bytes sent and what the exact exchange sends for the same layer and step (``halo_fwd_nocache_bytes``:
+the exact run's ``halo_fwd_bytes``: nothing for layer 0, whose rows it sends once at start-up), and
+the adjoint bytes (the exact exchange's: gradients are not cached).
 """
 from __future__ import annotations
 
@@ -90,17 +101,19 @@ class CacheSettings:
         return 1 if self.pipeline else 0
 
 
-class SenderState:
-    """The owner's side: which send-list entries to send at each epoch (see the module text).
+class RefreshSchedule:
+    """Which rows travel at each epoch (see the module text), run by both sides: by the owner over
+    its send list, by the receiver over its halo rows, with the same cached bits and the same
+    calls, so both get the same rows.
 
-    ``cacheable`` bool [S]: whether the receiver of send-list entry ``i`` caches it."""
+    ``cacheable`` bool [n]: whether the receiver caches row ``i``."""
 
     def __init__(self, cacheable: np.ndarray, num_layers: int):
         self.cacheable = np.asarray(cacheable, dtype=bool)
         self.last_sent = np.full((num_layers, self.cacheable.shape[0]), NEVER, dtype=np.int64)
 
     def select(self, layer: int, epoch: int, staleness: int, lag: int, constant: bool) -> np.ndarray:
-        """Bool mask [S] of the entries sent at ``epoch`` for ``layer`` (recorded as sent)."""
+        """Bool mask [n] of the rows sent at ``epoch`` for ``layer`` (recorded as sent)."""
         last = self.last_sent[layer]
         if constant:
             mask = ~self.cacheable | (last == NEVER)
@@ -117,10 +130,11 @@ def uses_cached_halo(cfg) -> bool:
 
 
 class _Message:
-    """One started halo message of a layer: the exchange and the epoch its rows belong to."""
+    """One started halo message of a layer: the exchange, the epoch its rows belong to, and the
+    halo positions of the rows it brings (in arrival order: by owner, then send-list order)."""
 
-    def __init__(self, exchange: Pending, epoch: int):
-        self.exchange, self.epoch = exchange, epoch
+    def __init__(self, exchange: Pending, epoch: int, positions: np.ndarray):
+        self.exchange, self.epoch, self.positions = exchange, epoch, positions
 
 
 def duplication_counts(comm: Communicator, plan: HaloPlan) -> np.ndarray:
@@ -133,10 +147,10 @@ def duplication_counts(comm: Communicator, plan: HaloPlan) -> np.ndarray:
 class CachedHalo(HaloProvider):
     """A cached and/or pipelined halo provider (collective constructor; see the module text).
 
-    ``widths`` [L]: the width of every layer's input; ``device``: where the device tier lives.
-    Call :meth:`begin_epoch` before every training epoch, :meth:`close` after the last one."""
-
-    stateless = False    # it keeps rows of each layer's input across epochs
+    ``widths`` [L]: the width of the rows every layer exchanges (its input, or the projection
+    the exact exchange sends instead: :func:`hpcgnn.nn.conv.halo_exchange_width`); ``device``:
+    where the device tier lives. Call :meth:`begin_epoch` before every training epoch,
+    :meth:`close` after the last one."""
 
     def __init__(self, comm: Communicator | None, plan: HaloPlan, settings: CacheSettings, widths: list[int],
                  device="cpu", stats: dict | None = None):
@@ -163,11 +177,9 @@ class CachedHalo(HaloProvider):
             cacheable = alltoallv_rows(comm, cached, plan.recv_counts, plan.send_counts).astype(bool)
         else:
             cacheable = np.zeros(plan.rows_sent, dtype=bool)
-        self.sender = SenderState(cacheable, self.num_layers)
-        self.recv_offsets = np.concatenate([[0], np.cumsum(plan.recv_counts)]).astype(np.int64)
-        self.send_offsets = np.concatenate([[0], np.cumsum(plan.send_counts)]).astype(np.int64)
-        self._seg_pos = (np.arange(plan.rows_sent, dtype=np.int64)
-                         - np.repeat(self.send_offsets[:-1], plan.send_counts)).astype(np.int32)
+        self.sender = RefreshSchedule(cacheable, self.num_layers)
+        self.receiver = RefreshSchedule(tier != TIER_NONE, self.num_layers)   # the owners' schedule, mirrored
+        self._owner = np.repeat(np.arange(k, dtype=np.int64), plan.recv_counts)
         self._dest = np.repeat(np.arange(k, dtype=np.int64), plan.send_counts)
         self._pending: dict[int, _Message] = {}
         self.epoch = 0
@@ -273,20 +285,25 @@ class CachedHalo(HaloProvider):
             # blocking: this epoch's rows (the first pipelined epoch too)
             msg = self._start(layer, solid, lag=0, constant=constant, on_device=on_device)
             w0 = time.perf_counter()
-            (idx, rows), src = msg.exchange.wait()
+            (rows,), src = msg.exchange.wait()
             wait_s = time.perf_counter() - w0
             if s.pipeline and not constant:
                 self._pending[layer] = self._start(layer, solid, lag=1, constant=False, on_device=on_device)
         else:
             msg = self._pending.pop(layer)
             w0 = time.perf_counter()
-            (idx, rows), src = msg.exchange.wait()
+            (rows,), src = msg.exchange.wait()
             wait_s = time.perf_counter() - w0
             self._pending[layer] = self._start(layer, solid, lag=1, constant=False, on_device=on_device)
         wire = "fp32" if constant else s.precision
         if wire == "bf16":
             rows = rows.view(torch.bfloat16).float()     # from_wire on the rows' device
-        positions = self.recv_offsets[src.numpy().astype(np.int64)] + idx.cpu().numpy().astype(np.int64)
+        positions = msg.positions
+        got = np.bincount(src.numpy().astype(np.int64), minlength=self.plan.num_parts)
+        want = np.bincount(self._owner[positions], minlength=self.plan.num_parts)
+        if not np.array_equal(got, want):
+            raise RuntimeError(f"halo cache protocol: layer {layer} epoch {t}: rows received per owner "
+                               f"{got.tolist()}, the schedule expects {want.tolist()}")
         moved0 = dict(self.cache.transfers)
         self.cache.on_device = on_device
         halo, ages, hit_dev, hit_host = self.cache.assemble(
@@ -300,7 +317,8 @@ class CachedHalo(HaloProvider):
             self._record(layer, ages, hit_dev, hit_host)
             rep = self._layer_report(layer)
             rep["rows_received"] += int(positions.size)
-            rep["bytes_nocache"] += self.plan.rows_sent * WIRE_ITEMSIZE[wire] * solid.shape[1]
+            if not constant:    # the exact exchange sends layer 0 once, at start-up
+                rep["bytes_nocache"] += self.plan.rows_sent * WIRE_ITEMSIZE[wire] * solid.shape[1]
             rep["h2d_bytes"] += moved["h2d"]
             rep["d2h_bytes"] += moved["d2h"]
         return halo
@@ -311,30 +329,28 @@ class CachedHalo(HaloProvider):
         The rows are selected on ``solid``'s device; on the device side (``on_device``) with a
         host data plane only they are copied to the host (counted as d2h bytes)."""
         s, t = self.settings, self.epoch
-        mask = self.sender.select(layer, t, s.staleness, lag, constant)
-        sel = np.flatnonzero(mask)
+        sel = np.flatnonzero(self.sender.select(layer, t, s.staleness, lag, constant))
+        positions = np.flatnonzero(self.receiver.select(layer, t, s.staleness, lag, constant))
         rows = solid.index_select(0, upload(torch.from_numpy(self.plan.send_index[sel]), solid.device)).float()
         if not constant and s.precision == "bf16":
             rows = rows.to(torch.bfloat16).view(torch.int16)   # to_wire: half the bytes
         host_plane = self._host_plane()
         if host_plane:
             rows = rows.cpu()          # only the rows that go out cross to the host
-        idx = self._seg_pos[sel]
         counts = np.bincount(self._dest[sel], minlength=self.plan.num_parts).astype(np.int64)
-        ex = self._channel.start([torch.from_numpy(idx), rows.contiguous()], counts, tag=2 * layer)
-        payload, index = int(rows.numel() * rows.element_size()), int(idx.nbytes)
-        self.account(time.perf_counter(), payload + index)
+        ex = self._channel.start([rows.contiguous()], counts, tag=2 * layer)
+        payload = int(rows.numel() * rows.element_size())
+        self.account(time.perf_counter(), payload)
         if not self._exact:
             rep = self._layer_report(layer)
-            rep["bytes_sent"] += payload + index
-            rep["index_bytes"] += index
+            rep["bytes_sent"] += payload
             rep["rows_sent"] += int(sel.size)
             if on_device and host_plane:
                 rep["d2h_bytes"] += payload
-        return _Message(ex, t)
+        return _Message(ex, t, positions)
 
     def _layer_report(self, layer: int) -> dict:
-        return self.report.setdefault(layer, {"bytes_sent": 0, "index_bytes": 0, "rows_sent": 0,
+        return self.report.setdefault(layer, {"bytes_sent": 0, "rows_sent": 0,
                                               "bytes_nocache": 0, "ages": np.zeros(0, np.int64), "rows_received": 0,
                                               "hits_device": 0, "hits_host": 0, "rows_used": 0,
                                               "h2d_bytes": 0, "d2h_bytes": 0})
@@ -354,10 +370,12 @@ class CachedHalo(HaloProvider):
         S (always 0: the bound is enforced), ``halo_age_max``, ``halo_rows_used``,
         ``halo_hits_device`` / ``halo_hits_host`` (rows read from each tier), ``halo_rows_sent`` /
         ``halo_rows_received`` (rows this rank sent / received),
-        ``halo_fwd_bytes`` (rows + indices sent, in the wire format) and ``halo_fwd_nocache_bytes``
-        (what the uncached exchange of the layer would send in the same wire format). counters: the sums over layers of the last two and of
-        ``halo_index_bytes``, ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``,
-        ``halo_adjoint_bytes``, and ``halo_h2d_bytes`` / ``halo_d2h_bytes``: forward halo row bytes
+        ``halo_fwd_bytes`` (rows sent, in the wire format) and ``halo_fwd_nocache_bytes`` (what
+        the exact exchange sends for the layer in the same step and wire format: 0 for layer 0,
+        which it sends once at start-up). counters: the sums over layers of the last two,
+        ``halo_cache_device_bytes`` / ``halo_cache_host_bytes``, ``halo_adjoint_bytes`` (the
+        gradients sent back, as the exact exchange sends them), and ``halo_h2d_bytes`` /
+        ``halo_d2h_bytes``: forward halo row bytes
         moved host -> device / device -> host (rows sent through a host data plane, received rows,
         tier reads and stores that cross; counted by side, also on a CPU run)."""
         s, L = self.settings, self.num_layers
@@ -384,7 +402,6 @@ class CachedHalo(HaloProvider):
         nb = self.cache.nbytes
         counters = {"halo_fwd_bytes": float(per["halo_fwd_bytes"].sum()),
                     "halo_fwd_nocache_bytes": float(per["halo_fwd_nocache_bytes"].sum()),
-                    "halo_index_bytes": float(sum(r["index_bytes"] for r in self.report.values())),
                     "halo_cache_device_bytes": float(nb["device"]),
                     "halo_cache_host_bytes": float(nb["host"])}
         counters["halo_adjoint_bytes"] = float(self.stats.get("halo_adjoint_bytes", 0))

@@ -15,6 +15,14 @@ from pathlib import Path
 from hpcgnn.errors import InputError
 
 
+EXAMPLES = """examples:
+  hpcgnn plan data/cora-metis-2 --config inputs/cora-sage.toml
+  hpcgnn plan data/big-metis-8 --config my.toml --host-memory 256GiB --out recommended.toml
+  hpcgnn plan data/big-metis-8 --config my.toml --device cuda --device-memory 80GiB
+(docs/choosing-an-engine.md)
+"""
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("store", metavar="STORE", help="partition directory written by `hpcgnn partition`")
     parser.add_argument("--config", required=True, metavar="FILE", help="training configuration (TOML)")

@@ -488,3 +488,23 @@ class GATConv(nn.Module):
 
     cacheable = False   # softmax over the in-edges: offloaded training recomputes the layer
     edge_weighted = True    # attention weights per edge: backward reads the transpose's edge ids
+
+
+def halo_exchange_shape(arch: str, layer: int, in_dim: int, out_dim: int, heads: int = 1) -> tuple[bool, int]:
+    """What the in-memory full graph's halo exchange sends at layer ``layer`` of an ``arch``
+    model whose layer is ``in_dim -> out_dim`` (``heads`` x ``out_dim`` for GAT), the one rule of
+    the exact exchange, the halo cache and the estimates of both: ``(True, w)``, its projection
+    ``w`` wide (:func:`exchanged_width`: GCN's source rows, a SAGE or GAT projection narrower
+    than the input) at a layer ``l >= 1``; else ``(False, in_dim)``, its input (layer 0: the
+    partition's features, which never change)."""
+    if layer > 0:
+        w = exchanged_width(arch, in_dim, out_dim, heads)
+        if w is not None:
+            return True, int(w)
+    return False, int(in_dim)
+
+
+def halo_exchange_width(conv, layer: int) -> tuple[bool, int]:
+    """:func:`halo_exchange_shape` of ``conv``, layer ``layer`` of a model."""
+    arch = "gcn" if isinstance(conv, GCNConv) else "gat" if isinstance(conv, GATConv) else "sage"
+    return halo_exchange_shape(arch, layer, conv.in_dim, conv.out_dim, getattr(conv, "heads", 1))

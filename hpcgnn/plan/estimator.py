@@ -20,20 +20,29 @@ Time (seconds per training epoch, evaluation not included) is the slowest rank's
   allreduce) over the all-to-all rate, plus the latency of every collective;
 * ``overhead``: small-kernel launches (per iteration, per chunk) times the per-op overhead.
 
+Halo bytes (:attr:`Prediction.halo_bytes_per_epoch`): what every rank together sends per
+training epoch to bring vertex rows where they are needed, the figure the run file measures
+per halo mode: the full graph's forward rows and their gradients (``halo_fwd_bytes +
+halo_adjoint_bytes``; in steady state for the cache: a cached hidden row every S + 1 epochs,
+pipelined every S, uncached rows and every layer-0 row not cached every epoch; each layer the
+rows the exact exchange sends, :func:`halo_width`), the AEP pushes (``aep_bytes_sent``), the exact
+minibatch fetch (``bytes_sent``), the tensor engine's split/gather all-to-alls (``bytes_sent``
+less ``allreduce_bytes``). The gradient allreduce is not halo traffic.
+
 Node-wide rates are shared by the ``ranks_per_node`` ranks of a node (all work of a rank is
 charged at rate / ranks_per_node). Time models are :data:`TIME_MODELS` (engine -> function);
 an engine without one is reported, not ranked.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
 
-from hpcgnn.engine.estimate import (F32, I64, SAVED_PER_LAYER, expected_distinct, fullgraph_projection_width,
-                                    layer_widths)
+from hpcgnn.engine.estimate import F32, I64, SAVED_PER_LAYER, expected_distinct, layer_widths
 
 # small torch operations per layer per chunk (offload) / per layer per iteration (minibatch) /
 # per layer per epoch (full graph), forward and backward together: counted from the engines'
@@ -56,6 +65,7 @@ class Prediction:
     largest: tuple = ("", 0)
     shrink: str = ""
     bytes_per_epoch: float = 0.0       # bytes sent by the busiest rank per epoch
+    halo_bytes_per_epoch: float = 0.0  # halo-mode bytes sent per training epoch, all ranks (module text)
     epoch_s: float = math.nan
     parts: dict = field(default_factory=dict)      # the slowest rank's time by component
     notes: list = field(default_factory=list)
@@ -69,7 +79,7 @@ def store_shapes(meta) -> list[dict]:
     from hpcgnn.engine.estimate import part_shapes
 
     cut = 2 * meta.edge_cut / max(meta.num_edges, 1)
-    return [{**part_shapes(meta.path, p), "cut_frac": cut} for p in range(meta.num_parts)]
+    return [{**part_shapes(meta.path, p), "cut_frac": cut, "part_id": p} for p in range(meta.num_parts)]
 
 
 def scaled_shapes(meta, shapes: list[dict], ranks: int) -> list[dict]:
@@ -163,6 +173,7 @@ class _Cost:
         self.cal, self.share, self.device = cal, max(share, 1), device
         self.parts = {"agg": 0.0, "gemm": 0.0, "elem": 0.0, "move": 0.0, "comm": 0.0, "overhead": 0.0}
         self.sent = 0.0
+        self.halo = 0.0     # of ``sent``: halo-mode bytes (rows and their gradients, pushes, layouts)
 
     def agg(self, edges: float, width: float, times: int = 1) -> None:
         self.parts["agg"] += times * edges * width * F32 / (self.cal.agg_rate(width) / self.share)
@@ -177,9 +188,17 @@ class _Cost:
         rate = self.cal.h2d if (host_device and self.device == "cuda") else self.cal.gather / self.share
         self.parts["move"] += nbytes / rate
 
-    def comm(self, nbytes: float, calls: int = 1) -> None:
+    def comm(self, nbytes: float, calls: int = 1, halo: bool = True) -> None:
+        """``nbytes`` sent in ``calls`` blocking collectives; ``halo``: halo-mode traffic (not the
+        gradient allreduce)."""
         self.sent += nbytes
+        self.halo += nbytes if halo else 0.0
         self.parts["comm"] += nbytes / self.cal.alltoall + calls * self.cal.alltoall_latency_s
+
+    def overlapped(self, nbytes: float) -> None:
+        """``nbytes`` of halo rows sent in the background (a pipelined exchange): no time."""
+        self.sent += nbytes
+        self.halo += nbytes
 
     def ops(self, count: float) -> None:
         self.parts["overhead"] += count * self.cal.op_overhead_s
@@ -233,8 +252,47 @@ def _dense_layers(c: _Cost, cfg, widths, rows_out: list[float], rows_in: list[fl
 def _allreduce(c: _Cost, cfg, widths, ranks: int, times: float = 1) -> None:
     pb = _param_bytes(cfg, widths)
     if ranks > 1:
-        c.comm(times * pb * 2 * (ranks - 1) / ranks, calls=int(times))
+        c.comm(times * pb * 2 * (ranks - 1) / ranks, calls=int(times), halo=False)
     c.elem(times * pb * 10)                          # Adam: parameters, moments, gradients
+
+
+def halo_width(cfg, widths: list[int], l: int) -> int:
+    """The width of the rows the full graph's halo exchange sends at layer ``l``, exact or
+    cached alike (:func:`hpcgnn.nn.conv.halo_exchange_width` from the configuration): layer 0
+    and the offloaded engine its input; a later layer its projection where
+    :func:`hpcgnn.nn.conv.exchanged_width` says so (GCN always, SAGE and GAT when narrower)."""
+    from hpcgnn.nn.conv import exchanged_width
+
+    m = cfg.model
+    if l == 0 or cfg.fullgraph.offload:
+        return widths[l]
+    heads = m.heads if m.arch == "gat" else 1
+    out = widths[l + 1] if m.arch != "gat" or l == m.layers - 1 else m.hidden
+    return exchanged_width(m.arch, widths[l], out, heads) or widths[l]
+
+
+def fullgraph_halo_rows(cfg, nh: int, widths: list[int]) -> tuple[float, list[float], list[float]]:
+    """(cached halo rows, forward rows per layer per epoch, adjoint rows per layer per epoch) of a
+    rank with ``nh`` halo rows, in steady state (see the module text). The cache admits
+    ``cache_memory // (4 x the layers' halo widths)`` rows (all of them when unbounded)."""
+    fg = cfg.fullgraph
+    layers = cfg.model.layers
+    cached = 0.0
+    period = 1
+    if fg.halo == "cached" and not fg.offload:
+        from hpcgnn.run.engines.fullgraph import cache_bytes
+
+        row_bytes = 4 * sum(halo_width(cfg, widths, l) for l in range(layers))
+        budget = cache_bytes(fg.cache_memory, "fullgraph.cache_memory")
+        cached = float(nh if budget is None else min(nh, budget // max(row_bytes, 1)))
+        period = max(int(fg.staleness), 1) if fg.pipeline else int(fg.staleness) + 1
+    fwd = [0.0] * layers
+    if fg.halo == "cached" and not fg.offload:
+        fwd[0] = nh - cached                         # layer 0: uncached rows every epoch
+    for l in range(1, layers):
+        fwd[l] = (nh - cached) + cached / period
+    back = [0.0] + [float(nh)] * (layers - 1)
+    return cached, fwd, back
 
 
 def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
@@ -246,22 +304,23 @@ def fullgraph_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     c = _Cost(cal, topo.ranks_per_node, topo.device)
     _dense_layers(c, cfg, widths, [ns] * layers, [nl] * layers, [ne] * layers)
     fg = cfg.fullgraph
-    cached = getattr(fg, "halo", "exact") == "cached"
     pipelined = bool(getattr(fg, "pipeline", False))
     wire = 2 if getattr(fg, "halo_precision", "fp32") == "bf16" else F32   # forward bytes a value
-    for l in range(1, layers):                       # halo rows forward, their gradients back
+    _, fwd_rows, back_rows = fullgraph_halo_rows(cfg, nh, widths)
+    for l in range(layers):                          # halo rows forward, their gradients back
         if topo.ranks == 1:
             continue
-        # the rows' width: the layer's input, or its narrower projection (exact, in memory)
-        w = fullgraph_projection_width(cfg, widths, l) or widths[l]
-        fwd = nh * w * wire
-        if cached:                                   # a cached row is re-sent once per S + 1 epochs
-            fwd = nh * (widths[l] * wire + 4) / (getattr(fg, "staleness", 0) + 1)
-        if pipelined:                                # overlapped with the rest of the epoch
-            c.sent += fwd
+        # the rows' width: the layer's input, or its narrower projection (the same rule with a cache)
+        w = halo_width(cfg, widths, l)
+        fwd = fwd_rows[l] * w * (wire if l > 0 else F32)
+        if l == 0 and not fwd:
+            continue
+        if pipelined and l > 0:                      # overlapped with the rest of the epoch
+            c.overlapped(fwd)
         else:
             c.comm(fwd, calls=1)
-        c.comm(nh * w * F32, calls=1)                # gradients: always exact and blocking
+        if back_rows[l]:
+            c.comm(back_rows[l] * w * F32, calls=1)  # gradients: always exact and blocking
     if fg.offload:
         k = max(fg.chunks, 1)
         recompute = fg.recompute == "recompute" or (fg.recompute == "auto" and cfg.model.arch == "gat")
@@ -316,15 +375,39 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     rows, grow, fans = rows[::-1], grow[::-1], fans[::-1]
     edges = [grow[l + 1] * fans[l] for l in range(layers)]
     it = _Cost(cal, topo.ranks_per_node, topo.device)
+    aep = _Cost(cal, topo.ranks_per_node, topo.device)       # one iteration's pushes
     _dense_layers(it, cfg, widths, rows[1:], rows[:-1], edges)
     it.move(sum(edges) * 3 * I64)                     # sampling: neighbour draws, block CSRs
     it.move(rows[0] * widths[0] * F32)                # input rows gathered
     halo_frac = cut
-    if topo.ranks > 1:
+    fr = _store_frontiers(cfg, meta, s, topo)
+    if fr is not None:
+        frontier, itemsize = fr
+        iters = frontier.iterations                   # every rank runs the largest count
         if mb.halo == "hec":
-            push = min(mb.nc, nh / max(topo.ranks - 1, 1)) * (topo.ranks - 1)
+            # AEP: the expected rows pushed per layer (hpcgnn.plan.frontier), IDs and rows
             for l in range(layers):
-                it.comm(push * widths[l] * F32 + push * I64, calls=1)
+                aep.comm(frontier.push_rows[l] * (widths[l] * F32 + I64), calls=1)
+                it.move(rows[l] * halo_frac * widths[l] * F32)         # HEC lookups
+        else:
+            # the exact fetch (comm/exact_fetch.py), per hop: the remote frontier vertices'
+            # IDs to their owners and a count each back, the drawn neighbours' IDs back, a
+            # count exchange; then the remote input rows' IDs and rows, and a count exchange
+            for l in range(layers):
+                it.comm(frontier.remote[l] * 2 * I64 + frontier.remote_draws[l] * I64
+                        + (topo.ranks - 1) * I64, calls=4)
+                it.move(rows[l + 1] * (1 + fans[l]) * I64 * 8)
+            it.comm(frontier.remote[layers] * (widths[0] * itemsize + I64) + (topo.ranks - 1) * I64, calls=3)
+            it.move(2 * rows[0] * widths[0] * F32)
+    elif topo.ranks > 1:
+        if mb.halo == "hec":
+            # AEP: the solid rows of layer l's frontier (grow[l]) that are halo elsewhere, once
+            # per destination (a solid vertex has nh / ns destinations on average: the send
+            # lists' total is the halo's), at most push_limit per destination; only the first
+            # M - push_delay iterations push (counted apart below)
+            for l in range(layers):
+                push = min(mb.push_limit * (topo.ranks - 1), grow[l] * nh / max(ns, 1))
+                aep.comm(push * widths[l] * F32 + push * I64, calls=1)
                 it.move(rows[l] * halo_frac * widths[l] * F32)         # HEC lookups
         elif exact:
             # every hop: remote frontier vertices to their owners (counts, IDs), their sampled
@@ -341,8 +424,32 @@ def minibatch_time(cfg, meta, s: dict, topo, cal) -> _Cost:
     _allreduce(it, cfg, widths, topo.ranks)
     for k, v in it.parts.items():
         c.parts[k] += iters * v
-    c.sent = iters * it.sent
+    pushes = max(iters - mb.push_delay, 0) if mb.halo == "hec" else 0
+    for k, v in aep.parts.items():
+        c.parts[k] += pushes * v
+    c.sent = iters * it.sent + pushes * aep.sent
+    c.halo = iters * it.halo + pushes * aep.halo
     return c
+
+
+def _store_frontiers(cfg, meta, s: dict, topo):
+    """(:class:`~hpcgnn.plan.frontier.RankFrontiers` of the rank whose shapes are ``s``, feature
+    bytes a value) when the store has one partition per rank (its own facts), else None (the
+    averaged model of :func:`minibatch_time`)."""
+    mb = cfg.minibatch
+    if topo.ranks < 2 or "part_id" not in s or meta.num_parts != topo.ranks or mb.halo not in ("hec", "exact"):
+        return None
+    ranks, itemsize = _frontiers(str(meta.path), meta.num_parts, tuple(mb.fanouts), int(mb.batch_size),
+                                 int(mb.push_limit), mb.halo)
+    return ranks[s["part_id"]], itemsize
+
+
+@functools.lru_cache(maxsize=8)
+def _frontiers(store: str, parts: int, fanouts: tuple, batch_size: int, push_limit: int, halo: str):
+    from hpcgnn.plan.frontier import expected_frontiers
+
+    return expected_frontiers(store, parts, list(fanouts), batch_size, push_limit,
+                              local=halo == "hec", exact=halo == "exact")
 
 
 def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
@@ -399,4 +506,7 @@ def estimate(cfg, meta, shapes: list[dict], topo, cal) -> Prediction:
     pred.epoch_s = slow.total
     pred.parts = dict(slow.parts)
     pred.bytes_per_epoch = float(max(x.sent for x in per_rank))
+    # all ranks' halo bytes (the tensor engine's model is one rank's: the ranks send alike)
+    pred.halo_bytes_per_epoch = float(sum(x.halo for x in per_rank)) * (
+        topo.ranks if cfg.train.engine == "tensor" else 1)
     return pred

@@ -5,6 +5,10 @@ A candidate is rejected (with the reason) when its configuration is invalid, whe
 cannot run on the device, when the ranks of the fullest node need more host memory than
 ``Topology.host_memory``, or when one rank needs more GPU memory than ``device_memory``.
 The rest are ranked by predicted epoch time (ties: smaller host peak, then proposal order).
+Every candidate with a time model is also ranked by its predicted halo bytes per epoch, all
+ranks (:attr:`~hpcgnn.plan.estimator.Prediction.halo_bytes_per_epoch`: the full graph's exact,
+cached and pipelined halo, the AEP pushes, the exact minibatch fetch, the tensor engine's
+layouts; ties: proposal order), fitting or not: ``Row.halo_order``.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class Row:
     fits: bool = False
     reason: str = ""
     order: int = 0
+    halo_order: int = 0      # rank by predicted halo bytes per epoch (1 = fewest; 0 = no time model)
 
 
 @dataclass
@@ -105,6 +110,10 @@ def make_plan(config, overrides, store, topo, cal, chunks=None, engines=None, an
                     key=lambda r: (r.pred.epoch_s, r.pred.host_peak, plan.rows.index(r)))
     for i, r in enumerate(ranked, 1):
         r.order = i
+    by_bytes = sorted([r for r in plan.rows if r.pred is not None and not math.isnan(r.pred.epoch_s)],
+                      key=lambda r: (r.pred.halo_bytes_per_epoch, plan.rows.index(r)))
+    for i, r in enumerate(by_bytes, 1):
+        r.halo_order = i
     return plan
 
 
@@ -125,8 +134,8 @@ def table(plan: Plan) -> str:
              f"(128 wide), GEMM {cal.gemm_flops / 1e9:.1f} GFLOP/s, stream {cal.stream / 1e9:.1f} GB/s, "
              f"gather {cal.gather / 1e9:.1f} GB/s, all-to-all {cal.alltoall / 1e9:.2f} GB/s + "
              f"{cal.alltoall_latency_s * 1e6:.0f} us ({cal.alltoall_source})"]
-    head = ["rank", "candidate", "host GiB/rank", "node GiB", "device GiB", "MiB sent/epoch", "epoch s",
-            "fits", "reason"]
+    head = ["rank", "candidate", "host GiB/rank", "node GiB", "device GiB", "MiB sent/epoch",
+            "halo MiB/epoch (#)", "epoch s", "fits", "reason"]
     rows = [head]
     order = sorted(plan.rows, key=lambda r: (r.order == 0, r.order))
     for r in order:
@@ -135,6 +144,7 @@ def table(plan: Plan) -> str:
                      _gib(p.host_peak) if p else "-", _gib(p.host_node) if p else "-",
                      _gib(p.device_peak) if p and t.device == "cuda" else "-",
                      f"{p.bytes_per_epoch / 2**20:.1f}" if p and not math.isnan(p.epoch_s) else "-",
+                     f"{p.halo_bytes_per_epoch / 2**20:.2f} ({r.halo_order})" if r.halo_order else "-",
                      f"{p.epoch_s:.3f}" if p and not math.isnan(p.epoch_s) else "-",
                      "yes" if r.fits else "no", r.reason])
     w = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
@@ -158,6 +168,8 @@ def to_json(plan: Plan) -> dict:
                     "host_peak_bytes": p.host_peak if p else None, "node_bytes": p.host_node if p else None,
                     "device_peak_bytes": p.device_peak if p else None,
                     "bytes_per_epoch": p.bytes_per_epoch if p else None,
+                    "halo_bytes_per_epoch": p.halo_bytes_per_epoch if p else None,
+                    "halo_order": r.halo_order,
                     "epoch_s": None if not p or math.isnan(p.epoch_s) else p.epoch_s,
                     "time_parts_s": p.parts if p else None, "memory_terms": p.terms if p else None})
     b = plan.best

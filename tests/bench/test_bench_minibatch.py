@@ -13,7 +13,7 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
     # and AEP pushes (it pushes at iterations k < M - d, d = 1) whatever the partition's balance.
     cmd = [*python(), "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--runs", "hec-1,hec-2,exact-2",
-           "--set", "minibatch.batch_size=100", "--set", "minibatch.cs=10000", "--timeout", "240",
+           "--set", "minibatch.batch_size=100", "--set", "minibatch.cache_lines=10000", "--timeout", "240",
            "--store-budgets", "0.2", "--store-sync", ""]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -37,3 +37,22 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
         assert f.attrs["store_prediction_error_points_max"] == abs(
             tiered["feature_hit_rate"] - tiered["predicted_feature_hit_rate"]) * 100
     assert "store run" in proc.stdout
+
+
+def test_minibatch_benchmark_runs_on_a_given_store_and_refuses_a_wrong_one(cora_parts, tmp_path):
+    store = cora_parts(2)
+    work = tmp_path / "work"
+    base = [*python(), "-m", "hpcgnn.bench.minibatch", "--out", str(tmp_path / "mb.h5"), "--work", str(work),
+            "--epochs", "1", "--runs", "hec-2", "--store-budgets", "", "--peer-rounds", "0", "--timeout", "240"]
+    for bad, says in ((f"3={store}", "has 2 parts, not 3"), (str(store), "expected K=DIR")):
+        proc = subprocess.run(base + ["--store", bad], capture_output=True, text=True, timeout=120, env=clean_env())
+        assert proc.returncode == 2 and says in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]
+        assert not (tmp_path / "mb.h5").exists()
+    proc = subprocess.run(base + ["--store", f"2={store}"], capture_output=True, text=True, timeout=600,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the given store trained the run; no products-like graph or store was built
+    assert not list(work.glob("products-like*"))
+    with h5py.File(tmp_path / "mb.h5", "r") as f:
+        assert f.attrs["num_nodes"] == 2708 and f.attrs["edge_cut_parts"] == 2
+        assert f["hec-2"].attrs["epochs"] == 1

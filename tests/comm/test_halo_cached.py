@@ -1,6 +1,7 @@
 """The halo cache's admission and its sender/receiver protocol, without MPI: K simulated ranks
-exchange messages (rows + positions) delivered in a random order, late within the pipeline's
-window; every assembled halo block equals the block built independently from (rows sent) U
+exchange messages delivered in a random order, late within the pipeline's window, the
+receiver taking the rows' positions from its mirror of the owners' schedule (the owner sends
+rows only); every assembled halo block equals the block built independently from (rows sent) U
 (rows cached), every row's value is its owner's value of epoch t - age, and age <= S.
 The device path (``assemble_tensor``, ``CachedHalo.fetch_tensor``) builds the same blocks as the
 host path, with the device tier's rows never crossing to the host (counted by side: on a CPU run
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mpiutil import run_mpi  # noqa: E402
 
 from hpcgnn.cache.halo import TIER_DEVICE, TIER_HOST, TIER_NONE, ReceiverCache, admission  # noqa: E402
-from hpcgnn.comm.halo_cached import SenderState  # noqa: E402
+from hpcgnn.comm.halo_cached import RefreshSchedule  # noqa: E402
 
 
 def test_admission_by_duplication_count_with_tier_budgets():
@@ -50,7 +51,7 @@ def _simulate(k, staleness, lag, budget_rows, epochs, layers, seed):
     dup = {q: np.zeros(n_solid[q], np.int64) for q in range(k)}
     for (r, q), rows in halo.items():
         dup[q][rows] += 1
-    receivers, senders, offsets = {}, {}, {}
+    receivers, senders, offsets, mirrors = {}, {}, {}, {}
     cacheable = {}
     for r in range(k):
         owners = [q for q in range(k) if q != r]
@@ -60,15 +61,17 @@ def _simulate(k, staleness, lag, budget_rows, epochs, layers, seed):
         tier, slot = admission(hdup, row_bytes=4 * sum(widths), budget_bytes=budget_rows * 4 * sum(widths),
                                device_bytes=(budget_rows // 2) * 4 * sum(widths))
         receivers[r] = ReceiverCache(tier, slot, widths)
+        mirrors[r] = RefreshSchedule(tier != TIER_NONE, layers)    # the receiver's copy of the schedule
         for q in owners:
             o = offsets[r][q]
             cacheable[(q, r)] = tier[o:o + halo[(r, q)].size] != TIER_NONE
     for q in range(k):   # the owner's send list: receivers in rank order
         dests = [r for r in range(k) if r != q]
-        senders[q] = (dests, SenderState(np.concatenate([cacheable[(q, r)] for r in dests]), layers))
+        senders[q] = (dests, RefreshSchedule(np.concatenate([cacheable[(q, r)] for r in dests]), layers))
     history = {}   # (q, layer, epoch) -> owner rows
     ref_cache = {(r, l): {} for r in range(k) for l in range(layers)}   # independent reference
     queue = {}     # (r, layer, epoch used) -> list of (source, positions, rows, epoch sent)
+    expect = {}    # (r, layer, epoch used) -> halo positions the receiver's schedule expects
     checked = 0
     for t in range(1, epochs + 1):
         for l in range(layers):
@@ -78,6 +81,10 @@ def _simulate(k, staleness, lag, budget_rows, epochs, layers, seed):
                                       else rng.standard_normal((n_solid[q], widths[l])).astype(np.float32))
             first = t == 1 or const
             this_lag = 0 if first else lag
+            for r in range(k):
+                expect[(r, l, t + this_lag)] = np.flatnonzero(mirrors[r].select(l, t, staleness, this_lag, const))
+                if first and lag == 1 and not const:
+                    expect[(r, l, t + 1)] = np.flatnonzero(mirrors[r].select(l, t, staleness, 1, False))
             for q in range(k):
                 dests, st = senders[q]
                 mask = st.select(l, t, staleness, this_lag, const)
@@ -104,8 +111,13 @@ def _simulate(k, staleness, lag, budget_rows, epochs, layers, seed):
                 sent_epochs = {m[3] for m in msgs}
                 assert len(sent_epochs) <= 1
                 t_sent = sent_epochs.pop() if sent_epochs else t - this_lag
-                positions = np.concatenate([offsets[r][q] + pos for q, pos, _, _ in msgs]).astype(np.int64) \
+                sent_pos = np.concatenate([offsets[r][q] + pos for q, pos, _, _ in msgs]).astype(np.int64) \
                     if msgs else np.zeros(0, np.int64)
+                # the rows alone travel; the receiver's schedule names their positions (rows
+                # arrive ordered by owner, as the capped exchange delivers them)
+                positions = expect.pop((r, l, t))
+                assert np.array_equal(np.sort(sent_pos), positions)
+                msgs.sort(key=lambda m: m[0])
                 rows = np.concatenate([rw for _, _, rw, _ in msgs]) if msgs else np.zeros((0, widths[l]), np.float32)
                 perm = rng.permutation(positions.size)   # and rows of a message in any order
                 positions, rows = positions[perm], rows[perm]
@@ -157,14 +169,14 @@ def test_receiver_refuses_a_row_neither_sent_nor_cached_and_a_row_too_old():
 
 
 def test_sender_resends_exactly_when_the_copy_would_be_too_old():
-    st = SenderState(np.array([True, False]), 1)
+    st = RefreshSchedule(np.array([True, False]), 1)
     sent = [st.select(0, t, staleness=2, lag=0, constant=False).tolist() for t in range(1, 8)]
     assert sent == [[True, True], [False, True], [False, True], [True, True], [False, True],
                     [False, True], [True, True]]
-    st = SenderState(np.array([True, False]), 1)
+    st = RefreshSchedule(np.array([True, False]), 1)
     sent = [st.select(0, t, staleness=2, lag=1, constant=False).tolist() for t in range(1, 6)]
     assert sent == [[True, True], [False, True], [True, True], [False, True], [True, True]]
-    st = SenderState(np.array([True, False]), 1)
+    st = RefreshSchedule(np.array([True, False]), 1)
     sent = [st.select(0, t, staleness=0, lag=0, constant=True).tolist() for t in range(1, 4)]
     assert sent == [[True, True], [False, True], [False, True]]
 
@@ -285,7 +297,7 @@ def test_fetch_tensor_equals_fetch_and_uploads_only_host_tier_and_fresh_rows(tmp
                 # the device path uploads the fresh rows (host data plane) and the host-tier hits
                 # only: device-tier hits never cross; it downloads just the rows it sends
                 assert dc["halo_h2d_bytes"] == float((used * row_bytes).sum()), case
-                payload = np.array(dp["halo_fwd_bytes"]) - 4 * np.array(dp["halo_rows_sent"])
+                payload = np.array(dp["halo_fwd_bytes"])                # rows only: no positions
                 assert dc["halo_d2h_bytes"] == float(payload.sum()), case
                 # the host path reads every device-tier hit back
                 assert hc["halo_d2h_bytes"] == float((np.array(hp["halo_hits_device"]) * row_bytes).sum()), case

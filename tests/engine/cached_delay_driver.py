@@ -32,7 +32,7 @@ from hpcgnn.comm import alltoall
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
 from hpcgnn.nn.optim import Adam
 from hpcgnn.run.timer import PhaseTimer
-from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
+from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph, halo_layers
 from hpcgnn.nn.models import build_model
 from hpcgnn.partition.store import load_partition, read_meta
 
@@ -135,7 +135,7 @@ def main() -> int:
     rank = comm.Get_rank()
     meta = read_meta(store)
     part = load_partition(store, rank, meta)
-    widths = [meta.num_features] + [hidden] * (layers - 1)
+    widths = [w for _, w in halo_layers(build_model("gcn", meta.num_features, hidden, meta.num_classes, layers))]
     row_bytes = 4 * sum(widths)
     inj = Injector(rank)
     install(inj)

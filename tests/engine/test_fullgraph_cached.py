@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fg_cached_support import per_layer, run_report  # noqa: E402
+from fg_cached_support import counter, per_layer, run_report  # noqa: E402
 from mpiutil import run_mpi  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 
@@ -28,7 +28,7 @@ from mpi4py import MPI
 from hpcgnn.partition.store import read_meta, load_partition
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
 from hpcgnn.run.timer import PhaseTimer
-from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
+from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph, halo_layers
 from hpcgnn.nn.models import build_model
 
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
@@ -39,7 +39,8 @@ plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
 part = load_partition(store, r, meta)
-widths = [F] + [HIDDEN] * (LAYERS - 1)
+# what every layer exchanges (exact or cached: GCN's source rows, min(in, out) wide)
+widths = [w for _, w in halo_layers(build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS))]
 row_bytes = 4 * sum(widths)
 cases = {"exact": None,
          "layer0-budget": CacheSettings(cache=True, staleness=0, pipeline=False, budget_bytes=5 * row_bytes,
@@ -102,7 +103,7 @@ def test_layer0_cache_is_exact_and_resends_only_uncached_rows(report):
     sent_bytes = per_layer(report, "layer0-budget", "halo_fwd_bytes")[:, :, 0].sum(axis=1)
     for e in range(1, EPOCHS):
         assert np.array_equal(got0[e], uncached)                             # then the uncached only
-        assert sent_bytes[e] == uncached.sum() * (4 * F + 4)                 # rows + int32 positions
+        assert sent_bytes[e] == uncached.sum() * 4 * F                       # the rows alone
     dev = per_layer(report, "layer0-budget", "halo_hits_device")[1:, :, 0]
     host = per_layer(report, "layer0-budget", "halo_hits_host")[1:, :, 0]
     assert (dev == 2).all() and (host == 3).all()                            # tiers: 2 + 3 rows
@@ -146,6 +147,34 @@ def test_every_recorded_age_is_within_the_bound(report, s, pipe):
     # the training loss stays close to exact training
     exact, got = np.array(report["exact"]["loss"]), np.array(report[case]["loss"])
     assert got[0] == exact[0] and abs(got[-1] - exact[-1]) < 0.05 * exact[-1]
+
+
+def test_nocache_bytes_are_the_exact_runs_and_the_adjoints_match(report):
+    """``halo_fwd_nocache_bytes`` of every cached or pipelined case is the exact run's
+    ``halo_fwd_bytes`` (same store, seed and model: every epoch, every rank), and the adjoint
+    bytes of both modes are the same (gradients of the same rows, never cached)."""
+    exact_fwd = counter(report, "exact", "halo_fwd_bytes")
+    exact_adj = counter(report, "exact", "halo_adjoint_bytes")
+    assert exact_fwd.shape == (EPOCHS, 4) and exact_fwd.min() > 0 and exact_adj.min() > 0
+    for case in [c for c in report if c not in ("exact", "num_halo")]:
+        assert np.array_equal(counter(report, case, "halo_fwd_nocache_bytes"), exact_fwd), case
+        assert np.array_equal(counter(report, case, "halo_adjoint_bytes"), exact_adj), case
+
+
+@pytest.mark.parametrize("s", [1, 2, 4])
+@pytest.mark.parametrize("pipe", [False, True])
+def test_steady_state_forward_bytes_per_layer_against_exact(report, s, pipe):
+    """Epochs 2-9, every halo row cached: each hidden layer sends exactly 1/S of the exact
+    exchange's bytes pipelined (S divides the 8 epochs), at most 1/(S + 1) without the pipeline;
+    layer 0 sends nothing (the exact engine sends it once, at start-up)."""
+    case = f"S{s}-pipe" if pipe else f"S{s}"
+    fwd = per_layer(report, case, "halo_fwd_bytes")[1:].sum(axis=(0, 1))         # [layer]
+    exact = per_layer(report, case, "halo_fwd_nocache_bytes")[1:].sum(axis=(0, 1))
+    assert fwd[0] == 0 and exact[0] == 0 and (exact[1:] > 0).all()
+    if pipe:
+        assert np.array_equal(s * fwd[1:], exact[1:]), (fwd, exact)
+    else:
+        assert ((s + 1) * fwd[1:] <= exact[1:]).all(), (fwd, exact)
 
 
 def test_pipeline_without_cache_uses_rows_one_epoch_old(report):
@@ -204,10 +233,12 @@ def test_train_report_and_resume_with_cached_pipelined_halo(tmp_path):
     pl = b["per_layer"]
     assert pl["halo_age_max"].shape == (2, 2, 2) and (pl["halo_age_over_bound"] == 0).all()
     assert (pl["halo_age_max"][:, :, 1] == [[0, 0], [1, 1]]).all()   # blocking, then pipelined
-    # a 2 KiB budget holds 2048 // (4 * (F + 8)) rows per rank, 1 KiB of them on the device tier
-    cap, dev = 2048 // (4 * (F + 8)), 1024 // (4 * (F + 8))
-    assert (b["counters"]["halo_cache_device_bytes"] == dev * 4 * (F + 8)).all()
-    assert (b["counters"]["halo_cache_host_bytes"] == (cap - dev) * 4 * (F + 8)).all()
+    # a row is the features and layer 1's source rows (GCN 8 -> 4 classes: the projection, 4
+    # wide, what the exact exchange sends): a 2 KiB budget holds 2048 // (4 * (F + 4)) rows per
+    # rank, 1 KiB of them on the device tier
+    cap, dev = 2048 // (4 * (F + 4)), 1024 // (4 * (F + 4))
+    assert (b["counters"]["halo_cache_device_bytes"] == dev * 4 * (F + 4)).all()
+    assert (b["counters"]["halo_cache_host_bytes"] == (cap - dev) * 4 * (F + 4)).all()
     assert (pl["halo_hits_device"][1, :, 0] == dev).all() and (pl["halo_hits_host"][1, :, 0] == cap - dev).all()
     assert np.isfinite(b["metrics"]["test_acc"][1])                   # exact evaluation ran
     rep = run_cli(["report", tmp_path / "b", "--plot", tmp_path / "b.png"], timeout=120)
@@ -228,7 +259,40 @@ def test_train_report_and_resume_with_cached_pipelined_halo(tmp_path):
     assert b["metrics"]["loss"][3] < b["metrics"]["loss"][0]
     fwd, sent = b["per_layer"]["halo_fwd_bytes"][:, :, 1], b["per_layer"]["halo_rows_sent"][:, :, 1]
     assert sent.min() > 0
-    assert (fwd[:2] == sent[:2] * (4 * 8 + 4)).all() and (fwd[2:] == sent[2:] * (2 * 8 + 4)).all()
+    assert (fwd[:2] == sent[:2] * 4 * 4).all() and (fwd[2:] == sent[2:] * 2 * 4).all()
+
+
+def test_run_files_nocache_bytes_equal_the_exact_runs_forward_bytes(tmp_path):
+    """Through ``hpcgnn train`` (SAGE 3 layers, 2 ranks, same store and seed): the cached run's
+    ``counters/halo_fwd_nocache_bytes`` equal the exact run's ``counters/halo_fwd_bytes`` every
+    epoch on every rank, and both runs send the same adjoint bytes; the cached run keeps what the
+    exact one sends (layer 2, 8 -> 4 classes: its 4-wide projection)."""
+    from hpcgnn.run.output import read_run
+
+    g = toy_graph(200, 6.0, num_features=F, num_classes=4, seed=5)
+    store = toy_store(tmp_path / "p2", g, 2, seed=5)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CLI_CONFIG.replace('arch = "gcn"', 'arch = "sage"').replace("layers = 2", "layers = 3")
+                   .replace("epochs = 4", "epochs = 5").replace('cache_memory = "2KiB"', 'cache_memory = "all"')
+                   .replace('cache_device_memory = "1KiB"', 'cache_device_memory = "all"'))
+    runs = {}
+    for name, sets in (("exact", ["fullgraph.halo=exact", "fullgraph.pipeline=false"]), ("cached", [])):
+        args = ["-m", "hpcgnn", "train", "--config", cfg, "--set", f"data.partitions={store}",
+                "--set", f"output.dir={tmp_path / name}"]
+        for x in sets:
+            args += ["--set", x]
+        p = run_mpi(2, args, timeout=240, env={"HPCGNN_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = read_run(tmp_path / name)
+    e, c = runs["exact"]["counters"], runs["cached"]["counters"]
+    assert e["halo_fwd_bytes"].shape == (5, 2) and e["halo_fwd_bytes"].min() > 0
+    assert np.array_equal(c["halo_fwd_nocache_bytes"], e["halo_fwd_bytes"])
+    assert np.array_equal(c["halo_adjoint_bytes"], e["halo_adjoint_bytes"]) and e["halo_adjoint_bytes"].min() > 0
+    pl = runs["cached"]["per_layer"]
+    # (on 2 ranks one rank sends the rows the other uses)
+    assert (pl["halo_fwd_nocache_bytes"][:, :, 2] == 4 * 4 * pl["halo_rows_used"][:, ::-1, 2]).all()
+    # S = 2 pipelined, every row cached: epochs 2-5 send half of exact's hidden-layer bytes
+    assert 2 * c["halo_fwd_bytes"][1:].sum() == e["halo_fwd_bytes"][1:].sum()
 
 
 @pytest.mark.parametrize("sets,match", [

@@ -2,7 +2,7 @@
 (toy graph, GCN 3 layers): training equals, bit for bit, a float32 reference whose owners round
 the hidden rows they send to bfloat16 themselves (numpy bit arithmetic, independent of torch's
 conversion), for the exact exchange, the cache with S = 0 and the cache with S = 2 + pipeline;
-hidden-layer row bytes are exactly half of float32's, layer 0 and the indices unchanged;
+hidden-layer row bytes are exactly half of float32's, layer 0 unchanged;
 evaluation stays float32; a bad value is refused with one line and exit 2 on every rank."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from hpcgnn.partition.store import read_meta, load_partition
 from hpcgnn.comm.halo import ExactHalo
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo
 from hpcgnn.run.timer import PhaseTimer
-from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph
+from hpcgnn.engine.fullgraph import InMemoryFullGraph, build_local_graph, halo_layers
 from hpcgnn.nn.models import build_model
 
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
@@ -42,7 +42,8 @@ plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
 part = load_partition(store, r, meta)
-widths = [F] + [HIDDEN] * (LAYERS - 1)
+# what every layer exchanges (exact or cached: GCN's source rows, min(in, out) wide)
+widths = [w for _, w in halo_layers(build_model("gcn", meta.num_features, HIDDEN, meta.num_classes, LAYERS))]
 
 
 def round_bf16(x):
@@ -153,13 +154,16 @@ def test_bf16_halves_the_hidden_row_bytes_and_leaves_layer0_alone(report):
     rows_a, rows_b = per_layer(report, a, "halo_rows_sent"), per_layer(report, b, "halo_rows_sent")
     assert np.array_equal(rows_a, rows_b)                           # the same rows on the same schedule
     assert np.array_equal(fwd_a[:, :, 0], fwd_b[:, :, 0]) and fwd_a[0, :, 0].sum() > 0  # layer 0: fp32
-    idx = 4 * rows_a[:, :, 1:]                                      # int32 positions, unchanged
-    assert np.array_equal(2 * (fwd_b[:, :, 1:] - idx), fwd_a[:, :, 1:] - idx)
-    assert (fwd_a[:, :, 1:] - idx).sum() > 0
-    assert np.array_equal(fwd_a[:, :, 1:] - idx, 4 * HIDDEN * rows_a[:, :, 1:])
+    # the rows alone (no positions): GCN's source rows, 8 -> 8 and 8 -> 4 classes wide
+    assert np.array_equal(2 * fwd_b[:, :, 1:], fwd_a[:, :, 1:]) and fwd_a[:, :, 1:].sum() > 0
+    assert np.array_equal(fwd_a[:, :, 1:], 4 * np.array([HIDDEN, min(HIDDEN, 4)]) * rows_a[:, :, 1:])
     noc_a = per_layer(report, a, "halo_fwd_nocache_bytes")
     noc_b = per_layer(report, b, "halo_fwd_nocache_bytes")
-    assert np.array_equal(noc_a[:, :, 0], noc_b[:, :, 0]) and np.array_equal(2 * noc_b[:, :, 1:], noc_a[:, :, 1:])
+    assert (noc_a[:, :, 0] == 0).all() and (noc_b[:, :, 0] == 0).all()   # exact sends layer 0 at start-up
+    assert np.array_equal(2 * noc_b[:, :, 1:], noc_a[:, :, 1:])
+    # "without the cache" is what the exact exchange sends, in either wire format
+    assert np.array_equal(counter(report, a, "halo_fwd_nocache_bytes"), fp32)
+    assert np.array_equal(counter(report, b, "halo_fwd_nocache_bytes"), bf16)
 
 
 BAD_DRIVER = r'''
