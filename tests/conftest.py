@@ -14,6 +14,46 @@ from mpiutil import ROOT, ZYGOTE_VAR, clean_env  # noqa: E402
 CORA_ROOT = ROOT / "inputs" / "data"
 
 
+# The test tiers (pyproject.toml's markers; `make test-fast`, `make test`, `make test-slurm`):
+# a module that launches MPI jobs is `mpi` throughout, tests/bench/ is `bench`; `slurm` and `slow`
+# are set in the modules themselves.
+_MPI_LAUNCHES = ("run_mpi(", "run_jobs(", "MPIEXEC", "mpiexec")
+
+
+def _launches_mpi(path: Path, tests: Path, seen: dict) -> bool:
+    """Whether the test module ``path``, or a helper module of tests/ that it imports (at any
+    depth), launches an MPI job."""
+    import ast
+
+    if path in seen:
+        return seen[path]
+    seen[path] = False   # a circle of helpers reads each module once
+    text = path.read_text()
+    found = any(word in text for word in _MPI_LAUNCHES)
+    if not found:
+        for node in ast.walk(ast.parse(text, str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                for base in (path.parent, tests):
+                    helper = base / (name.replace(".", "/") + ".py")
+                    if helper.is_file() and _launches_mpi(helper.resolve(), tests, seen):
+                        found = True
+    seen[path] = found
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).resolve().parent
+    launches: dict = {}
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        if _launches_mpi(path, tests, launches):
+            item.add_marker(pytest.mark.mpi)
+        if tests / "bench" in path.parents:
+            item.add_marker(pytest.mark.bench)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fork_server(tmp_path_factory):
     """The session's fork server (tests/zygote.py), its socket exported in HPCGNN_TEST_ZYGOTE

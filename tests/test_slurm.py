@@ -33,6 +33,8 @@ from mpiutil import ROOT, clean_env
 
 from hpcgnn.demos.hello import parse
 
+pytestmark = pytest.mark.slurm
+
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
 NODE_CPUS = 4          # declared (SlurmdParameters=config_overrides), more than the 2 real cores
 # A job credential's lifetime (AuthInfo cred_expire, SLURM's default 120 s), which is also how long a

@@ -10,8 +10,12 @@ same with 1 or 2 torch threads; 10-35 s on the 2-core development VM, by its oth
 """
 from __future__ import annotations
 
+import pytest
+
 from hpcgnn.data.baselines import mlp_vs_sage
 from hpcgnn.data.synthetic import generate_sbm, products_like_params
+
+pytestmark = pytest.mark.slow   # trains an MLP and GraphSAGE on a 60k-vertex graph
 
 
 def test_mlp_is_15_points_below_full_neighbour_sage():
