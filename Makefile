@@ -53,7 +53,9 @@ PT_NAME      := $(firstword $(subst ==, ,$(firstword $(TORCH))))
 PT_STAMP     := $(call value_stamp,$(PT_NAME),$(TORCH))
 # cmeel-metis: METIS 5.2 with 32-bit indices, half the partitioning memory of pymetis' build
 # (hpcgnn falls back to pymetis' METIS without it; see hpcgnn/partition/metis.py).
-DEPS         := numpy h5py pymetis cmeel-metis matplotlib pytest pybind11 setuptools wheel
+# kaminpar: the partitioner for graphs beyond whole-graph METIS' memory (hpcgnn/partition/kaminpar.py);
+# tensorboard: `hpcgnn report RUN --tensorboard DIR` (torch's SummaryWriter).
+DEPS         := numpy h5py pymetis cmeel-metis kaminpar tensorboard matplotlib pytest pybind11 setuptools wheel
 DEPS_STAMP   := $(call value_stamp,deps,$(DEPS))
 # mpi4py and its MPI (see MPI above): a step of its own, again whenever the choice changes
 MPI_STAMP    := $(call value_stamp,mpi,$(MPI)$(if $(filter system,$(MPI)), $(MPICC)))
@@ -61,7 +63,7 @@ ARCH_STAMP   := $(call value_stamp,native-arch,$(NATIVE_ARCH))
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SRC   := $(wildcard native/*.cpp native/*.h)
 
-.PHONY: install native data partition demo test bench-partition bench-minibatch bench-fullgraph bench-tensor bench-rapa bench-plan bench-scale bench-aggregate bench-dgl peer-dgl clean distclean
+.PHONY: install native data partition demo test test-fast test-slurm bench-partition bench-partitioners bench-minibatch bench-fullgraph bench-halo-cache bench-tensor bench-rapa bench-plan bench-scale bench-papers bench-aggregate bench-dgl peer-dgl clean distclean
 
 install: $(NATIVE_STAMP)
 
@@ -145,16 +147,42 @@ demo: $(DATA)/cora-metis-2/meta.h5
 	$(HPCGNN) inspect $(DATA)/cora-metis-2
 	$(MPIEXEC) -n 2 $(PY) -m hpcgnn train --config $(CONFIG) \
 	    --set data.partitions=$(DATA)/cora-metis-2 --set output.dir=$(RUNS)/demo --force
-	$(HPCGNN) report $(RUNS)/demo
 
 # Bytecode first: where PYTHONDONTWRITEBYTECODE is set, every process of the suite would
 # otherwise compile the package from source again (quick when nothing changed).
+# The test tiers (markers in pyproject.toml, set in tests/conftest.py):
+#   make test-fast   units and single-process equality: no MPI launch, no benchmark, no slow test
+#   make test        everything but the SLURM test; changes nothing outside the checkout
+#   make test-slurm  the SLURM scripts on a private single-node SLURM (installs Debian's
+#                    slurm-wlm when missing, as root; skipped otherwise); .ci/run runs it after make test
 test: $(NATIVE_STAMP)
 	@$(PY) -m compileall -q -j 2 hpcgnn tests > /dev/null
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests -m "not slurm" $(PYTEST_ARGS)
+
+test-fast: $(NATIVE_STAMP)
+	@$(PY) -m compileall -q -j 2 hpcgnn tests > /dev/null
+	$(PY) -m pytest -q tests -m "not mpi and not slow and not bench and not slurm" $(PYTEST_ARGS)
+
+test-slurm: $(NATIVE_STAMP)
+	$(PY) -m pytest -q tests/test_slurm.py -m slurm $(PYTEST_ARGS)
+
+# docs/config.md, the configuration reference, generated from the schema (tests/test_docs.py
+# checks that it is current)
+.PHONY: docs
+docs: $(NATIVE_STAMP)
+	$(HPCGNN) config --markdown > docs/config.md.tmp && mv docs/config.md.tmp docs/config.md
 
 bench-partition: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.partition --out $(RUNS)/bench/partition.h5
+
+# METIS against KaMinPar on one graph file (edge cut, the three balances, time, peak memory) at
+# BENCH_PARTS, and --method auto under BUDGET:
+#   make bench-partitioners GRAPH=data/products-like.h5 BENCH_PARTS="4 16" BUDGET=2GiB
+BENCH_PARTS ?= 4 16
+BUDGET      ?= 2GiB
+bench-partitioners: $(NATIVE_STAMP)
+	@test -n "$(GRAPH)" || { echo "make bench-partitioners: set GRAPH=FILE.h5 (a graph file from hpcgnn prepare)"; exit 2; }
+	$(PY) -m hpcgnn.bench.partitioners $(GRAPH) --parts $(BENCH_PARTS) --budget $(BUDGET) --out $(RUNS)/bench/partitioners.h5
 
 # BACKEND (runtime.backend of the runs: mpi4py, gloo, ...; default mpi4py) carries the data plane:
 #   make bench-minibatch; make bench-minibatch BACKEND=gloo   # AEP wait share, back to back
@@ -167,6 +195,20 @@ bench-minibatch: $(NATIVE_STAMP)
 
 bench-fullgraph: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.fullgraph --backend $(BACKEND) --out $(RUNS)/bench/fullgraph$(BENCH_TAG).h5
+
+# The halo cache against the exact halo (docs/capgnn.md): Cora (row-normalised), 4 ranks, full-graph
+# GCN and SAGE with 3 layers, exact / S=2 pipelined / S=4 pipelined, seeds 0 and 1, 101 epochs;
+# prints the bytes-and-accuracy table per model and writes $(RUNS)/bench/halo-cache-ARCH.h5
+bench-halo-cache: $(DATA)/cora-rownorm.h5
+	$(HPCGNN) partition $< --parts 4 --seed $(SEED) --out $(DATA)/cora-rownorm-metis-4 --force
+	for arch in gcn sage; do \
+	  HPCGNN_THREADS=1 $(MPIEXEC) -n 4 $(PY) -m hpcgnn.bench.fullgraph_cached \
+	    --config inputs/cora-gcn-fullgraph.toml --store $(DATA)/cora-rownorm-metis-4 \
+	    --work $(RUNS)/bench/halo-cache-$$arch --cases exact,S2+pipe,S4+pipe --seeds 0,1 --epochs 101 --eval-every 1 \
+	    --set model.arch=$$arch --set model.layers=3 || exit 1; \
+	  $(PY) -m hpcgnn.bench.fullgraph_cached --table --work $(RUNS)/bench/halo-cache-$$arch \
+	    --cases exact,S2+pipe,S4+pipe --seeds 0,1 --out $(RUNS)/bench/halo-cache-$$arch.h5 || exit 1; \
+	done
 
 bench-tensor: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
@@ -188,13 +230,25 @@ SCALE_ARGS ?=
 bench-scale: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
 
+# Not part of `make test`: an ogbn-papers100M-shaped graph end to end at scale SCALE (required):
+# prepare, partition (--method auto) into RANKS parts, one minibatch epoch with the sampled
+# evaluation and infer of the test vertices on RANKS ranks; wall time and peak memory per stage
+# printed and in $(RUNS)/bench/papers-s$(SCALE).h5. Fit and project several scales with
+#   .venv/bin/python -m hpcgnn.bench.papers --fit $(RUNS)/bench/papers-s0.01.h5 $(RUNS)/bench/papers-s0.05.h5
+# make bench-papers SCALE=0.05 [RANKS=4] [PAPERS_ARGS="--keep-data --set minibatch.eval=full"]
+RANKS       ?= 4
+PAPERS_ARGS ?=
+bench-papers: $(NATIVE_STAMP)
+	@test "$(origin SCALE)" != file || { echo "make bench-papers: set SCALE=S (papers-like scale, 0 < S <= 1, e.g. 0.01)"; exit 2; }
+	$(PY) -m hpcgnn.bench.papers --scale $(SCALE) --ranks $(RANKS) --out $(RUNS)/bench/papers-s$(SCALE).h5 $(PAPERS_ARGS)
+
 # The aggregation paths (the native kernels, the device path, and that under train.deterministic), time per forward +
 # backward and, on CUDA, device memory: make bench-aggregate [DEVICE=cuda] [AGG_ARGS="--widths 64"]
 AGG_ARGS   ?=
 bench-aggregate: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.aggregate --out $(RUNS)/bench/aggregate.h5 $(if $(DEVICE),--device $(DEVICE)) $(AGG_ARGS)
 
-# hpcgnn against DGL at issue 13's targets (full graph <= 0.67x, minibatch <= 0.5x of DGL's epoch),
+# hpcgnn's epoch time against DGL's (ratio hpcgnn / DGL; targets: full graph <= 0.67x, minibatch <= 0.5x),
 # products-like scales 0.04 and 0.25, 1 process, back to back; needs `make peer-dgl` (about 25 min).
 # hpcgnn runs with train.precision=$(DGL_PRECISION) (DGL in float32) and, in the minibatch runs,
 # runtime.host_memory=retain; tables printed, figures in $(RUNS)/bench/dgl-s<scale>.h5.
@@ -205,11 +259,11 @@ bench-dgl: $(NATIVE_STAMP)
 	$(PY) -m hpcgnn.bench.peers --scale 0.25 --rounds 2 --epochs 3 --precision $(DGL_PRECISION) \
 	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work-0.25 --out $(RUNS)/bench/dgl-s0.25.h5
 
-# DGL as an optional benchmark peer (issue 13): `make peer-dgl` creates its own virtual
+# DGL as an optional benchmark peer: `make peer-dgl` creates its own virtual
 # environment $(DGL_VENV) with torch==2.2.1 + DGL 2.1.0 (never the project's .venv: the PyTorch
 # versions differ). When $(DGL_VENV)/bin/python exists, bench-fullgraph and bench-minibatch also
 # time DGL on the same graph file in a subprocess (hpcgnn/bench/peer_dgl.py) and print the ratio;
-# without it they run as before. Made once (stamp file). PyPI's torch==2.2.1 wheel brings the CUDA
+# without it they time hpcgnn alone. Made once (stamp file). PyPI's torch==2.2.1 wheel brings the CUDA
 # packages (about 3 GB); where the PyTorch CPU index is reachable, install the CPU wheel instead:
 #   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
 DGL_VENV  ?= .venv-dgl

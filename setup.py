@@ -165,6 +165,8 @@ setup(
         "mpi4py",
         "mpich",
         "matplotlib",
+        "kaminpar",
+        "tensorboard",
     ],
     extras_require={"test": ["pytest"], "bench": ["torch_geometric"], "metis32": ["cmeel-metis"]},
     ext_modules=native_modules,

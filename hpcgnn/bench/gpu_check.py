@@ -77,8 +77,8 @@ class Mode:
 
 
 MINIBATCH = ("train.engine=minibatch", "model.arch=sage", "minibatch.batch_size=16", "minibatch.fanouts=[10, 10]",
-             "minibatch.halo=hec", "minibatch.delay=1", "minibatch.nc=2000", "minibatch.cs=1000000",
-             "minibatch.ls=2", "minibatch.eval=full", "store.device_memory=0.3", "store.overlap=true")
+             "minibatch.halo=hec", "minibatch.push_delay=1", "minibatch.push_limit=2000", "minibatch.cache_lines=1000000",
+             "minibatch.cache_lifespan=2", "minibatch.eval=full", "store.device_memory=0.3", "store.overlap=true")
 FULLGRAPH = ("train.engine=fullgraph", "model.arch=gcn", "fullgraph.offload=false")
 MODES: dict[str, Mode] = {
     "minibatch-hec-aep-tiered": Mode("minibatch, HEC + AEP halo, tiered store (30% of rows on the device)",

@@ -21,6 +21,7 @@ _MPI_TYPES = {
     np.dtype(np.uint8): MPI.UINT8_T,
     np.dtype(np.bool_): MPI.BOOL,
     np.dtype(np.uint16): MPI.UINT16_T,  # bfloat16 rows travel as uint16
+    np.dtype(np.float16): MPI.UINT16_T,  # float16 feature rows: moved as 16-bit words, never reduced
 }
 
 

@@ -170,12 +170,19 @@ class ExactFetch:
             seg, off = _segments(deg)
             nbrs = got_nbrs[starts[seg] + off]
             # New frontier: dst, then new sources in order of first appearance.
+            # (the frontier's IDs are distinct: a value's position in src is that of its first
+            # occurrence in allv, or len(dst) + the rank of that occurrence among the new ones)
+            nd = dst.shape[0]
             allv = np.concatenate([dst, nbrs])
-            _, first = np.unique(allv, return_index=True)
-            new = np.sort(first[first >= dst.shape[0]])
-            src = np.concatenate([dst, allv[new]])
-            sorter = np.argsort(src, kind="stable")
-            pos = sorter[np.searchsorted(src, nbrs, sorter=sorter)]
+            _, first, inverse = np.unique(allv, return_index=True, return_inverse=True)
+            is_new = first >= nd
+            new_first = first[is_new]
+            rank_of_new = np.empty(new_first.shape[0], dtype=np.int64)
+            rank_of_new[np.argsort(new_first)] = np.arange(new_first.shape[0], dtype=np.int64)
+            src = np.concatenate([dst, allv[np.sort(new_first)]])
+            pos_of_unique = first.astype(np.int64, copy=True)
+            pos_of_unique[is_new] = nd + rank_of_new
+            pos = pos_of_unique[inverse.reshape(-1)[nd:]]
             indptr = np.zeros(dst.shape[0] + 1, dtype=np.int64)
             np.cumsum(deg, out=indptr[1:])
             blocks.append(Block(int(src.shape[0]), int(dst.shape[0]), torch.from_numpy(indptr),
@@ -187,15 +194,17 @@ class ExactFetch:
 
     # ---- features -----------------------------------------------------------------
     def fetch_features(self, gids: np.ndarray) -> np.ndarray:
-        """Collective: raw feature rows [n, F] of any global IDs (remote ones from their owners)."""
+        """Collective: raw feature rows [n, F] (float32) of any global IDs (remote ones from
+        their owners). Rows travel in the dtype the partition store holds them in (float16, or
+        bfloat16 as its bit patterns: half the bytes of float32) and are cast on arrival."""
         t0 = time.perf_counter()
         part = self.part
         gids = np.asarray(gids, dtype=np.int64)
         order, counts, req, req_counts = self._request(gids, "feature")
         rows = self._own_rows(req - part.solid_begin)
         got, _ = self._alltoallv(np.ascontiguousarray(rows), req_counts, counts, kind="feature")
-        out = np.empty((gids.shape[0], rows.shape[1]), dtype=rows.dtype)
-        out[order] = got
+        out = np.empty((gids.shape[0], rows.shape[1]), dtype=np.float32)
+        out[order] = _as_float32(got)
         mine = self.owner(gids) == self.comm.rank
         self.counters.inputs += int(gids.shape[0])
         self.counters.remote_inputs += int((~mine).sum())
@@ -204,10 +213,22 @@ class ExactFetch:
 
 
     def _own_rows(self, local_ids: np.ndarray) -> np.ndarray:
-        """Feature rows [n, F] (host) of solid local ids, through the feature store if any."""
+        """Feature rows [n, F] (host) of solid local ids, through the feature store if any, in
+        the dtype the rows are held in (float32, float16, or uint16 bfloat16 bit patterns)."""
         if self.features is None:
-            return self.part.features[local_ids]
-        return self.features.gather(torch.from_numpy(np.ascontiguousarray(local_ids, dtype=np.int64))).cpu().numpy()
+            return np.asarray(self.part.features[local_ids])
+        rows = self.features.gather(torch.from_numpy(np.ascontiguousarray(local_ids, dtype=np.int64)))
+        held = self.features.dtype                  # the gather's cast back: exact
+        rows = rows.to(held).cpu()
+        return (rows.view(torch.uint16) if held == torch.bfloat16 else rows).numpy()
+
+
+def _as_float32(rows: np.ndarray) -> np.ndarray:
+    """Feature rows as float32: float16 widened, uint16 read as bfloat16 bit patterns (the
+    partition store's encoding; exact either way)."""
+    if rows.dtype == np.uint16:
+        return (rows.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return rows.astype(np.float32, copy=False)
 
 
 def _mix(*parts: int) -> int:

@@ -1,6 +1,6 @@
 """`hpcgnn infer RUN --out FILE.h5 [--checkpoint FILE] [--what logits|embeddings|predictions]
-[--layer L] [--partitions DIR] [--device D] [--backend B] [--force]` (collective: under mpiexec/srun, or
-one process).
+[--layer L] [--vertices all|train|val|test] [--partitions DIR] [--device D] [--backend B] [--force]`
+(collective: under mpiexec/srun, or one process).
 
 Loads the run's configuration (``RUN/run.h5``) and a checkpoint (the newest in
 ``RUN/checkpoints`` unless ``--checkpoint``), runs exact full-neighbour inference in bounded memory
@@ -10,10 +10,16 @@ in the graph file's vertex order (docs/infer.md):
 * ``logits`` float32 [V, C], ``predictions`` int64 [V] (their argmax) or ``embeddings`` float32
   [V, W] (the output of layer ``--layer``, 1-based, default the last hidden layer);
 * ``vertex_ids`` int64 [V]: the graph file's id of every row (``0 .. V-1``);
+* with ``--vertices train|val|test`` the rows of that split's vertices only, in the same order:
+  [V_split, ...] and ``vertex_ids`` [V_split] their (increasing) graph ids. Inference computes
+  the same rows either way (layer-wise full-neighbour inference needs every vertex's hidden
+  layers); the option selects what is written. Every rank holds the graph ids of the whole
+  split (8 bytes each) to place its rows;
 * attributes: ``what``, ``layer``, ``num_layers``, ``engine``, ``comm_backend`` (what carried the
   data plane, ``runtime.backend`` of the run's configuration; ``""`` when none was made),
   ``mpi_library``, ``checkpoint``,
-  ``checkpoint_epoch``, ``checkpoint_sha256`` (of the checkpoint file), the run and store
+  ``checkpoint_epoch``, ``checkpoint_sha256`` (of the checkpoint file), ``vertices`` (``all`` or
+  the split written), the run and store
   read, the rank count, seconds and per-rank peak resident memory.
 
 The job has one rank per partition of the store it reads: the run's store by default,
@@ -66,6 +72,14 @@ if TYPE_CHECKING:
     import torch
 
 WHATS = ("logits", "embeddings", "predictions")
+VERTEX_SETS = ("all", "train", "val", "test")
+EXAMPLES = """examples:
+  python -m hpcgnn infer runs/demo --out preds.h5 --what predictions
+  mpiexec -n 2 python -m hpcgnn infer runs/demo --out emb.h5 --what embeddings --layer 1
+  python -m hpcgnn infer runs/demo --out logits.h5 --checkpoint runs/demo/checkpoints/ckpt-000010.pt
+  mpiexec -n 4 python -m hpcgnn infer runs/papers --out test-preds.h5 --what predictions --vertices test
+(docs/infer.md)
+"""
 INFER_FORMAT = "hpcgnn-infer"
 INFER_VERSION = 1
 DEFAULT_BLOCK_BYTES = 64 << 20
@@ -96,11 +110,11 @@ def resolve_layer(what: str, layer: int | None, num_layers: int) -> int:
 def run_config(config_json: str, label: str):
     """A :class:`~hpcgnn.run.config.Config` from a run file's ``config`` attribute, keys the run
     file predates filled with their defaults."""
-    from hpcgnn.run.config import Config, schema
+    from hpcgnn.run.config import Config, canonical_names, schema
 
     try:
-        stored = json.loads(config_json)
-    except (TypeError, ValueError):
+        stored = canonical_names(json.loads(config_json))
+    except (TypeError, ValueError, AttributeError):
         raise InputError(f"{label}: attribute 'config' is not JSON") from None
     resolved = {}
     for section, keys in schema().items():
@@ -173,7 +187,8 @@ def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[
 
     error, part, model, device = None, None, None, None
     try:
-        part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify)
+        part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify,
+                              features=cfg.store.features)
         device = resolve_device(cfg, rt)
         model = build_model_from_config(cfg, int(meta.num_features), int(meta.num_classes), None, device)
         load_model_state(model, model_state, ckpt, cfg)
@@ -242,39 +257,94 @@ def graph_ids(meta, store_ids: np.ndarray) -> np.ndarray:
     return span[store_ids - lo]
 
 
+def split_rows(rt, meta, store_ids: np.ndarray, ids: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Collective: the rows of ``split``'s vertices among this rank's (store ids ``store_ids``,
+    graph ids ``ids``): (positions of this rank's kept rows, in the output, [k]; which of its rows
+    are kept, bool [n]; the graph ids of every output row, in increasing order, [V_split]). The
+    split masks are read from the partition files that hold ``store_ids``."""
+    from hpcgnn.partition.store import open_partition_file
+
+    store_ids = np.asarray(store_ids, dtype=np.int64)
+    keep = np.zeros(store_ids.shape[0], dtype=bool)
+    error = None
+    try:
+        offsets = np.asarray(meta.part_offsets, dtype=np.int64)
+        part_of = np.searchsorted(offsets, store_ids, side="right") - 1
+        for p in np.unique(part_of):
+            sel = np.flatnonzero(part_of == p)
+            loc = store_ids[sel] - offsets[p]
+            lo, hi = int(loc.min()), int(loc.max()) + 1
+            with open_partition_file(meta.path, int(p), meta) as f:
+                keep[sel] = np.asarray(f[f"{split}_mask"][lo:hi], dtype=bool)[loc - lo]
+    except InputError as exc:
+        error = str(exc)
+    rt.agree(error)
+    kept = np.ascontiguousarray(ids[keep], dtype=np.int64)
+    every = np.sort(np.concatenate(rt.comm.allgather(kept)))
+    return np.searchsorted(every, kept), keep, every
+
+
 # ---- writing -------------------------------------------------------------------------------------
 def write_rows(rt, path: Path, ids: np.ndarray, rows: np.ndarray, num_nodes: int, name: str,
-               attrs: dict, block_bytes: int = DEFAULT_BLOCK_BYTES) -> None:
+               attrs: dict, block_bytes: int = DEFAULT_BLOCK_BYTES, vertex_ids: np.ndarray | None = None) -> None:
     """Collective: write ``rows`` (this rank's, for graph vertex ids ``ids``) of every rank into
     one HDF5 file ``path`` in vertex order: dataset ``name`` [num_nodes, ...] and ``vertex_ids``
-    [num_nodes] (the graph file's ids of the rows), file attributes ``attrs``. Rank 0 writes,
-    block by block (see the module docstring); the file appears complete or not at all."""
-    from hpcgnn.fileio import atomic_file
+    [num_nodes] (the graph file's ids of the rows), file attributes ``attrs``. With
+    ``vertex_ids`` (rank 0: [num_nodes] int64), ``ids`` are the rows' positions in the file and
+    ``vertex_ids`` the graph ids written for them. Rank 0 writes,
+    block by block (see the module docstring); the file appears complete or not at all. A write
+    the OS refuses (a full disk) stops every rank after that block with one InputError naming
+    ``path`` and the OS reason (:func:`hpcgnn.fileio.atomic_h5`), the temporary removed."""
+    from hpcgnn.fileio import atomic_h5, write_failure
 
     rows = np.ascontiguousarray(rows)
     tail = tuple(int(s) for s in rows.shape[1:])
     width = int(np.prod(tail, dtype=np.int64)) if tail else 1
     block = max(1, int(block_bytes) // max(1, width * rows.dtype.itemsize))
+    error = None
     if rt.is_root:
-        import h5py
-
-        with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-            for k, v in attrs.items():
-                f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
-            chunk = (min(max(1, num_nodes), max(1, (1 << 20) // max(1, width * rows.dtype.itemsize))),) + tail
-            data = f.create_dataset(name, shape=(num_nodes,) + tail, dtype=rows.dtype, chunks=chunk)
-            vids = f.create_dataset("vertex_ids", shape=(num_nodes,), dtype=np.int64)
-            _assemble(rt, ids, rows, num_nodes, block, (data, vids))
+        assembled = False
+        try:
+            with atomic_h5(path) as out:
+                f = out.file
+                sink = None
+                try:
+                    for k, v in attrs.items():
+                        f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
+                    chunk = (min(max(1, num_nodes), max(1, (1 << 20) // max(1, width * rows.dtype.itemsize))),) + tail
+                    sink = (f.create_dataset(name, shape=(num_nodes,) + tail, dtype=rows.dtype, chunks=chunk),
+                            f.create_dataset("vertex_ids", shape=(num_nodes,), dtype=np.int64), out)
+                except (OSError, RuntimeError, ValueError) as exc:   # h5py's, before any block
+                    error = str(out.failure() or write_failure(path, exc))
+                assembled = True
+                error = _assemble(rt, ids, rows, num_nodes, block, sink, error, vertex_ids)
+                if error is not None:
+                    raise InputError(error)    # atomic_h5 removes the temporary
+        except InputError as exc:              # also a write refused while the file closed
+            error = str(exc)
+        if not assembled:                      # the temporary could not be made: say so to all
+            _assemble(rt, ids, rows, num_nodes, block, None, error)
     else:
-        _assemble(rt, ids, rows, num_nodes, block, None)
+        _assemble(rt, ids, rows, num_nodes, block, None, None)
+    error = rt.comm.bcast(error, root=0)
+    if error is not None:
+        raise InputError(error)
 
 
-def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int, sink) -> None:
-    """The block loop of :func:`write_rows` (``sink`` = (dataset, vertex_ids) on rank 0)."""
+def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int, sink,
+              error: str | None, vertex_ids: np.ndarray | None = None) -> str | None:
+    """The block loop of :func:`write_rows` (``sink`` = (dataset, vertex_ids,
+    :class:`~hpcgnn.fileio.H5Output`) on rank 0, None elsewhere; ``vertex_ids``: the ids written
+    for the rows, None = their positions). Rank 0 says first whether it
+    can write (``error``: why not) and after each block whether the OS refused a write; every
+    rank returns that error (None: all written)."""
     from mpi4py import MPI
     from mpi4py.util.dtlib import from_numpy_dtype
 
     comm = rt.comm
+    error = comm.bcast(error if rt.is_root else None, root=0)
+    if error is not None:
+        return error
     order = np.argsort(ids, kind="stable")
     sorted_ids = np.ascontiguousarray(ids[order], dtype=np.int64)
     starts = np.unique(np.append(np.arange(0, num_nodes, block, dtype=np.int64), num_nodes))
@@ -291,9 +361,12 @@ def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int,
         lo, hi = int(cuts[k]), int(cuts[k + 1])
         send_ids = sorted_ids[lo:hi]
         send_rows = np.ascontiguousarray(rows[order[lo:hi]]).reshape(-1)
-        if sink is None:
+        if not rt.is_root:
             comm.Gatherv(send_ids, None, root=0)
             comm.Gatherv(send_rows, None, root=0)
+            error = comm.bcast(None, root=0)
+            if error is not None:
+                return error
             continue
         per_rank = np.array([c[k] for c in everyone], dtype=np.int64)
         displs = np.concatenate([[0], np.cumsum(per_rank)[:-1]]).astype(np.int64)
@@ -309,11 +382,19 @@ def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int,
                                f"{b - a} rows (the ranks' stores do not cover the graph once)")
         out = np.empty((b - a,) + tuple(tail), dtype=rows.dtype)
         out[pos] = got_rows.reshape((total,) + tuple(tail))
-        data, vids = sink
+        data, vids, h5 = sink
         data[a:b] = out
-        ordered = np.empty(b - a, dtype=np.int64)
-        ordered[pos] = got_ids
-        vids[a:b] = ordered
+        if vertex_ids is None:
+            ordered = np.empty(b - a, dtype=np.int64)
+            ordered[pos] = got_ids
+            vids[a:b] = ordered
+        else:
+            vids[a:b] = vertex_ids[a:b]
+        failure = h5.failure()
+        error = comm.bcast(None if failure is None else str(failure), root=0)
+        if error is not None:
+            return error
+    return None
 
 
 # ---- the command ---------------------------------------------------------------------------------
@@ -327,6 +408,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layer", type=int, metavar="L",
                         help="with --what embeddings: the output of layer L, 1-based "
                              "(default: the last hidden layer, num_layers - 1)")
+    parser.add_argument("--vertices", default="all", choices=VERTEX_SETS,
+                        help="write the rows of every vertex (default) or of one split's vertices "
+                             "only (their graph ids in vertex_ids)")
     parser.add_argument("--partitions", metavar="DIR",
                         help="partition store to read (default: the run's); it must have one part "
                              "per rank of this job and partition the run's graph")
@@ -505,15 +589,22 @@ def _infer(args) -> int:
         else:
             rt.agree(f"{s['run_dir']}: engine {engine!r} has no inference path "
                      "(expected minibatch, fullgraph or tensor)")
-        if getattr(args, "verbose", False) and rt.is_root:
-            from hpcgnn.commands.train import say_data_plane
+        from hpcgnn.commands.train import say_data_plane
 
-            say_data_plane(rt)
+        say_data_plane(rt, args)     # hpcgnn -v
         if args.what == "predictions":
             rows = rows.argmax(dim=1).to(torch.int64)
         values = rows.detach().cpu().contiguous().numpy()
         del rows
         ids = graph_ids(meta, store_ids)
+        vertices = getattr(args, "vertices", "all")
+        num_rows, written_ids = int(meta.num_nodes), None
+        if vertices != "all":
+            ids, keep, written_ids = split_rows(rt, meta, store_ids, ids, vertices)
+            values = np.ascontiguousarray(values[keep])
+            num_rows = int(written_ids.shape[0])
+            if not rt.is_root:
+                written_ids = None
         seconds = time.perf_counter() - t0
         peaks = rt.comm.gather(peak_rss_bytes(), root=0)
         attrs = {
@@ -523,7 +614,7 @@ def _infer(args) -> int:
                                "(after its ReLU if hidden); layer num_layers is the logits",
             "engine": engine, "arch": str(cfg.model.arch),
             "checkpoint": str(ckpt.path), "checkpoint_epoch": int(ckpt.epoch),
-            "checkpoint_sha256": ckpt.sha256,
+            "checkpoint_sha256": ckpt.sha256, "vertices": vertices,
             "run_dir": str(s["run_dir"]), "run_partition_hash": s["run_hash"],
             "partitions": str(s["store"]), "partition_hash": meta.content_hash,
             "source_graph": str(meta.attrs.get("source_graph", "")),
@@ -535,15 +626,18 @@ def _infer(args) -> int:
             "peak_rss_bytes": np.asarray(peaks if peaks is not None else [], dtype=np.int64),
             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "hpcgnn_version": __version__,
         }
-        write_rows(rt, s["out"], ids, values, int(meta.num_nodes), args.what, attrs, s["block_bytes"])
+        write_rows(rt, s["out"], ids, values, num_rows, args.what, attrs, s["block_bytes"], written_ids)
         peaks = rt.comm.gather(peak_rss_bytes(), root=0)
         if rt.is_root:
-            shape = "x".join(str(d) for d in (int(meta.num_nodes),) + values.shape[1:])
-            print(f"hpcgnn: wrote {s['out']}: {args.what} [{shape}]"
+            from hpcgnn import log
+
+            shape = "x".join(str(d) for d in (num_rows,) + values.shape[1:])
+            log.info(f"hpcgnn: wrote {s['out']}: {args.what} [{shape}]"
+                  + ("" if vertices == "all" else f" of the {vertices} vertices")
                   + (f" of layer {s['layer']}" if args.what == "embeddings" else "")
                   + f", {engine} checkpoint epoch {ckpt.epoch} (sha256 {ckpt.sha256[:12]}), "
                   f"{rt.size} rank(s), inference {seconds:.1f} s, peak RSS per rank "
-                  + " ".join(fmt_bytes(p) for p in peaks), flush=True)
+                  + " ".join(fmt_bytes(p) for p in peaks))
         rt.comm.Barrier()
         rt.finish()
     return 0

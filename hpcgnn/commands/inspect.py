@@ -15,6 +15,14 @@ import numpy as np
 from hpcgnn.errors import InputError
 
 
+EXAMPLES = """examples:
+  hpcgnn inspect data/cora.h5
+  hpcgnn inspect data/cora-metis-2
+  hpcgnn inspect data/cora-metis-2 --config inputs/cora-sage.toml   # each rank's memory estimate
+  hpcgnn inspect data/cora-metis-2 --json
+"""
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("path", metavar="PATH", help="graph file (.h5) or partition directory")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -40,6 +48,7 @@ def graph_summary(path: Path) -> dict:
                 raise InputError(f"{path}: attribute '{key}' is missing")
         n = int(attrs["num_nodes"])
         degree = np.diff(read_dataset(f, "indptr", np.int64, (n + 1,)))
+        index_dtype = str(f["indices"].dtype) if "indices" in f else "missing"
         labels = read_dataset(f, "labels", np.int64, (n,))
         split = {name.removesuffix("_mask"): int(read_dataset(f, name, bool, (n,)).sum()) for name in MASKS}
     try:
@@ -52,6 +61,7 @@ def graph_summary(path: Path) -> dict:
         "num_undirected_edges": int(attrs["num_edges"]) // 2,
         "num_features": int(attrs["num_features"]), "num_classes": int(attrs["num_classes"]),
         "feature_normalization": str(attrs.get("feature_normalization", "none")),
+        "feature_dtype": str(attrs.get("feature_dtype", "float32")), "index_dtype": index_dtype,
         "split": split, "labelled": int(np.count_nonzero(labels >= 0)),
         "degree": {"mean": float(degree.mean()) if n else 0.0, "max": int(degree.max()) if n else 0,
                    "isolated": int(np.count_nonzero(degree == 0))},
@@ -97,6 +107,7 @@ def partition_summary(directory: Path, rank_speed: str | None = None) -> dict:
         "source_graph": a.get("source_graph"), "source_hash": a.get("source_hash"),
         "tool_versions": json.loads(a.get("tool_versions", "{}")),
         "feature_normalization": str(a.get("feature_normalization", "none")),
+        "method_choice": a.get("method_choice"),   # what --method auto chose and why (None: named)
     }
     summary["rank_work"] = rank_work(meta, parts, rank_speed)
     return summary
@@ -171,6 +182,7 @@ def _text(s: dict) -> str:
             f"  vertices {s['num_nodes']:,}  edges {s['num_undirected_edges']:,} undirected "
             f"({s['num_edges']:,} directed)",
             f"  features {s['num_features']}{norm}  classes {s['num_classes']}  labelled {s['labelled']:,}",
+            f"  stored as features {s['feature_dtype']}, vertex IDs {s['index_dtype']}",
             f"  split train {sp['train']:,}  val {sp['val']:,}  test {sp['test']:,}",
             f"  degree mean {dg['mean']:.2f}  max {dg['max']:,}  isolated {dg['isolated']:,}",
         ])
@@ -181,6 +193,7 @@ def _text(s: dict) -> str:
         f"features {s['num_features']}{_normalised(s)}  classes {s['num_classes']}",
         f"  edge cut {s['edge_cut']:,} ({100 * s['edge_cut_fraction']:.2f}% of edges)",
         f"  balance (max/mean): {bal}   constraints: {','.join(s['constraints']) or '-'}",
+        *([f"  {s['method_choice']}"] if s.get("method_choice") else []),
         f"  halo total {s['halo_total']:,}   replication factor {s['replication_factor']:.3f}",
         f"  {'part':>5} {'solid':>12} {'halo':>12} {'in-edges':>14} {'train':>10} {'send':>12}",
     ]

@@ -1,18 +1,23 @@
 """Dataset names understood by ``hpcgnn prepare --dataset NAME``, and how each is built.
 
-``load_dataset(name, options)`` resolves a name to its importer or generator,
+``open_dataset(name, options)`` resolves a name to its importer or generator,
 interprets the options that apply to it (raw strings from the command line
-or Python values) and returns a :class:`~hpcgnn.data.graph.Graph`. An option
-that does not apply to the dataset is an error rather than silently ignored.
+or Python values) and returns a :class:`~hpcgnn.data.graph.Graph` (importers that read
+their input whole) or a :class:`~hpcgnn.data.build.GraphSource` (generators and OGB's binary
+layout: streamed to disk in bounded memory by :func:`hpcgnn.data.build.write_graph_stream`);
+``load_dataset`` always returns a Graph. An option that does not apply to the dataset is an
+error rather than silently ignored.
 
 Names:
   cora, citeseer, pubmed, planetoid:<name>   Planetoid pickles in ROOT/<name>/ (or ROOT/)
-  ogb                                         OGB node-property raw layout in ROOT
+  ogb                                         OGB node-property dataset in ROOT (CSV or binary layout)
   files                                       plain edge list / .npy files
   rmat                                        R-MAT generator (Graph500 parameters)
   sbm                                         planted-class stochastic block model
   products-like                               SBM with the ogbn-products shape (x --scale) and about
                                               its difficulty (feature and edge flips, README.md)
+  papers-like                                 citation-like graph with the ogbn-papers100M shape
+                                              (x --scale) and a stated difficulty
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from hpcgnn.data.build import GraphSource, materialize
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import InputError
 
@@ -34,7 +40,7 @@ class DatasetKind:
     name: str
     summary: str
     options: tuple[str, ...]
-    build: Callable[[str, dict, bool], Graph]
+    build: Callable[[str, dict, bool], "Graph | GraphSource"]
 
 
 def _flag(option: str) -> str:
@@ -103,10 +109,13 @@ def _build_planetoid(name: str, options: dict, progress: bool) -> Graph:
     return load_planetoid(directory, dataset)
 
 
-def _build_ogb(name: str, options: dict, progress: bool) -> Graph:
-    from hpcgnn.data.ogb import load_ogb
+def _build_ogb(name: str, options: dict, progress: bool) -> "Graph | GraphSource":
+    from hpcgnn.data.ogb import is_binary_layout, load_ogb, ogb_binary_source
 
-    return load_ogb(_root(options, name), split=options.get("split"), progress=progress)
+    root = _root(options, name)
+    if is_binary_layout(root):
+        return ogb_binary_source(root, split=options.get("split"))
+    return load_ogb(root, split=options.get("split"), progress=progress)
 
 
 def _build_files(name: str, options: dict, progress: bool) -> Graph:
@@ -135,8 +144,8 @@ def _synthetic_common(options: dict) -> dict:
     }
 
 
-def _build_sbm(name: str, options: dict, progress: bool) -> Graph:
-    from hpcgnn.data.synthetic import SbmParams, generate_sbm
+def _build_sbm(name: str, options: dict, progress: bool) -> GraphSource:
+    from hpcgnn.data.synthetic import SbmParams, sbm_source
 
     common = _synthetic_common(options)
     if common["edges"] is None:
@@ -144,31 +153,37 @@ def _build_sbm(name: str, options: dict, progress: bool) -> Graph:
     params = SbmParams(**common, p_in=_float(options, "p_in", 0.7),
                        degree_skew=_float(options, "degree_skew", 0.6),
                        feature_flip=_float(options, "feature_flip", 0.0), edge_flip=_float(options, "edge_flip", 0.0))
-    return generate_sbm(params, name="sbm", progress=progress)
+    return sbm_source(params, name="sbm")
 
 
-def _build_rmat(name: str, options: dict, progress: bool) -> Graph:
-    from hpcgnn.data.synthetic import RmatParams, generate_rmat
+def _build_rmat(name: str, options: dict, progress: bool) -> GraphSource:
+    from hpcgnn.data.synthetic import RmatParams, rmat_source
 
     common = _synthetic_common(options)
     if common["edges"] is None:
         common["edges"] = 10 * common["nodes"]
     params = RmatParams(**common, noise=_float(options, "noise", 0.0))
-    return generate_rmat(params, name="rmat", progress=progress)
+    return rmat_source(params, name="rmat")
 
 
-def _build_products_like(name: str, options: dict, progress: bool) -> Graph:
-    from hpcgnn.data.synthetic import PRODUCTS_DIFFICULTY, generate_sbm, products_like_params
+def _build_products_like(name: str, options: dict, progress: bool) -> GraphSource:
+    from hpcgnn.data.synthetic import PRODUCTS_DIFFICULTY, products_like_params, sbm_source
 
     difficulty = {key: _float(options, key, default) for key, default in PRODUCTS_DIFFICULTY.items()}
     params = products_like_params(scale=_float(options, "scale", 1.0), seed=_int(options, "seed", 0), **difficulty)
-    return generate_sbm(params, name="products-like", progress=progress)
+    return sbm_source(params, name="products-like")
+
+
+def _build_papers_like(name: str, options: dict, progress: bool) -> GraphSource:
+    from hpcgnn.data.synthetic import papers_like_source
+
+    return papers_like_source(scale=_float(options, "scale", 1.0), seed=_int(options, "seed", 0))
 
 
 KINDS = (
     DatasetKind("planetoid", "Planetoid pickles: cora, citeseer, pubmed or planetoid:<name> (ROOT/<name>/)",
                 ("root",), _build_planetoid),
-    DatasetKind("ogb", "OGB node-property raw layout in ROOT (raw/*.csv.gz, split/<name>/)",
+    DatasetKind("ogb", "OGB node-property dataset in ROOT (raw/*.csv.gz or raw/data.npz, split/<name>/)",
                 ("root", "split"), _build_ogb),
     DatasetKind("files", "plain files: --edges, --features, --labels [--train --val --test]",
                 ("edges", "features", "labels", "train", "val", "test", "num_nodes", "num_classes"),
@@ -180,6 +195,8 @@ KINDS = (
     DatasetKind("products-like", "SBM with the ogbn-products shape (2.45M vertices, 61.9M edges) x --scale",
                 ("scale", "seed", "p_in", "degree_skew", "feature_noise", "feature_flip", "edge_flip"),
                 _build_products_like),
+    DatasetKind("papers-like", "citation-like graph with the ogbn-papers100M shape (111M vertices, "
+                "1.62G edges) x --scale", ("scale", "seed"), _build_papers_like),
 )
 
 
@@ -203,11 +220,18 @@ def dataset_options() -> tuple[str, ...]:
     return tuple(seen)
 
 
-def load_dataset(name: str, options: dict, progress: bool = False) -> Graph:
-    """Build dataset ``name`` from ``options`` (keys as in :func:`dataset_options`, None = unset)."""
+def open_dataset(name: str, options: dict, progress: bool = False) -> "Graph | GraphSource":
+    """Dataset ``name`` from ``options`` (keys as in :func:`dataset_options`, None = unset): a
+    Graph, or a GraphSource for the streamed datasets."""
     kind = resolve(name)
     for key, value in options.items():
         if value is not None and key in dataset_options() and key not in kind.options:
             raise InputError(f"{_flag(key)} does not apply to --dataset {name} (it takes: "
                              f"{', '.join(_flag(k) for k in kind.options)})")
     return kind.build(name.strip(), options, progress)
+
+
+def load_dataset(name: str, options: dict, progress: bool = False) -> Graph:
+    """Dataset ``name`` as an in-memory Graph (:func:`open_dataset`, sources materialised)."""
+    out = open_dataset(name, options, progress)
+    return materialize(out, progress) if isinstance(out, GraphSource) else out

@@ -74,3 +74,47 @@ def normalize_features(features: np.ndarray, method: str, where: str = "features
     if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.writeable:
         x = np.array(x, dtype=np.float32, order="C")
     return row_normalize_(x)
+
+
+# ---------------------------------------------------------------- stored feature dtypes
+
+FEATURE_DTYPES = ("float32", "float16", "bfloat16")
+FLOAT16_MAX = 65504.0
+
+
+def stored_dtype(name: str) -> np.dtype:
+    """The HDF5/numpy dtype features of dtype ``name`` (one of :data:`FEATURE_DTYPES`) are stored
+    as: bfloat16 has no HDF5 type and is stored as its raw uint16 bit patterns."""
+    if name not in FEATURE_DTYPES:
+        raise InputError(f"--feature-dtype is {name!r}, expected one of: {', '.join(FEATURE_DTYPES)}")
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
+def encode_features(x: np.ndarray, name: str, where: str = "features", row0: int = 0) -> np.ndarray:
+    """Float32 rows ``x`` as stored for dtype ``name``: float32 unchanged, float16 rounded to
+    nearest, bfloat16 rounded to nearest even (torch's rounding) and returned as its uint16 bit
+    patterns. A finite value that float16 cannot hold is an InputError naming ``where`` and the
+    row (``row0`` = the first row's index)."""
+    x = np.asarray(x, dtype=np.float32)
+    if name == "float32":
+        return x
+    if name == "float16":
+        big = np.abs(x) > FLOAT16_MAX
+        if big.any():
+            r, c = np.argwhere(big)[0]
+            raise InputError(f"{where}: feature {float(x[r, c]):.6g} at row {row0 + int(r)} does not fit float16 "
+                             f"(largest {FLOAT16_MAX:g}); use --feature-dtype float32 or bfloat16")
+        return x.astype(np.float16)
+    if name == "bfloat16":
+        u = np.ascontiguousarray(x).view(np.uint32)
+        rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+        return (rounded >> np.uint32(16)).astype(np.uint16)
+    raise InputError(f"--feature-dtype is {name!r}, expected one of: {', '.join(FEATURE_DTYPES)}")
+
+
+def decode_features(raw: np.ndarray, name: str) -> np.ndarray:
+    """Stored feature rows ``raw`` of dtype ``name`` as float32 (exact: every float16 and
+    bfloat16 value is a float32 value)."""
+    if name == "bfloat16":
+        return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.asarray(raw, dtype=np.float32)

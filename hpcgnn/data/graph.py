@@ -38,8 +38,9 @@ class Graph:
     """An undirected graph with vertex data.
 
     indptr  int64 [N+1]   in-edge CSR row pointer (row = destination)
-    indices int64 [E]     sources, sorted within a row; E counts both directions
-    features float32 [N, F]
+    indices int64 or int32 [E]  sources, sorted within a row; E counts both directions
+    features float32 [N, F]  (the file may store them as float16 or bfloat16: :func:`read_graph`
+                          decodes them)
     labels  int64 [N]     class in [0, num_classes) or -1 (unlabelled)
     train_mask / val_mask / test_mask  bool [N], pairwise disjoint
     meta    name, source (dict), self_loops_removed, duplicates_removed, feature_normalization
@@ -85,58 +86,165 @@ class Graph:
             check_topology(where, self.indptr, self.indices)
         if self.features.ndim != 2 or self.features.shape[0] != n:
             raise InputError(f"{where}: 'features' has shape {self.features.shape}, expected ({n}, F)")
-        row = _first_nonfinite_row(self.features)
+        bits = self.features.dtype == np.uint16       # bfloat16 as stored (read_graph(decode_features=False))
+        row = _first_nonfinite_row(self.features, "bfloat16" if bits else "float32")
         if row >= 0:
             raise InputError(f"{where}: 'features' holds NaN or inf (first at row {row})")
         if self.labels.shape != (n,):
             raise InputError(f"{where}: 'labels' has shape {self.labels.shape}, expected ({n},)")
-        if self.num_classes < 1:
-            raise InputError(f"{where}: num_classes is {self.num_classes}, expected >= 1")
-        bad = (self.labels < -1) | (self.labels >= self.num_classes)
-        if np.any(bad):
-            v = int(self.labels[np.argmax(bad)])
-            raise InputError(f"{where}: 'labels' holds {v}, expected -1 or a class in [0, {self.num_classes})")
-        union = np.zeros(n, dtype=np.int8)
-        for name in MASKS:
-            m = getattr(self, name)
-            if m.shape != (n,):
-                raise InputError(f"{where}: '{name}' has length {m.shape[0] if m.ndim else 0}, expected {n}")
-            if np.any(m & (self.labels < 0)):
-                raise InputError(f"{where}: '{name}' selects an unlabelled vertex (label -1)")
-            union += m
-        if np.any(union > 1):
-            raise InputError(f"{where}: split masks overlap (vertex {int(np.argmax(union > 1))} is in two splits)")
+        check_vertex_data(where, self.labels, self.num_classes, {name: getattr(self, name) for name in MASKS})
 
 
-def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False) -> Path:
+def check_vertex_data(where: str, labels: np.ndarray, num_classes: int, masks: dict) -> None:
+    """Refuse (InputError naming ``where``) labels outside -1 .. C-1 and split masks (``masks``:
+    name -> bool [N]) of the wrong length, selecting an unlabelled vertex or overlapping."""
+    n = labels.shape[0] if labels.ndim == 1 else -1
+    if labels.ndim != 1:
+        raise InputError(f"{where}: 'labels' has shape {labels.shape}, expected (N,)")
+    if num_classes < 1:
+        raise InputError(f"{where}: num_classes is {num_classes}, expected >= 1")
+    bad = (labels < -1) | (labels >= num_classes)
+    if np.any(bad):
+        v = int(labels[np.argmax(bad)])
+        raise InputError(f"{where}: 'labels' holds {v}, expected -1 or a class in [0, {num_classes})")
+    union = np.zeros(n, dtype=np.int8)
+    for name in MASKS:
+        m = masks[name]
+        if m.shape != (n,):
+            raise InputError(f"{where}: '{name}' has length {m.shape[0] if m.ndim else 0}, expected {n}")
+        if np.any(m & (labels < 0)):
+            raise InputError(f"{where}: '{name}' selects an unlabelled vertex (label -1)")
+        union += m
+    if np.any(union > 1):
+        raise InputError(f"{where}: split masks overlap (vertex {int(np.argmax(union > 1))} is in two splits)")
+
+
+INDEX_DTYPES = ("auto", "int32", "int64")
+
+
+def index_dtype_for(num_nodes: int, requested: str = "auto") -> np.dtype:
+    """The dtype of dataset 'indices' for ``num_nodes`` vertices: ``requested`` int32 or int64,
+    or ``auto``: int32 where every vertex ID fits 32 bits (N <= 2**31), else int64. int32 for
+    more vertices is an InputError naming the count."""
+    if requested not in INDEX_DTYPES:
+        raise InputError(f"--index-dtype is {requested!r}, expected one of: {', '.join(INDEX_DTYPES)}")
+    fits32 = int(num_nodes) - 1 <= np.iinfo(np.int32).max
+    if requested == "int32" and not fits32:
+        raise InputError(f"--index-dtype int32: {int(num_nodes):,} vertices do not fit 32-bit vertex IDs (at most "
+                         f"{np.iinfo(np.int32).max + 1:,} vertices); use --index-dtype int64 or auto")
+    if requested == "int64" or not fits32:
+        return np.dtype(np.int64)
+    return np.dtype(np.int32)
+
+
+def root_attrs(meta: dict, name: str, num_nodes: int, num_edges: int, num_features: int, num_classes: int,
+               feature_dtype: str = "float32") -> dict:
+    """The root attributes of a graph file (docs/formats.md) but ``dataset_hashes``."""
+    return {
+        "format": GRAPH_FORMAT, "version": GRAPH_VERSION, "name": str(meta.get("name", name)),
+        "source": json.dumps(meta.get("source", {}), sort_keys=True),
+        "num_nodes": int(num_nodes), "num_edges": int(num_edges), "num_features": int(num_features),
+        "num_classes": int(num_classes), "symmetrized": True,
+        "self_loops_removed": int(meta.get("self_loops_removed", 0)),
+        "duplicates_removed": int(meta.get("duplicates_removed", 0)),
+        "feature_normalization": str(meta.get("feature_normalization", "none")),
+        "feature_dtype": str(feature_dtype), "hpcgnn_version": __version__,
+    }
+
+
+class GraphFileWriter:
+    """Writes the datasets of one graph file into an open, empty h5py.File, whole (:meth:`put`)
+    or in consecutive blocks of rows (:meth:`rows`), each hashed as it is written
+    (:func:`dataset_hash`), then the root attributes with ``dataset_hashes`` (:meth:`finish`).
+    Datasets are contiguous (no chunks, no filters), as :func:`write_graph` writes them."""
+
+    def __init__(self, f: h5py.File):
+        self._f = f
+        self._hashes: dict[str, str] = {}
+        self._open: dict[str, "_RowWriter"] = {}
+
+    def put(self, name: str, a: np.ndarray, attrs: dict | None = None) -> None:
+        a = np.ascontiguousarray(a)
+        ds = self._f.create_dataset(name, data=a)
+        for key, value in (attrs or {}).items():
+            ds.attrs[key] = value
+        self._hashes[name] = dataset_hash(name, a)
+
+    def rows(self, name: str, dtype, shape: tuple, attrs: dict | None = None) -> "_RowWriter":
+        """A writer of dataset ``name`` that takes its rows in order (``append``), then ``close``."""
+        ds = self._f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.dtype(dtype))
+        for key, value in (attrs or {}).items():
+            ds.attrs[key] = value
+        w = self._open[name] = _RowWriter(ds, name)
+        return w
+
+    def finish(self, attrs: dict) -> None:
+        """Close every row writer (each must be complete) and write ``attrs`` and the hashes."""
+        for name, w in self._open.items():
+            self._hashes[name] = w.close()
+        self._open.clear()
+        for key, value in attrs.items():
+            self._f.attrs[key] = value
+        self._f.attrs[HASH_ATTR] = json.dumps(self._hashes, sort_keys=True)
+
+
+class _RowWriter:
+    """Consecutive row blocks of one dataset, hashed as they arrive."""
+
+    def __init__(self, ds: h5py.Dataset, name: str):
+        self._ds, self._name, self._pos = ds, name, 0
+        self._hasher = _DatasetHasher(name, ds.dtype, ds.shape)
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def append(self, block: np.ndarray) -> None:
+        block = np.ascontiguousarray(block, dtype=self._ds.dtype)
+        k = block.shape[0]
+        if self._pos + k > self._ds.shape[0]:
+            raise ValueError(f"dataset '{self._name}': {self._pos + k} rows written, shape {self._ds.shape}")
+        if k:
+            self._ds[self._pos:self._pos + k] = block
+            self._hasher.update(block)
+        self._pos += k
+
+    def close(self) -> str:
+        if self._pos != self._ds.shape[0]:
+            raise ValueError(f"dataset '{self._name}': {self._pos} of {self._ds.shape[0]} rows written")
+        return self._hasher.hexdigest()
+
+
+def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False, feature_dtype: str = "float32",
+                index_dtype: str = "int64", block_rows: int = 1 << 16) -> Path:
     """Validate ``graph`` and write it atomically to ``path``, with each dataset's sha256
-    (:func:`dataset_hash`) in the attribute ``dataset_hashes``."""
+    (:func:`dataset_hash`) in the attribute ``dataset_hashes``.
+
+    ``feature_dtype``: float32, float16 or bfloat16 (:mod:`hpcgnn.data.features`; stored as
+    uint16 bit patterns with the dataset attribute ``dtype = "bfloat16"``), recorded in the root
+    attribute ``feature_dtype``. ``index_dtype``: int64, int32 or auto (:func:`index_dtype_for`).
+    Features are encoded ``block_rows`` rows at a time (a few MB beyond the graph).
+    """
+    from hpcgnn.data.features import encode_features, stored_dtype
+
     path = check_output(path, force)
     graph.validate(str(path))
-    data = {"indptr": np.ascontiguousarray(graph.indptr, dtype=np.int64),
-            "indices": np.ascontiguousarray(graph.indices, dtype=np.int64),
-            "features": np.ascontiguousarray(graph.features, dtype=np.float32),
-            "labels": np.ascontiguousarray(graph.labels, dtype=np.int64),
-            **{name: np.ascontiguousarray(getattr(graph, name), dtype=bool) for name in MASKS}}
-    hashes = {name: dataset_hash(name, a) for name, a in data.items()}
+    ix_dtype = index_dtype_for(graph.num_nodes, index_dtype)
+    n, feats = graph.num_nodes, graph.num_features
     with atomic_file(path) as tmp:
         with h5py.File(tmp, "w", track_order=False) as f:
-            f.attrs["format"] = GRAPH_FORMAT
-            f.attrs["version"] = GRAPH_VERSION
-            f.attrs["name"] = str(graph.meta.get("name", path.stem))
-            f.attrs["source"] = json.dumps(graph.meta.get("source", {}), sort_keys=True)
-            f.attrs["num_nodes"] = graph.num_nodes
-            f.attrs["num_edges"] = graph.num_edges
-            f.attrs["num_features"] = graph.num_features
-            f.attrs["num_classes"] = int(graph.num_classes)
-            f.attrs["symmetrized"] = True
-            f.attrs["self_loops_removed"] = int(graph.meta.get("self_loops_removed", 0))
-            f.attrs["duplicates_removed"] = int(graph.meta.get("duplicates_removed", 0))
-            f.attrs["feature_normalization"] = str(graph.meta.get("feature_normalization", "none"))
-            f.attrs["hpcgnn_version"] = __version__
-            f.attrs[HASH_ATTR] = json.dumps(hashes, sort_keys=True)
-            for name, a in data.items():
-                f.create_dataset(name, data=a)
+            w = GraphFileWriter(f)
+            w.put("indptr", np.ascontiguousarray(graph.indptr, dtype=np.int64))
+            w.put("indices", np.ascontiguousarray(graph.indices, dtype=ix_dtype))
+            fw = w.rows("features", stored_dtype(feature_dtype), (n, feats),
+                        {"dtype": "bfloat16"} if feature_dtype == "bfloat16" else None)
+            for lo in range(0, n, block_rows):
+                fw.append(encode_features(graph.features[lo:lo + block_rows], feature_dtype, str(path), lo))
+            w.put("labels", np.ascontiguousarray(graph.labels, dtype=np.int64))
+            for name in MASKS:
+                w.put(name, np.ascontiguousarray(getattr(graph, name), dtype=bool))
+            w.finish(root_attrs(graph.meta, path.stem, n, graph.num_edges, feats, graph.num_classes,
+                                feature_dtype))
     return path
 
 
@@ -196,7 +304,9 @@ def check_topology(where: str, indptr: np.ndarray, indices: np.ndarray, block: i
     of b[u] * a[v] over the edges u -> v (mod 2**64) are equal for a symmetric edge multiset, and
     equal for an asymmetric one with probability about 2**-60; a failure then names a vertex
     whose in- and out-degree differ when there is one. Vectorised over blocks of whole rows of
-    about ``block`` edges (temporaries: a few times ``block`` x 8 bytes), one pass over ``indices``.
+    about ``block`` edges (temporaries: a few times ``block`` x 8 bytes), one pass over ``indices``,
+    which may be any object with ``dtype`` whose slices ``indices[lo:hi]`` are arrays (a file read
+    in blocks: :class:`hpcgnn.data.external_sort.RawArray`).
     """
     n = indptr.shape[0] - 1
     m = int(indptr[-1])
@@ -231,7 +341,9 @@ def check_topology(where: str, indptr: np.ndarray, indices: np.ndarray, block: i
             forward += np.sum(np.add.reduceat(a[ix], starts) * b[dest], dtype=np.uint64)
             backward += np.sum(np.add.reduceat(b[ix], starts) * a[dest], dtype=np.uint64)
     if forward != backward:
-        in_degree, out_degree = np.diff(indptr), np.bincount(indices, minlength=n)
+        in_degree, out_degree = np.diff(indptr), np.zeros(n, dtype=np.int64)
+        for lo in range(0, m, block):
+            out_degree += np.bincount(indices[lo:lo + block], minlength=n)
         differ = np.flatnonzero(in_degree != out_degree)
         v = int(differ[0]) if differ.size else -1
         which = " (an edge u -> v has no v -> u)" if v < 0 else \
@@ -304,15 +416,13 @@ def check_vertex_ids(where: str, ix: np.ndarray, n: int, hint: str = "") -> None
 
 
 def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -> tuple[np.ndarray, str]:
-    """(dataset 'indices' (checked like read_dataset) as ``dtype``, read ``block`` entries at a
-    time; its :func:`dataset_hash` as int64, computed from the blocks as they arrive).
+    """(dataset 'indices' (checked like read_dataset; stored as int32 or int64) as ``dtype``, read
+    ``block`` entries at a time; its :func:`dataset_hash` in its stored dtype, computed from the
+    blocks as they arrive).
 
     IDs outside [0, n) are reported here (as :func:`_check_csr` words it), before a narrowing
     conversion could hide them.
     """
-    if dtype == np.dtype(np.int64):
-        indices = read_dataset(f, "indices", np.int64, (None,))
-        return indices, dataset_hash("indices", indices)
     where = f"{f.filename}: dataset 'indices'"
     if "indices" not in f:
         raise InputError(f"{where} is missing")
@@ -320,12 +430,15 @@ def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -
     if not isinstance(ds, h5py.Dataset):
         raise InputError(f"{where} is not a dataset")
     if ds.dtype.kind not in "iu":
-        raise InputError(f"{where} has dtype {ds.dtype}, expected int64")
+        raise InputError(f"{where} has dtype {ds.dtype}, expected int32 or int64")
     if len(ds.shape) != 1:
         raise InputError(f"{where} has shape {ds.shape}, expected (*)")
+    if ds.dtype == dtype:
+        indices = np.asarray(ds[()])
+        return indices, dataset_hash("indices", indices)
     m = ds.shape[0]
     out = np.empty(m, dtype=dtype)
-    hasher = _DatasetHasher("indices", np.int64, (m,))
+    hasher = _DatasetHasher("indices", ds.dtype, (m,))
     lo, hi = 0, 0
     for a in range(0, m, block):
         chunk = ds[a:a + block]
@@ -338,11 +451,35 @@ def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -
     return out, hasher.hexdigest()
 
 
-def _first_nonfinite_row(a: np.ndarray, block: int = 1 << 22) -> int:
-    """Index of the first row of 2-D ``a`` holding NaN or inf, or -1; a few MB of temporaries."""
+def _read_features(f: h5py.File, n: int, decode: bool, recorded: dict | None) -> tuple[np.ndarray, str]:
+    """(dataset 'features', its stored dtype name): decoded to float32 when ``decode``, else as
+    stored (bfloat16 as its uint16 bit patterns); checked against the recorded hash (when
+    ``recorded``) in its stored dtype. Files without the attribute ``feature_dtype`` hold float32."""
+    from hpcgnn.data.features import FEATURE_DTYPES, decode_features, stored_dtype
+
+    name = _text_attr(f.attrs.get("feature_dtype", "float32"))
+    if name not in FEATURE_DTYPES:
+        raise InputError(f"{f.filename}: attribute 'feature_dtype' is {name!r}, expected one of: "
+                         f"{', '.join(FEATURE_DTYPES)}")
+    raw = read_dataset(f, "features", stored_dtype(name), (n, None))
+    where = f"{f.filename}: dataset 'features'"
+    if f["features"].dtype != stored_dtype(name):
+        raise InputError(f"{where} has dtype {f['features'].dtype}, expected {stored_dtype(name)} "
+                         f"(attribute 'feature_dtype' is {name!r}; {_CORRUPT})")
+    if recorded is not None:
+        _verify_hash(f, recorded, "features", dataset_hash("features", raw))
+    return (decode_features(raw, name) if decode else raw), name
+
+
+def _first_nonfinite_row(a: np.ndarray, feature_dtype: str = "float32", block: int = 1 << 22) -> int:
+    """Index of the first row of 2-D ``a`` holding NaN or inf, or -1; a few MB of temporaries.
+    ``feature_dtype`` bfloat16: ``a`` holds bit patterns (decoded block by block)."""
+    from hpcgnn.data.features import decode_features
+
     rows = max(1, block // max(1, a.shape[1])) if a.ndim == 2 else block
     for start in range(0, a.shape[0], rows):
-        bad = ~np.isfinite(a[start:start + rows])
+        bad = ~np.isfinite(decode_features(a[start:start + rows], feature_dtype)
+                           if feature_dtype == "bfloat16" else a[start:start + rows])
         if bad.any():
             return start + int(np.nonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0][0])
     return -1
@@ -352,13 +489,20 @@ def _text_attr(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) -> Graph:
+def read_graph(path: str | os.PathLike, validate: bool = True, topology=None,
+               decode_features: bool = True) -> Graph:
     """Read a graph file, checking every dataset's presence, dtype and shape.
 
     ``validate``: also check every dataset it reads against the file's recorded hashes (when it
     has them) and :meth:`Graph.validate` the graph. ``topology``: the (indptr, indices,
     train_mask) :func:`read_topology` returned (and checked) for this file; those datasets are
-    then not read, hashed or checked again.
+    then not read, hashed or checked again. Without it, ``indices`` are returned as int64
+    whatever their stored dtype (int32 or int64).
+
+    Features: float32, decoded from the stored dtype (attribute ``feature_dtype``: float32,
+    float16 or bfloat16), or with ``decode_features=False`` as stored (float16, or bfloat16 as
+    uint16 bit patterns: :func:`hpcgnn.data.features.decode_features`); the stored dtype's name
+    is ``meta["feature_dtype"]`` either way.
     """
     with open_h5(path, GRAPH_FORMAT) as f:
         version = int(f.attrs.get("version", -1))
@@ -372,11 +516,12 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) ->
         read = {}
         if topology is None:
             indptr = read["indptr"] = read_dataset(f, "indptr", np.int64, (n + 1,))
-            indices = read["indices"] = read_dataset(f, "indices", np.int64, (None,))
+            indices, indices_hash = _read_indices(f, n, np.dtype(np.int64))
+            _verify_hash(f, recorded, "indices", indices_hash)
             known = {}
         else:
             indptr, indices, known = topology[0], topology[1], {"train_mask": topology[2]}
-        features = read["features"] = read_dataset(f, "features", np.float32, (n, None))
+        features, feature_dtype = _read_features(f, n, decode_features, recorded)
         labels = read["labels"] = read_dataset(f, "labels", np.int64, (n,))
         masks = {name: known[name] if name in known else read_dataset(f, name, bool, (n,)) for name in MASKS}
         read.update({name: masks[name] for name in MASKS if name not in known})
@@ -389,6 +534,7 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None) ->
             "self_loops_removed": int(f.attrs.get("self_loops_removed", 0)),
             "duplicates_removed": int(f.attrs.get("duplicates_removed", 0)),
             "feature_normalization": _text_attr(f.attrs.get("feature_normalization", "none")),
+            "feature_dtype": feature_dtype,
         }
         g = Graph(indptr, indices, features, labels, num_classes=int(f.attrs["num_classes"]),
                   meta=meta, **masks)

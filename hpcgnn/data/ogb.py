@@ -1,14 +1,27 @@
-"""OGB node-property datasets from their raw CSV layout (no ogb package needed).
+"""OGB node-property datasets from their raw CSV or binary layout (no ogb package needed).
+
+CSV layout (:func:`load_ogb`, read whole):
 
 ``ROOT/raw/edge.csv.gz``        one ``src,dst`` pair per line (taken as undirected)
 ``ROOT/raw/node-feat.csv.gz``   one comma-separated feature row per vertex
 ``ROOT/raw/node-label.csv.gz``  one label per line; NaN = unlabelled (-1)
 ``ROOT/raw/num-node-list.csv.gz``  optional: the vertex count
-``ROOT/split/<name>/{train,valid,test}.csv.gz``  vertex indices, one per line
+
+Binary layout (:func:`ogb_binary_source`, read in blocks: ogbn-papers100M ships in it; OGB's
+``DatasetSaver`` writes it with ``np.savez_compressed``, ``read_binary_graph_raw`` reads it):
+
+``ROOT/raw/data.npz``           ``edge_index`` [2, E] int64, ``node_feat`` [N, F] float32,
+                                ``num_nodes_list`` [1], ``num_edges_list`` [1] (one graph), and
+                                optional ``node_*`` arrays (``node_year``: not imported)
+``ROOT/raw/node-label.npz``     ``node_label`` [N, 1] float; NaN = unlabelled (-1)
+
+Both: ``ROOT/split/<name>/{train,valid,test}.csv.gz`` (vertex indices, one per line) or
+``ROOT/split/<name>/split_dict.pt`` (a torch file of a dict of index arrays ``train``,
+``valid``, ``test``, written by newer ogb).
 
 This is the layout of an extracted ``ogbn-*.zip`` (e.g. ``products/``). The
-split directory is ``--split NAME`` or the only one present. Files may also be
-uncompressed (``.csv``).
+split directory is ``--split NAME`` or the only one present. CSV files may also be
+uncompressed (``.csv``). The binary layout is used when ``raw/data.npz`` exists.
 """
 from __future__ import annotations
 
@@ -16,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn.data.build import GraphSource
 from hpcgnn.data.clean import build_symmetric_csr
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.plain import check_features, check_splits, mask_from_array, read_text_matrix
@@ -57,6 +71,11 @@ def _labels(path: Path, n: int) -> tuple[np.ndarray, int]:
     raw = raw[:, 0]
     if raw.shape[0] != n:
         raise InputError(f"{path}: {raw.shape[0]} labels, expected {n} (one per vertex)")
+    return _labels_from_floats(raw, path)
+
+
+def _labels_from_floats(raw: np.ndarray, path: Path) -> tuple[np.ndarray, int]:
+    """(int64 labels, class count) of float labels, NaN = unlabelled (-1)."""
     unlabelled = np.isnan(raw)
     known = raw[~unlabelled]
     if known.size and (np.any(~np.isfinite(known)) or np.any(known != np.round(known)) or known.min() < 0):
@@ -115,3 +134,139 @@ def load_ogb(root: str | Path, split: str | None = None, name: str | None = None
     }
     return Graph(indptr, indices, features, labels, masks["train"], masks["val"], masks["test"],
                  num_classes=num_classes, meta=meta)
+
+
+# ---------------------------------------------------------------- binary layout
+
+BLOCK = 1 << 22          # elements per read of an .npz member
+
+
+def is_binary_layout(root: str | Path) -> bool:
+    """Whether ``root`` holds OGB's binary layout (``raw/data.npz``)."""
+    return (Path(root) / "raw" / "data.npz").is_file()
+
+
+def _split_indices(split_dir: Path) -> dict[str, tuple[np.ndarray, Path]]:
+    """{train/val/test: (vertex indices, the file they came from)} of a split directory:
+    ``{train,valid,test}.csv[.gz]``, else ``split_dict.pt``."""
+    if _find(split_dir, "train", required=False) is not None or not (split_dir / "split_dict.pt").is_file():
+        out = {}
+        for key, stem in SPLIT_FILES:
+            path = _find(split_dir, stem)
+            out[key] = (read_text_matrix(path, np.int64, columns=1, what=f"{stem} split").ravel(), path)
+        return out
+    path = split_dir / "split_dict.pt"
+    d = _load_split_dict(path)
+    out = {}
+    for key, stem in SPLIT_FILES:
+        if stem not in d:
+            raise InputError(f"{path}: key '{stem}' not found (the file has {sorted(map(str, d))})")
+        idx = np.asarray(d[stem].numpy() if hasattr(d[stem], "numpy") else d[stem])
+        if idx.dtype.kind not in "iu" or idx.ndim != 1:
+            raise InputError(f"{path}: '{stem}' is {idx.dtype} {idx.shape}, expected 1-D integer vertex indices")
+        out[key] = (idx.astype(np.int64), path)
+    return out
+
+
+def _load_split_dict(path: Path) -> dict:
+    """OGB's ``split_dict.pt``: a dict of numpy arrays or tensors, loaded with torch's
+    weights-only unpickler and numpy's array types allowed (no other code runs)."""
+    import torch
+    from numpy._core.multiarray import _reconstruct
+
+    allowed = [np.ndarray, _reconstruct, np.dtype,
+               *(getattr(np.dtypes, k) for k in dir(np.dtypes) if k.endswith("DType"))]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for unreadable or unsafe files
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise InputError(f"{path}: not a readable split_dict.pt ({exc.__class__.__name__}: {first})") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: holds {type(d).__name__}, expected a dict of train/valid/test indices")
+    return d
+
+
+def ogb_binary_source(root: str | Path, split: str | None = None, name: str | None = None) -> GraphSource:
+    """An OGB node-property dataset in the binary layout as a
+    :class:`~hpcgnn.data.build.GraphSource`: its arrays are read in blocks when streamed
+    (:mod:`hpcgnn.data.npz`), never whole."""
+    from hpcgnn.data.npz import NpzArchive
+
+    root = Path(root)
+    raw = root / "raw"
+    split_dir = _split_dir(root, split)
+    data_path, label_path = raw / "data.npz", raw / "node-label.npz"
+    if not label_path.is_file():
+        raise InputError(f"{label_path}: file not found (OGB binary layout)")
+    with NpzArchive(data_path) as data:
+        counts = data.read("num_nodes_list").ravel()
+        if counts.size != 1:
+            raise InputError(f"{data_path}: 'num_nodes_list' lists {counts.size} graphs, expected exactly one")
+        n = int(counts[0])
+        edge = data.member("edge_index", 2)
+        if edge.shape[0] != 2 or edge.dtype.kind not in "iu":
+            raise InputError(f"{data_path}: 'edge_index' is {edge.dtype} {edge.shape}, expected integer (2, E)")
+        m = edge.shape[1]
+        ecounts = data.read("num_edges_list").ravel()
+        if ecounts.size != 1 or int(ecounts[0]) != m:
+            raise InputError(f"{data_path}: 'num_edges_list' is {ecounts.tolist()}, expected [{m}] (the "
+                             "columns of 'edge_index')")
+        feat = data.member("node_feat", 2)
+        if feat.shape[0] != n or feat.dtype.kind not in "fiu":
+            raise InputError(f"{data_path}: 'node_feat' is {feat.dtype} {feat.shape}, expected numeric ({n}, F)")
+        if feat.fortran_order and feat.shape[1] > 1:
+            raise InputError(f"{data_path}: 'node_feat' is stored in Fortran order, expected C order (rows "
+                             "contiguous, as OGB writes it)")
+        f = feat.shape[1]
+    with NpzArchive(label_path) as labels_npz:
+        lab = labels_npz.member("node_label")
+        if lab.shape not in ((n,), (n, 1)):
+            raise InputError(f"{label_path}: 'node_label' has shape {lab.shape}, expected ({n}, 1) (one label "
+                             "per vertex; multi-label tasks are not supported)")
+
+    def vertex_data():
+        with NpzArchive(label_path) as labels_npz:
+            labels, _ = _read_binary_labels(labels_npz.member("node_label"), label_path)
+        masks, sources = {}, {}
+        for key, (idx, path) in _split_indices(split_dir).items():
+            masks[key] = mask_from_array(idx, path, n, key)
+            sources[key] = path
+        check_splits(masks, sources, labels)
+        return labels, masks["train"], masks["val"], masks["test"]
+
+    def edges():
+        with NpzArchive(data_path) as a:
+            e = a.member("edge_index", 2)
+            if e.fortran_order:
+                for pairs in e.blocks(0, 2 * m, 2 * BLOCK):
+                    pairs = pairs.reshape(-1, 2)
+                    yield pairs[:, 0], pairs[:, 1]
+            else:
+                yield from zip(e.blocks(0, m, BLOCK), e.blocks(m, m, BLOCK))
+
+    def features(rows: int):
+        with NpzArchive(data_path) as a:
+            for block in a.member("node_feat", 2).blocks(0, n * f, max(1, rows) * f):
+                yield block.reshape(-1, f).astype(np.float32, copy=False)
+
+    meta = {"name": name or root.name,
+            "source": {"importer": "ogb", "layout": "binary", "root": str(root), "split": split_dir.name,
+                       "input_edges": int(m)}}
+    return GraphSource(meta["name"], n, f, None, vertex_data, edges, features, meta=meta,
+                       vertex_bytes=0, input_edges=int(m), where=str(data_path))
+
+
+def _read_binary_labels(member, path: Path) -> tuple[np.ndarray, int]:
+    """(int64 labels, class count) of ``node_label`` read in blocks; NaN = unlabelled."""
+    n = member.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    at, top = 0, -1
+    for block in member.blocks(block=BLOCK):
+        block = block.astype(np.float64, copy=False)
+        part, classes = _labels_from_floats(block, path)
+        if part.size and part.max() >= 0:
+            top = max(top, classes - 1)
+        labels[at:at + block.shape[0]] = part
+        at += block.shape[0]
+    return labels, max(1, top + 1)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from hpcgnn.data.clean import SymmetricCsrBuilder
+from hpcgnn.data.build import GraphSource, materialize
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import InputError
 from hpcgnn.progress import Progress
@@ -197,23 +197,36 @@ def profile_classes(labels: np.ndarray, fraction: float, seed: int, stream: int)
     return profile
 
 
+def class_feature_blocks(labels: np.ndarray, num_features: int, num_classes: int, noise: float, seed: int,
+                         rows: int = FEATURE_BLOCK_ROWS):
+    """Yield the rows of :func:`class_features` in order, in blocks of at most ``rows`` rows
+    (float32 [<= rows, F]); the values do not depend on ``rows``."""
+    n = labels.shape[0]
+    centroids = _rng(seed, _S_CENTROIDS).normal(0.0, math.sqrt(2.0 / num_features),
+                                                (num_classes, num_features)).astype(np.float32)
+    rows = max(1, int(rows))
+    for k, lo in enumerate(range(0, n, FEATURE_CHUNK_ROWS)):
+        hi = min(n, lo + FEATURE_CHUNK_ROWS)
+        rng = _rng(seed, _S_FEATURES, k)
+        for a in range(lo, hi, rows):
+            b = min(hi, a + rows)
+            block = rng.standard_normal((b - a, num_features), dtype=np.float32)
+            block *= np.float32(noise)
+            block += centroids[labels[a:b]]
+            yield block
+
+
 def class_features(labels: np.ndarray, num_features: int, num_classes: int, noise: float, seed: int,
                    progress: bool = False) -> np.ndarray:
     """float32 [N, F] = centroid[label] + noise * N(0, 1), generated in row chunks."""
     n = labels.shape[0]
-    centroids = _rng(seed, _S_CENTROIDS).normal(0.0, math.sqrt(2.0 / num_features),
-                                                (num_classes, num_features)).astype(np.float32)
     out = np.empty((n, num_features), dtype=np.float32)
+    at = 0
     with Progress("features", total=n, enabled=progress) as bar:
-        for k, lo in enumerate(range(0, n, FEATURE_CHUNK_ROWS)):
-            hi = min(n, lo + FEATURE_CHUNK_ROWS)
-            block = out[lo:hi]
-            _rng(seed, _S_FEATURES, k).standard_normal(out=block, dtype=np.float32)
-            block *= np.float32(noise)
-            for a in range(lo, hi, FEATURE_BLOCK_ROWS):
-                b = min(hi, a + FEATURE_BLOCK_ROWS)
-                out[a:b] += centroids[labels[a:b]]
-            bar.update(hi - lo)
+        for block in class_feature_blocks(labels, num_features, num_classes, noise, seed):
+            out[at:at + block.shape[0]] = block
+            at += block.shape[0]
+            bar.update(block.shape[0])
     return out
 
 
@@ -262,31 +275,40 @@ def rmat_block(rng: np.random.Generator, m: int, scale: int, levels: np.ndarray)
     return src, dst
 
 
-def generate_rmat(p: RmatParams, name: str = "rmat", progress: bool = False) -> Graph:
-    """An R-MAT graph with ``p.edges`` undirected edge draws (before cleaning)."""
+def rmat_source(p: RmatParams, name: str = "rmat") -> GraphSource:
+    """The R-MAT graph of ``p`` as a :class:`~hpcgnn.data.build.GraphSource` (edges and features
+    generated block by block when streamed)."""
     p.check()
     n = p.nodes
     scale = max(1, math.ceil(math.log2(n)))
     levels = _rmat_levels(p, scale)
-    perm = _rng(p.seed, _S_CLASSES, 1).permutation(n).astype(np.int64)
-    builder = SymmetricCsrBuilder(n, reserve=p.edges, where="rmat")
-    with Progress("rmat edges", total=p.edges, enabled=progress) as bar:
+
+    def vertex_data():
+        return (balanced_classes(n, p.classes, p.seed),
+                *split_masks(n, split_counts(n, p.train, p.val, p.test), p.seed))
+
+    def edges():
+        perm = _rng(p.seed, _S_CLASSES, 1).permutation(n).astype(np.int64)
         for rng, m in edge_blocks(p.edges, p.seed):
             src, dst = rmat_block(rng, m, scale, levels)
             src *= n
             src >>= scale
             dst *= n
             dst >>= scale
-            builder.add(perm[src], perm[dst])
-            bar.update(m)
-    with Progress("csr", enabled=progress) as bar:
-        indptr, indices, stats = builder.finish()
-        bar.update(int(indices.shape[0]))
-    labels = balanced_classes(n, p.classes, p.seed)
-    features = class_features(labels, p.features, p.classes, p.feature_noise, p.seed, progress)
-    train, val, test = split_masks(n, split_counts(n, p.train, p.val, p.test), p.seed)
-    meta = {"name": name, "source": {"generator": "rmat", "scale": scale, **asdict(p)}, **stats}
-    return Graph(indptr, indices, features, labels, train, val, test, num_classes=p.classes, meta=meta)
+            yield perm[src], perm[dst]
+
+    def features(rows: int):
+        return class_feature_blocks(balanced_classes(n, p.classes, p.seed), p.features, p.classes,
+                                    p.feature_noise, p.seed, rows)
+
+    meta = {"name": name, "source": {"generator": "rmat", "scale": scale, **asdict(p)}}
+    return GraphSource(name, n, p.features, p.classes, vertex_data, edges, features, meta=meta,
+                       vertex_bytes=8, input_edges=p.edges, where=f"--dataset {name}")
+
+
+def generate_rmat(p: RmatParams, name: str = "rmat", progress: bool = False) -> Graph:
+    """An R-MAT graph with ``p.edges`` undirected edge draws (before cleaning)."""
+    return materialize(rmat_source(p, name), progress)
 
 
 # ---------------------------------------------------------------- SBM
@@ -294,10 +316,11 @@ def generate_rmat(p: RmatParams, name: str = "rmat", progress: bool = False) -> 
 class _ClassSampler:
     """Draw vertices by Zipf weight, within a class or over all or other classes."""
 
-    def __init__(self, labels: np.ndarray, num_classes: int, skew: float, seed: int):
+    def __init__(self, labels: np.ndarray, num_classes: int, skew: float, seed: int, ranking: int = 2):
         # Members grouped by class; within a class the order is random (it is
-        # the weight rank), so vertex IDs do not correlate with degree.
-        order = _rng(seed, _S_CLASSES, 2).permutation(labels.shape[0])
+        # the weight rank), so vertex IDs do not correlate with degree. ``ranking``
+        # keys the random order: samplers with different keys rank independently.
+        order = _rng(seed, _S_CLASSES, ranking).permutation(labels.shape[0])
         self.members = order[np.argsort(labels[order], kind="stable")].astype(np.int64)
         self.sizes = np.bincount(labels, minlength=num_classes).astype(np.int64)
         self.starts = np.concatenate(([0], np.cumsum(self.sizes)[:-1])).astype(np.int64)
@@ -352,26 +375,35 @@ def sbm_block(rng: np.random.Generator, m: int, sampler: _ClassSampler, p_in: fl
     return src, dst
 
 
-def generate_sbm(p: SbmParams, name: str = "sbm", progress: bool = False) -> Graph:
-    """A planted-class SBM graph with ``p.edges`` undirected edge draws (before cleaning)."""
+def sbm_source(p: SbmParams, name: str = "sbm") -> GraphSource:
+    """The planted-class SBM graph of ``p`` as a :class:`~hpcgnn.data.build.GraphSource`."""
     p.check()
     n = p.nodes
-    labels = balanced_classes(n, p.classes, p.seed)
-    sampler = _ClassSampler(profile_classes(labels, p.edge_flip, p.seed, 1), p.classes, p.degree_skew, p.seed)
-    builder = SymmetricCsrBuilder(n, reserve=p.edges, where="sbm")
-    with Progress("sbm edges", total=p.edges, enabled=progress) as bar:
+
+    def vertex_data():
+        return (balanced_classes(n, p.classes, p.seed),
+                *split_masks(n, split_counts(n, p.train, p.val, p.test), p.seed))
+
+    def edges():
+        labels = balanced_classes(n, p.classes, p.seed)
+        sampler = _ClassSampler(profile_classes(labels, p.edge_flip, p.seed, 1), p.classes, p.degree_skew, p.seed)
+        del labels
         for rng, m in edge_blocks(p.edges, p.seed):
-            builder.add(*sbm_block(rng, m, sampler, p.p_in))
-            bar.update(m)
-    del sampler
-    with Progress("csr", enabled=progress) as bar:
-        indptr, indices, stats = builder.finish()
-        bar.update(int(indices.shape[0]))
-    features = class_features(profile_classes(labels, p.feature_flip, p.seed, 0), p.features, p.classes,
-                              p.feature_noise, p.seed, progress)
-    train, val, test = split_masks(n, split_counts(n, p.train, p.val, p.test), p.seed)
-    meta = {"name": name, "source": {"generator": "sbm", **asdict(p)}, **stats}
-    return Graph(indptr, indices, features, labels, train, val, test, num_classes=p.classes, meta=meta)
+            yield sbm_block(rng, m, sampler, p.p_in)
+
+    def features(rows: int):
+        profile = profile_classes(balanced_classes(n, p.classes, p.seed), p.feature_flip, p.seed, 0)
+        return class_feature_blocks(profile, p.features, p.classes, p.feature_noise, p.seed, rows)
+
+    meta = {"name": name, "source": {"generator": "sbm", **asdict(p)}}
+    # the sampler's members (8) and edge profile (8), its set-up's labels, permutation and sort (32)
+    return GraphSource(name, n, p.features, p.classes, vertex_data, edges, features, meta=meta,
+                       vertex_bytes=48, input_edges=p.edges, where=f"--dataset {name}")
+
+
+def generate_sbm(p: SbmParams, name: str = "sbm", progress: bool = False) -> Graph:
+    """A planted-class SBM graph with ``p.edges`` undirected edge draws (before cleaning)."""
+    return materialize(sbm_source(p, name), progress)
 
 
 def products_like_params(scale: float = 1.0, seed: int = 0, **overrides) -> SbmParams:
@@ -386,3 +418,97 @@ def products_like_params(scale: float = 1.0, seed: int = 0, **overrides) -> SbmP
     return SbmParams(nodes=nodes, edges=int(round(s["edges"] * scale)), features=s["features"],
                      classes=s["classes"], train=train, val=val, test=max(0, nodes - train - val),
                      seed=seed, **{**PRODUCTS_DIFFICULTY, **overrides})
+
+
+# ---------------------------------------------------------------- papers-like
+
+# ogbn-papers100M (Hu et al. 2020): vertices, undirected edges, features, classes, split sizes.
+PAPERS_SHAPE = {"nodes": 111_059_956, "edges": 1_615_685_872, "features": 128, "classes": 172,
+                "train": 1_207_179, "val": 125_265, "test": 214_338}
+# papers-like's structure and label signal. Citations: a citing paper is drawn by a Zipf
+# "activity" weight (out_skew) and the cited paper by an independent Zipf "popularity" weight
+# (in_skew, more concentrated), within the citing paper's class with probability p_in. Signal
+# aimed at ogbn-papers100M's (OGB leaderboard: MLP 47 %, GraphSAGE 67 %, from 7,000 training
+# vertices per class): features follow the label for half of the vertices, edges for 70 %, so a
+# feature-only MLP reaches at most 1 - feature_flip * (1 - 1/C) (50.3 %) and full-neighbour
+# GraphSAGE 20-30 points more, given tens of training vertices per class or more
+# (tests/data/test_papers_like_difficulty.py checks >= 22 points at 93 per class; figures in
+# docs/benchmarks.md). The preset's own splits have 7,000 x scale training vertices per class:
+# at small scales both models sit lower.
+PAPERS_DIFFICULTY = {"p_in": 0.6, "out_skew": 0.5, "in_skew": 0.9, "feature_noise": 0.3,
+                     "feature_flip": 0.5, "edge_flip": 0.3}
+
+
+@dataclass(frozen=True)
+class PapersParams:
+    """papers-like: the :data:`PAPERS_SHAPE` times ``scale`` with :data:`PAPERS_DIFFICULTY`."""
+
+    scale: float = 1.0
+    seed: int = 0
+    nodes: int = 0
+    edges: int = 0
+    features: int = 0
+    classes: int = 0
+    train: int = 0
+    val: int = 0
+    test: int = 0
+    p_in: float = PAPERS_DIFFICULTY["p_in"]
+    out_skew: float = PAPERS_DIFFICULTY["out_skew"]
+    in_skew: float = PAPERS_DIFFICULTY["in_skew"]
+    feature_noise: float = PAPERS_DIFFICULTY["feature_noise"]
+    feature_flip: float = PAPERS_DIFFICULTY["feature_flip"]
+    edge_flip: float = PAPERS_DIFFICULTY["edge_flip"]
+
+
+def papers_like_params(scale: float = 1.0, seed: int = 0) -> PapersParams:
+    """PapersParams with every size of :data:`PAPERS_SHAPE` multiplied by ``scale`` (0 < scale <= 1)."""
+    if not (math.isfinite(scale) and 0 < scale <= 1):
+        raise InputError(f"--scale is {scale}, expected 0 < scale <= 1")
+    s = PAPERS_SHAPE
+    nodes = max(s["classes"] * 4, int(round(s["nodes"] * scale)))
+    sizes = {k: max(1, int(round(s[k] * scale))) for k in ("train", "val", "test")}
+    return PapersParams(scale=float(scale), seed=int(seed), nodes=nodes, edges=int(round(s["edges"] * scale)),
+                        features=s["features"], classes=s["classes"], **sizes)
+
+
+def papers_block(rng: np.random.Generator, m: int, citing: _ClassSampler, cited: _ClassSampler, p_in: float):
+    """``m`` citation draws: (citing, cited) int64."""
+    src_class = citing.classes_by_weight(rng.random(m))
+    src = citing.vertices(src_class, rng.random(m))
+    dst_class = src_class.copy()
+    cross = rng.random(m) >= p_in
+    if cross.any():
+        dst_class[cross] = cited.other_classes(src_class[cross], rng.random(int(cross.sum())))
+    return src, cited.vertices(dst_class, rng.random(m))
+
+
+def papers_like_source(scale: float = 1.0, seed: int = 0, name: str = "papers-like") -> GraphSource:
+    """The papers-like graph (:data:`PAPERS_SHAPE` x ``scale``, :data:`PAPERS_DIFFICULTY` and the
+    difficulty stated there) as a :class:`~hpcgnn.data.build.GraphSource`. Every vertex has a
+    class (:func:`balanced_classes` of ``seed``); as in ogbn-papers100M only the train/val/test
+    vertices are labelled, the rest have label -1."""
+    p = papers_like_params(scale, seed)
+    n, c = p.nodes, p.classes
+
+    def vertex_data():
+        classes = balanced_classes(n, c, p.seed)
+        train, val, test = split_masks(n, (p.train, p.val, p.test), p.seed)
+        labels = np.where(train | val | test, classes, -1)
+        return labels, train, val, test
+
+    def edges():
+        profile = profile_classes(balanced_classes(n, c, p.seed), p.edge_flip, p.seed, 1)
+        citing = _ClassSampler(profile, c, p.out_skew, p.seed, ranking=2)
+        cited = _ClassSampler(profile, c, p.in_skew, p.seed, ranking=3)
+        del profile
+        for rng, m in edge_blocks(p.edges, p.seed):
+            yield papers_block(rng, m, citing, cited, p.p_in)
+
+    def features(rows: int):
+        profile = profile_classes(balanced_classes(n, c, p.seed), p.feature_flip, p.seed, 0)
+        return class_feature_blocks(profile, p.features, c, p.feature_noise, p.seed, rows)
+
+    meta = {"name": name, "source": {"generator": "papers-like", **asdict(p)}}
+    # two samplers' members (16), the edge profile and its set-up's labels, permutation, sort (32)
+    return GraphSource(name, n, p.features, c, vertex_data, edges, features, meta=meta, vertex_bytes=48,
+                       input_edges=p.edges, where=f"--dataset {name}")

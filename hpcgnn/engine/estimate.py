@@ -339,11 +339,11 @@ def hec_bytes(cfg, meta, s: dict) -> tuple[int, int]:
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
     mb = cfg.minibatch
     iters = math.ceil(max(s["num_train"], 1) / mb.batch_size)
-    lines = min(mb.cs, nh, iters * max(meta.num_parts - 1, 0) * mb.nc)
+    lines = min(mb.cache_lines, nh, iters * max(meta.num_parts - 1, 0) * mb.push_limit)
     table = 16
-    while table < 2 * mb.cs:
+    while table < 2 * mb.cache_lines:
         table *= 2
-    return int(lines * sum(widths[:layers]) * F32), int((table * 2 * I64 + mb.cs * 3 * I64) * layers)
+    return int(lines * sum(widths[:layers]) * F32), int((table * 2 * I64 + mb.cache_lines * 3 * I64) * layers)
 
 
 def hec_capacity_bytes(cfg, meta, s: dict) -> int:
@@ -352,7 +352,7 @@ def hec_capacity_bytes(cfg, meta, s: dict) -> int:
     if cfg.train.engine != "minibatch" or cfg.minibatch.halo != "hec":
         return 0
     ns, nh, ne, nl, widths, layers, wmax = _sizes(cfg, meta, s)
-    return int(min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * F32)
+    return int(min(cfg.minibatch.cache_lines, nh) * sum(widths[:layers]) * F32)
 
 
 def hec_device_bytes(cfg, meta, s: dict, budget: int | None, feature_bytes: int) -> int:
@@ -376,7 +376,7 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
     mb = cfg.minibatch
     if mb.halo == "hec":
         est.terms["hec"] = int(sum(hec_bytes(cfg, meta, s)))
-        est.shrink["hec"] = "minibatch.cs (HEC lines per layer)"
+        est.shrink["hec"] = "minibatch.cache_lines (HEC lines per layer)"
     # a step's live set, the tensors minibatch_device_activations counts (on the CPU the
     # engine's device is host memory), on the expected frontiers of uniform draws (an upper bound)
     est.terms["activations"] = minibatch_device_activations(cfg, meta, s)
@@ -387,7 +387,7 @@ def minibatch_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.shrink["eval"] = "minibatch.eval_rows / minibatch.eval_halo_rounds (or minibatch.eval = 'sampled')"
     else:
         est.terms["eval"] = minibatch_sampled_eval_bytes(cfg, meta, s)
-        est.shrink["eval"] = "minibatch.batch_size or minibatch.fanouts (or minibatch.eval = 'full')"
+        est.shrink["eval"] = "minibatch.eval_batch_size or minibatch.fanouts (or minibatch.eval = 'full')"
     # the sampled frontiers, the optimizer step's temporaries and evaluation do not overlap
     model_terms(cfg, meta, est)
     _keep_largest(est, ("activations", "eval", "optimizer_step"))
@@ -712,15 +712,12 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
         est.terms["chunks"] = int((5 if cfg.model.arch == "gat" else 4) * ne * I64)
         est.shrink["chunks"] = "more ranks (hpcgnn partition --parts)"
     else:
-        from hpcgnn.comm.halo_cached import uses_cached_halo
-
         sage = cfg.model.arch == "sage" and layers >= 2
         bf16 = cfg.train.precision == "bf16"
         if sage:
-            act = sage_in_memory_bytes(ns, nl, ne, widths, layers, bf16, cached=fg.halo == "cached",
-                                       exact=not uses_cached_halo(cfg))
-        elif cfg.model.arch == "gcn" and layers >= 2 and not uses_cached_halo(cfg):
-            act = gcn_in_memory_bytes(ns, nl, ne, widths, layers, bf16)
+            act = sage_in_memory_bytes(ns, nl, ne, widths, layers, bf16, cached=fg.halo == "cached")
+        elif cfg.model.arch == "gcn" and layers >= 2:
+            act = gcn_in_memory_bytes(ns, nl, ne, widths, layers, bf16, cached=fg.halo == "cached")
         else:
             act = int(x0 + sum(per_layer))
         est.terms["activations"] = act
@@ -729,25 +726,27 @@ def fullgraph_terms(cfg, meta, s: dict, est: MemoryEstimate) -> None:
                                      "holds the rows then)") if cfg.train.device != "cuda" else \
             "fullgraph.offload = true with fullgraph.chunks"
     if fg.halo == "cached" or fg.pipeline:
-        # halo cache (cache/halo.py): both tiers hold at most every halo row of every layer
-        # input, within fullgraph.cache_memory; a pipelined layer keeps one message in flight:
-        # receive buffers of all its halo rows (+ int32 positions) and the rows being sent
+        # halo cache (cache/halo.py): both tiers hold at most every halo row of every layer,
+        # in the width the exchange sends (fullgraph_halo_width: the input or the projection),
+        # within fullgraph.cache_memory; a pipelined layer l >= 1 keeps one message in flight:
+        # receive buffers of all its halo rows and the rows being sent (rows alone on the wire)
         from hpcgnn.run.engines.fullgraph import cache_bytes
 
+        hw = [fullgraph_halo_width(cfg, widths, l)[1] for l in range(layers)]
         if fg.halo == "cached":
-            full = nh * sum(widths[:layers]) * F32
+            full = nh * sum(hw) * F32
             budget = cache_bytes(fg.cache_memory, "fullgraph.cache_memory")
             est.terms["halo_cache"] = int(full if budget is None else min(full, budget))
             est.shrink["halo_cache"] = "fullgraph.cache_memory"
         if fg.pipeline:
             wire = 2 if fg.halo_precision == "bf16" else F32     # bytes a value on the wire
-            est.terms["halo_pipeline"] = int(sum(2 * nh * (widths[l] * wire + 4) for l in range(1, layers)))
+            est.terms["halo_pipeline"] = int(sum(2 * nh * hw[l] * wire for l in range(1, layers)))
             est.shrink["halo_pipeline"] = "fullgraph.pipeline = false"
     model_terms(cfg, meta, est)
 
 
 def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False,
-                         cached: bool = False, exact: bool = True) -> int:
+                         cached: bool = False) -> int:
     """SAGE on the in-memory full-graph engine (engine/fullgraph.py ``InMemoryFullGraph``).
 
     Layer 0's aggregate is computed once at start-up, after which the feature rows of the halo
@@ -762,8 +761,8 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     :meth:`hpcgnn.nn.conv.SAGEConv.forward`), or, when it projects first
     (``SAGEConv.projects_first``: few halo rows), ``ns x 2 w_l+1`` and a copy of the ``nh x
     w_l`` halo rows (in bfloat16 its rounded copy of the input instead, the transient below);
-    with an exact halo (``exact``: no cache, no pipeline) a layer with ``w_l+1 < w_l`` exchanges
-    its projection and keeps only ``ns x 2 w_l+1``
+    a layer with ``w_l+1 < w_l`` exchanges its projection (exact or cached alike) and keeps only
+    ``ns x 2 w_l+1``
     (:func:`sage_kept_input`). One layer at a
     time also holds its exchanged input (the received ``nh x w_l`` halo rows and the ``nl x
     w_l`` tensor they join) or in backward its gradient and the ``ns x w_l`` part of it that
@@ -786,8 +785,8 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
         transient, start = nl * (widths[0] + widths[1]) * F32, 0
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
-        projection = exact and exchanges_projection(wi, wo)     # exchanged instead of the input
-        kept += (sage_kept_input(ns, nh, ne, wi, wo, exact) +
+        projection = exchanges_projection(wi, wo)     # exchanged instead of the input
+        kept += (sage_kept_input(ns, nh, ne, wi, wo) +
                  (2 if projection or sage_projects_first(wi, wo, nl, ns, ne) else 1) * ns * wo) * F32
         if projection:              # nl x wo, and its gradient
             transient = max(transient, 2 * nl * wo * F32)
@@ -798,14 +797,17 @@ def sage_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: i
     return int(max(start, kept + transient) + ne * I64)
 
 
-def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False) -> int:
-    """GCN on the in-memory full-graph engine with an exact halo (no cache, no pipeline).
+def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: int, bf16: bool = False,
+                        cached: bool = False) -> int:
+    """GCN on the in-memory full-graph engine, any halo mode.
 
     Layer 0's aggregate is computed once at start-up from every local feature row: beside the
     ``nl x w0`` rows and the feature store's ``ns x w0``, their scaled ``nl x w0`` copy and the
     ``ns x w0`` aggregate (the self loop goes into it in place,
     :meth:`hpcgnn.nn.conv.GCNConv.aggregate`), after which the halo's feature rows are
-    released. Kept for backward: layer 0's aggregate (its product's input) and ReLU+dropout
+    released. With a halo cache (``cached``; its tiers and messages are terms of their own)
+    layer 0 runs every pass on its fetched halo rows instead, its forward holding the joined
+    ``nl x w0`` input and its scaled copy at once. Kept for backward: layer 0's aggregate (its product's input) and ReLU+dropout
     output, ``ns x (w0 + w1)``; each later layer its aggregate (the product's input, the self
     loop added in place) and output, ``ns x (w_l + w_l+1)``, or ``2 ns x w_l+1`` when it
     projects first. Every layer ``l >= 1`` exchanges its source rows, ``wp = min(w_l, w_l+1)``
@@ -821,6 +823,8 @@ def gcn_in_memory_bytes(ns: int, nl: int, ne: int, widths: list[int], layers: in
     start = 2 * (nl + ns) * widths[0] * F32
     kept = ns * (widths[0] + widths[1]) * (F32 + (BF16 if bf16 else 0))
     transient = 0
+    if cached:
+        start, transient = 0, 2 * nl * widths[0] * F32
     for l in range(1, layers):
         wi, wo = widths[l], widths[l + 1]
         wp = min(wi, wo)
@@ -1252,7 +1256,7 @@ DEVICE_SHRINK = {
     "store_rows": "lower store.device_memory",
     "model_state": f"shrink {MODEL_SHRINK}",
     "optimizer_step": f"shrink {MODEL_SHRINK}",
-    "hec": "lower minibatch.cs",
+    "hec": "lower minibatch.cache_lines",
     "activations": None,            # per engine, below
     "eval": "set minibatch.eval_rows / minibatch.eval_halo_rounds",
     "backward": "set fullgraph.offload = true with fullgraph.chunks, or more ranks",
@@ -1420,11 +1424,13 @@ def estimate_device_memory(cfg, meta, part_id: int, shapes: dict | None = None, 
     return out
 
 
-def minibatch_frontier_rows(cfg, meta, s: dict, exact: bool | None = None) -> list[float]:
+def minibatch_frontier_rows(cfg, meta, s: dict, exact: bool | None = None,
+                            batch: int | None = None) -> list[float]:
     """Expected rows of every sampled layer's input (``rows[l]``, ``rows[layers]`` = the batch):
     the batch, then each hop adds the expected distinct vertices of its fanout's draws, uniform
     over the rank's local vertices, or with ``exact`` over the whole graph (DistDGL-style
-    sampling: ``minibatch.halo = "exact"`` (the default of ``exact``), sampled evaluation). An
+    sampling: ``minibatch.halo = "exact"`` (the default of ``exact``), sampled evaluation);
+    ``batch``: seeds per batch (default: a training minibatch's). An
     upper bound: a partition's neighbourhoods overlap more than uniform draws do (products-like
     0.25, 2 ranks, fanouts 5, 10, 15: 1.7x / 1.4x the sampled layer-0 / layer-1 rows)."""
     ns, nl = s["num_solid"], s["num_solid"] + s["num_halo"]
@@ -1432,7 +1438,8 @@ def minibatch_frontier_rows(cfg, meta, s: dict, exact: bool | None = None) -> li
     if exact is None:
         exact = mb.halo == "exact"
     pool = max(int(meta.num_nodes), nl) if exact else nl
-    rows = [float(min(mb.batch_size, max(s.get("num_train", ns), 1), max(ns, 1)))]
+    seeds = (min(mb.batch_size, max(s.get("num_train", ns), 1)) if batch is None else batch)
+    rows = [float(min(seeds, max(ns, 1)))]
     for f in reversed(_fanout_draws(cfg, s)):
         rows.append(min(pool, rows[-1] + expected_distinct(pool, rows[-1] * f)))
     return rows[::-1]
@@ -1445,15 +1452,17 @@ def _fanout_draws(cfg, s: dict) -> list[float]:
     return [avg if f < 0 else min(f, avg) for f in cfg.minibatch.fanouts]
 
 
-def minibatch_expected_sizes(cfg, meta, s: dict, exact: bool | None = None) -> tuple[list, list]:
+def minibatch_expected_sizes(cfg, meta, s: dict, exact: bool | None = None,
+                             batch: int | None = None) -> tuple[list, list]:
     """``(rows, edges)`` of an expected minibatch, as :func:`minibatch_sampled_sizes` gives a
     sampled one: :func:`minibatch_frontier_rows` and each layer's destinations times its draws."""
-    rows = minibatch_frontier_rows(cfg, meta, s, exact)
+    rows = minibatch_frontier_rows(cfg, meta, s, exact, batch)
     return rows, [rows[l + 1] * f for l, f in enumerate(_fanout_draws(cfg, s))]
 
 
 def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> int:
-    """Bytes of one minibatch of the sampled evaluation (``minibatch.eval = "sampled"``,
+    """Bytes of one batch of the sampled evaluation (``minibatch.eval = "sampled"``, of
+    ``minibatch.eval_batch_size`` seeds,
     :meth:`hpcgnn.engine.minibatch.MinibatchEngine._predict_sampled`) on frontiers sampled over
     the whole graph (:func:`minibatch_frontier_rows` with ``exact``), the larger of its two
     phases: the feature fetch (:meth:`hpcgnn.comm.exact_fetch.ExactFetch.fetch_features`: the
@@ -1465,7 +1474,9 @@ def minibatch_sampled_eval_bytes(cfg, meta, s: dict, device: bool = False) -> in
     a GPU holds of it, the forward's tensors and the blocks' CSRs (the fetch's buffers are host
     memory)."""
     _, _, _, _, widths, layers, _ = _sizes(cfg, meta, s)
-    rows, edges = minibatch_expected_sizes(cfg, meta, s, exact=True)
+    mb = cfg.minibatch   # an evaluation batch: minibatch.eval_batch_size seeds, 0 = 10 x batch_size
+    rows, edges = minibatch_expected_sizes(cfg, meta, s, exact=True,
+                                           batch=int(mb.eval_batch_size or 10 * mb.batch_size))
     gat = cfg.model.arch == "gat"
     x0 = rows[0] * widths[0] * F32
 
@@ -1561,30 +1572,36 @@ def _minibatch_step_bytes(cfg, widths: list, rows: list, edges: list) -> float:
     return total + gat_backward
 
 
-def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:
-    """The width of the projection layer ``l`` of the in-memory full graph exchanges instead of
-    its input (``InMemoryFullGraph.exchange_projection``), None when it exchanges its input:
-    layer 0 (its halo rows are the partition's), the offloaded engine (it exchanges its
-    host-resident inputs), a halo cache or pipeline (they keep input rows), or a SAGE or GAT
-    projection no narrower than the input (:func:`hpcgnn.nn.conv.exchanged_width`: ``w_l+1``
-    for SAGE, ``heads x`` the per-head output for GAT; GCN's source rows, ``min(w_l, w_l+1)``,
-    always)."""
-    from hpcgnn.comm.halo_cached import uses_cached_halo
-    from hpcgnn.nn.conv import exchanged_width
+def fullgraph_halo_width(cfg, widths: list[int], l: int) -> tuple[bool, int]:
+    """What the full graph's halo exchange sends at layer ``l`` of ``cfg``'s model with layer
+    widths ``widths``, exact or cached alike (:func:`hpcgnn.nn.conv.halo_exchange_shape`, the one
+    rule): ``(True, w)`` its ``w`` wide projection (GCN's source rows, ``min(w_l, w_l+1)``; a
+    SAGE projection ``w_l+1``, a GAT one ``heads x`` the per-head output, when narrower than the
+    input), else ``(False, w_l)`` its input: layer 0 (its halo rows are the partition's) and the
+    offloaded engine (it exchanges its host-resident inputs) always."""
+    from hpcgnn.nn.conv import halo_exchange_shape
 
     m = cfg.model
-    if l == 0 or cfg.fullgraph.offload or uses_cached_halo(cfg):
-        return None
+    if cfg.fullgraph.offload:
+        return False, int(widths[l])
     heads = m.heads if m.arch == "gat" else 1
     out = widths[l + 1] if m.arch != "gat" or l == m.layers - 1 else m.hidden
-    return exchanged_width(m.arch, widths[l], out, heads)
+    return halo_exchange_shape(m.arch, l, widths[l], out, heads)
+
+
+def fullgraph_projection_width(cfg, widths: list[int], l: int) -> int | None:
+    """The width of the projection layer ``l`` of the in-memory full graph exchanges instead of
+    its input (``InMemoryFullGraph.exchange_projection``; :func:`fullgraph_halo_width`), None
+    when it exchanges its input."""
+    projection, w = fullgraph_halo_width(cfg, widths, l)
+    return w if projection else None
 
 
 def sage_kept_input(ns: int, nh: int, ne: int, wi: int, wo: int, exact: bool = True) -> int:
     """Values a SAGE layer ``l >= 1`` of the in-memory full graph keeps of its exchanged input
     for backward, ``w_l = wi -> w_l+1 = wo`` (float32; its own rows are given apart, the previous
     layer's output, kept anyway: :meth:`hpcgnn.nn.conv.SAGEConv.forward`): none when it exchanges
-    its projection (``exact``: an exact halo, and ``wo < wi``); else its ``ns x wi`` neighbour
+    its projection (``exact``: the exchange's rule applies, and ``wo < wi``); else its ``ns x wi`` neighbour
     mean when it aggregates first, or a copy of the ``nh x wi`` halo rows when it projects first
     (:func:`~hpcgnn.nn.conv.sage_projects_first`). The one rule of the device estimate
     (:func:`fullgraph_kept_inputs`) and the host one (:func:`sage_in_memory_bytes`)."""
@@ -1600,8 +1617,7 @@ def fullgraph_kept_inputs(cfg, meta, s: dict) -> list[int]:
     (index ``l - 1``): none when it exchanges its projection (:func:`fullgraph_projection_width`:
     the projection's input is the previous layer's output, kept anyway); for GCN its ``ns x
     w_l`` aggregate, the product's input (the scaled rows are not kept: their factor is a
-    constant), or when it projects first nothing (exchanged) or the ``nl x w_l`` rows (a halo
-    cache); for SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the
+    constant), or when it projects first nothing (exchanged, in every halo mode); for SAGE :func:`sage_kept_input` (in bfloat16, whose projection is not merged, the
     exchanged rows of a layer that projects first); else (GAT) the exchanged ``nl x w_l`` rows."""
     from hpcgnn.nn.conv import sage_projects_first
 

@@ -7,8 +7,9 @@ rows are fetched from their owners by the rank's :class:`~hpcgnn.comm.halo.HaloP
 rows); layer 0's halo features are exchanged once. A layer whose projection is narrower
 than its input (SAGE and GCN with ``out < in``, GAT with ``heads x out < in``: the last layer
 of a SAGE 64-47 model) exchanges that projection instead, computed by every rank on its own
-rows, when the provider is exact (``HaloProvider.stateless``): fewer bytes on the wire, no halo
-row projected by its receiver, and no ``[num_local, in]`` input to keep. The loss is the mean over
+rows, with every provider (:func:`halo_layers`, the one rule: a halo cache keeps the same rows):
+fewer bytes on the wire, no halo row projected by its receiver, and no ``[num_local, in]`` input
+to keep. The loss is the mean over
 all training vertices of the whole graph (sum of the local losses / global
 training count), so the allreduce **sums** the per-rank partial gradients: the
 step equals single-process full-graph training up to floating-point order.
@@ -19,7 +20,8 @@ instead (HongTu: host-resident layer data, chunks streamed through the device).
 
 With ``fullgraph.halo = "cached"`` and/or ``fullgraph.pipeline`` the in-memory runner fetches
 halo rows through a :class:`~hpcgnn.comm.halo_cached.CachedHalo` (CaPGNN's JACA cache with the
-hard staleness bound ``fullgraph.staleness``, PipeGCN-style pipelining; docs/capgnn.md). With
+hard staleness bound ``fullgraph.staleness``, PipeGCN-style pipelining; docs/capgnn.md), which
+keeps per layer the rows the exact exchange would send (the input or the projection). With
 the cache on, layer 0's halo features are not fetched at start-up but through the cache (each
 cached row sent once, the rest every epoch); evaluation stays exact. Its per-layer figures
 (ages of the halo rows used, tier hits, bytes with and without the cache) go into the run file
@@ -94,18 +96,22 @@ def build_local_graph(part, comm, fetch_halo: bool = True, store=None) -> LocalG
     cache fetches them). ``store``: the rank's :class:`~hpcgnn.store.rank.RankStore`; the topology and the
     solid rows are then read from it and the runners gather layer 0's solid rows through its
     feature store; None: from ``part``."""
+    from hpcgnn.store.base import feature_tensor
+
     plan = HaloPlan.from_partition(part, comm)
     if store is None:
-        solid = torch.from_numpy(np.ascontiguousarray(part.features, dtype=np.float32))
+        solid = feature_tensor(part.features)        # as stored (float32, float16 or bfloat16)
         indptr, local_indices = part.local_csr()
     else:
         solid = store.features.full_rows()
         indptr, local_indices = store.graph.csr()
     x0 = torch.empty((part.num_local, solid.shape[1]), dtype=torch.float32)
-    x0[:part.num_solid] = solid
+    x0[:part.num_solid] = solid     # cast to float32 (exact)
     x0[part.num_solid:] = 0.0       # stays zero without peers (comm None: the caller fills it)
-    if fetch_halo:
-        ExactHalo(comm, plan).fill(0, x0)
+    exact = ExactHalo(comm, plan)
+    if fetch_halo and exact.distributed:
+        # the halo rows travel as the store holds them (2 bytes a value for half precision)
+        x0[part.num_solid:] = exact.fetch_tensor(0, solid).reshape(-1, solid.shape[1])
     return LocalGraph(num_solid=part.num_solid, num_local=part.num_local, indptr=indptr,
                       local_indices=local_indices, halo=plan, x0=x0, degree=part.local_degree(),
                       features=None if store is None else store.features,
@@ -151,11 +157,9 @@ class InMemoryFullGraph:
         # a cache fetches layer 0's halo rows too (x0's halo rows are not held)
         self.fetch_x0 = isinstance(self.halo, CachedHalo) and self.halo.settings.cache
         # layers l >= 1 exchange their projection instead of their input where the layer says so
-        # (SAGE, GAT: narrower; GCN: always, its source rows; nn.conv.exchanged_width). An exact
-        # provider only: a cache keeps rows of the input's width, of older weights; layer 0's
-        # halo rows are the partition's, exchanged once
-        self.exchange_projection = [l > 0 and self.halo.stateless and self.ops.exchanges_projection(l)
-                                    for l in range(self.ops.num_layers)]
+        # (SAGE, GAT: narrower; GCN: always, its source rows), exact or cached alike (a cache
+        # keeps those rows); layer 0's halo rows are the partition's features
+        self.exchange_projection = [projection for projection, _ in halo_layers(model)]
         # Layer 0's aggregation reads only the features, which never change (no dropout before
         # layer 0): a cacheable layer 0 (SAGE, GCN) aggregates them once, and every forward runs
         # only its update (conv.update_from_aggregate). Not with a halo cache, whose layer-0
@@ -347,6 +351,14 @@ class OffloadedFullGraph:
                 "predicted_h2d_rows_per_layer_pass": e.predicted_h2d_rows()}
 
 
+def halo_layers(model) -> list[tuple[bool, int]]:
+    """Per layer of ``model`` (a :class:`~hpcgnn.nn.models.GNN`), what the halo exchange sends,
+    exact or cached alike: ``(projection, width)`` (:func:`hpcgnn.nn.conv.halo_exchange_width`)."""
+    from hpcgnn.nn.conv import halo_exchange_width
+
+    return [halo_exchange_width(conv, l) for l, conv in enumerate(model.layers)]
+
+
 def cache_settings(cfg) -> CacheSettings:
     """The ``[fullgraph]`` cache keys as :class:`~hpcgnn.comm.halo_cached.CacheSettings`."""
     from hpcgnn.run.engines.fullgraph import cache_bytes
@@ -358,7 +370,7 @@ def cache_settings(cfg) -> CacheSettings:
                          precision=fg.halo_precision)
 
 
-def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | None = None):
+def make_runner(cfg, model, graph: LocalGraph, comm, device):
     """The in-memory or the offloaded runner, as ``cfg.fullgraph.offload`` says (in memory with a
     :class:`~hpcgnn.comm.halo_cached.CachedHalo` when the config asks for one; collective then)."""
     fg = cfg.fullgraph
@@ -367,9 +379,7 @@ def make_runner(cfg, model, graph: LocalGraph, comm, device, num_classes: int | 
                                    order=fg.order, recompute=fg.recompute)
         return OffloadedFullGraph(model, graph, comm, device, settings)
     if uses_cached_halo(cfg):
-        from hpcgnn.engine.estimate import layer_widths
-
-        widths = layer_widths(cfg, int(graph.x0.shape[1]), int(num_classes or 1))[:cfg.model.layers]
+        widths = [w for _, w in halo_layers(model)]
         halo = CachedHalo(comm, graph.halo, cache_settings(cfg), widths, device)
         return InMemoryFullGraph(model, graph, comm, device, halo=halo)
     return InMemoryFullGraph(model, graph, comm, device,
@@ -395,7 +405,8 @@ class FullGraphEngine(Engine):
 
         error, part, store = None, None, None
         try:
-            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
+            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify,
+                                  features=cfg.store.features)
             device = resolve_device(cfg, rt)
             # the rank's vertex data store: every row is read in every pass (no sampler)
             store = build_rank_store(cfg, part, HostGraphStore(*part.local_csr(), part.num_solid, part.num_local),
@@ -419,7 +430,7 @@ class FullGraphEngine(Engine):
         self.optimizer = build_optimizer(cfg, self.model)
         error, runner = None, None
         try:
-            runner = make_runner(cfg, self.model, graph, self.data_plane, device, out.meta.num_classes)
+            runner = make_runner(cfg, self.model, graph, self.data_plane, device)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)

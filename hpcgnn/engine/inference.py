@@ -114,9 +114,29 @@ def _rowwise(fn: Callable, h: torch.Tensor, rows: int, device=None):
     return outs[0] if single else outs
 
 
+COMPUTE_DTYPE = torch.float32
+"""The dtype every layer computes in: layer-0 input rows held in half precision (a float16 or
+bfloat16 feature store) are cast chunk by chunk, on the device (:func:`_on`)."""
+
+
 def _on(t: torch.Tensor, device) -> torch.Tensor:
-    """``t`` on ``device`` (None: where it is)."""
-    return t if device is None else t.to(device)
+    """``t`` on ``device`` (None: where it is), in :data:`COMPUTE_DTYPE` (input rows held in
+    half precision are copied in that precision and cast there)."""
+    t = t if device is None else t.to(device)
+    return t if t.dtype == COMPUTE_DTYPE else t.to(COMPUTE_DTYPE)
+
+
+def _host_rows(t: torch.Tensor) -> np.ndarray:
+    """Host numpy rows of ``t`` in its dtype (bfloat16 as its uint16 bit patterns): what a
+    halo exchange sends, so half-precision input rows travel at 2 bytes a value."""
+    t = t.detach().cpu().contiguous()
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def _rows_tensor(rows: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`_host_rows`: received numpy rows as a tensor of ``dtype``."""
+    t = torch.from_numpy(rows)
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
 
 @dataclass(eq=False)
@@ -192,7 +212,9 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                         num_layers: int | None = None, device=None) -> torch.Tensor:
     """Output of the model's first ``num_layers`` layers (default all) for the solid rows.
 
-    ``x_solid`` [num_solid, in_dim]: layer-0 input of the solid rows; ``indptr``
+    ``x_solid`` [num_solid, in_dim]: layer-0 input of the solid rows (float32, or a feature
+    store's float16 / bfloat16 rows: cast chunk by chunk where they are computed on, and sent
+    to the other ranks in that precision); ``indptr``
     [num_solid + 1] / ``indices`` (local ids, halo rows after the solid ones): the partition's
     CSR over solid destinations; ``halo``: a :class:`~hpcgnn.comm.halo.HaloRounds` of the
     partition (collective calls: every rank runs the same layers); ``rows``: destination rows
@@ -218,10 +240,10 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
     if not 1 <= layers <= model.num_layers:
         raise ValueError(f"num_layers must be in 1..{model.num_layers}, got {layers}")
     if gcn_scale is not None:
-        gcn_scale = gcn_scale.to(device=device, dtype=x_solid.dtype)
+        gcn_scale = gcn_scale.to(device=device, dtype=COMPUTE_DTYPE)
     chunks = [(a, min(num_solid, a + rows)) for a in range(0, num_solid, rows)]
     edges = None          # the streamed aggregation's edge groups: built at the first SAGE/GCN layer
-    deg = (ip[1:] - ip[:-1]).to(x_solid.dtype)
+    deg = (ip[1:] - ip[:-1]).to(COMPUTE_DTYPE)
     inv_deg = torch.where(deg > 0, 1.0 / deg.clamp(min=1), torch.zeros_like(deg))
 
     was_training = model.training
@@ -238,16 +260,19 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                     if gcn_scale is None:
                         raise ValueError("layerwise_inference: GCN layers need gcn_scale")
                     src = torch.empty(num_solid, conv.out_dim if conv.project_first else conv.in_dim,
-                                      dtype=h.dtype, device=device)
+                                      dtype=COMPUTE_DTYPE, device=device)
                     for a, b in chunks:
                         src[a:b] = conv.source_rows(_on(h[a:b], device), gcn_scale[a:b])
-                else:
+                wire = None        # rows sent to the halo, when narrower than src (half-precision input)
+                if not isinstance(conv, GCNConv):
                     src = _rowwise(conv.source_rows, h, rows, device) if conv.project_first else _on(h, device)
                     if not conv.project_first:
+                        wire = h if h.dtype != src.dtype else None
                         h = src
                 if edges is None:
                     edges = _EdgeGroups.build(ip_host, indices, num_solid, halo, chunks, device)
-                acc = _aggregate_streamed(src, halo, ip, ix, edges, chunks, kernel_options(conv))
+                acc = _aggregate_streamed(src, halo, ip, ix, edges, chunks, kernel_options(conv), wire=wire)
+                wire = None
                 out = None
                 for a, b in chunks:
                     if isinstance(conv, SAGEConv):
@@ -262,7 +287,7 @@ def layerwise_inference(model, indptr: np.ndarray, indices: np.ndarray, x_solid:
                     out = _store_rows(out, res, a, b, num_solid, model, final, reuse=acc)
                     res = None          # one chunk's rows at a time, not two across chunks
                 if out is None:
-                    out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=device)
+                    out = torch.empty((0, _layer_width(model, l)), dtype=COMPUTE_DTYPE, device=device)
                 del acc, src
             else:
                 raise ValueError(f"layerwise_inference: unsupported layer {type(conv).__name__}")
@@ -305,25 +330,30 @@ class _EdgeGroups:
 
 
 def _aggregate_streamed(src: torch.Tensor, halo, ip: torch.Tensor, ix: torch.Tensor,
-                        edges: _EdgeGroups, chunks: list, kernels: dict | None = None) -> torch.Tensor:
+                        edges: _EdgeGroups, chunks: list, kernels: dict | None = None,
+                        wire: torch.Tensor | None = None) -> torch.Tensor:
     """[num_solid, width]: for every solid destination the sum of ``src`` rows over all its
     in-edges, the halo sources' rows arriving round by round from their owners (aggregation
     ``kernels``: the layer's backend and determinism, :func:`hpcgnn.nn.aggregate.kernel_options`).
     ``chunks``: the destination row ranges; ``edges``: the edges' groups (:class:`_EdgeGroups`).
     A chunk's edges of one group are selected with ``nonzero_static`` at the count the host
-    knows, so no chunk waits for the device."""
+    knows, so no chunk waits for the device. ``wire``: ``src``'s rows as held in a narrower
+    dtype (half-precision features, which ``src`` is the exact cast of): the halo rows travel
+    in it and are cast on arrival."""
     from hpcgnn.nn.aggregate import aggregate_sum
 
     num_solid = ip.shape[0] - 1
     acc = torch.zeros(num_solid, src.shape[1], dtype=src.dtype, device=src.device)
     src_np = None
+    sent = src if wire is None else wire
     for g in range(halo.rounds + 1):
         if g == 0:
             x = src
         else:
             if src_np is None:
-                src_np = src.detach().cpu().contiguous().numpy()
-            x = torch.from_numpy(halo.round_rows(src_np, g - 1)).reshape(-1, src.shape[1]).to(src.device)
+                src_np = _host_rows(sent)
+            x = _rows_tensor(halo.round_rows(src_np, g - 1), sent.dtype).reshape(-1, src.shape[1])
+            x = x.to(src.device, src.dtype)          # cast on arrival (exact)
         if x.shape[0] == 0:
             continue
         for c, (a, b) in enumerate(chunks):
@@ -350,9 +380,9 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, ip_host: np.n
                chunks: list, final: bool) -> torch.Tensor:
     """One GAT layer over solid destinations with the halo input rows materialised
     (``ip_host``: the CSR's indptr on the host, the chunks' edge bounds)."""
-    num_solid = int(h.shape[0])
-    halo_rows = torch.from_numpy(halo.all_rows(h.detach().cpu().contiguous().numpy()))
-    h_local = torch.cat([h, halo_rows.reshape(-1, h.shape[1]).to(h.device, h.dtype)])
+    num_solid = int(h.shape[0])     # h: float32, or half-precision input rows (sent as they are)
+    halo_rows = _rows_tensor(halo.all_rows(_host_rows(h)), h.dtype)
+    h_local = torch.cat([h, halo_rows.reshape(-1, h.shape[1]).to(h.device)])
     del halo_rows
     num_local = int(h_local.shape[0])
     z, el = _rowwise(conv.source_rows, h_local, rows, ip.device)   # streamed when h is elsewhere
@@ -365,7 +395,7 @@ def _gat_layer(model, l: int, conv, h: torch.Tensor, halo, ip, ix, ip_host: np.n
         out = _store_rows(out, res, a, b, num_solid, model, final)
         blk = res = None                 # one chunk's block and rows at a time
     if out is None:
-        out = torch.empty((0, _layer_width(model, l)), dtype=h.dtype, device=ip.device)
+        out = torch.empty((0, _layer_width(model, l)), dtype=COMPUTE_DTYPE, device=ip.device)
     return out
 
 

@@ -21,7 +21,7 @@ b. halo rows of ``h_l`` take their HEC_l value on a hit (detached: no gradient c
    mean aggregator averages over the remaining neighbours (and a destination left without
    neighbours aggregates zero);
 c. ``k < M - d``: push ``h_l`` of the frontier's solid vertices that are halo elsewhere, at most
-   ``nc`` per destination (:class:`~hpcgnn.comm.aep.AsyncEmbeddingPush`);
+   ``minibatch.push_limit`` per destination (:class:`~hpcgnn.comm.aep.AsyncEmbeddingPush`);
 d. the model computes layer ``l``.
 
 HEC_0 holds raw input features and never expires. Then loss (cross-entropy, mean over the
@@ -49,8 +49,12 @@ communication), ``exact`` (DistDGL-style distributed sampling and feature pull, 
 Evaluation (``minibatch.eval``): ``full`` = exact layer-wise full-neighbour inference over the
 whole graph (each rank computes its solid vertices layer by layer; the halo rows of every
 layer's input come from their owners by alltoallv); ``sampled`` = DistDGL-style sampled
-inference with the training fanouts over the whole graph. Counts are reduced to global
-accuracies.
+inference with the training fanouts over the whole graph for the validation and test vertices
+only, in batches of ``minibatch.eval_batch_size`` seeds per rank; its train accuracy is that of
+the epoch's own training minibatches (the predictions of the training forward, dropout on, each
+training vertex counted once). A vertex's sampled neighbours in evaluation are keyed by
+``(seed, hop, vertex)`` only (:meth:`MinibatchEngine._predict_sampled`), so its prediction does
+not depend on the batch it is in. Counts are reduced to global accuracies.
 
 Randomness is a function of integers only (so resume at an epoch boundary is exact): model
 initialisation ``(seed)``; epoch order ``(seed, epoch, rank)``; sampling ``(seed, rank, epoch,
@@ -172,11 +176,12 @@ class MinibatchEngine(Engine):
         mb = cfg.minibatch
         self.seed = cfg.train.seed
         self.halo_mode = mb.halo
-        self.delay = mb.delay
+        self.delay = mb.push_delay
         self.fanouts = list(mb.fanouts)   # one per layer (hpcgnn.run.engines.minibatch.validate)
         part, error = None, None
         try:
-            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify)
+            part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify,
+                                  features=cfg.store.features)
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
@@ -214,15 +219,16 @@ class MinibatchEngine(Engine):
             from hpcgnn.cache.hec import HistoricalEmbeddingCache
 
             max_degree = allreduce_max(rt, int(part.degree.max()) if part.degree.size else 0)
-            self.aep = AsyncEmbeddingPush(self.data_plane, part, cfg.model.layers, mb.nc, mb.delay, max_degree,
-                                          record=self.hooks.wants_exchanges)
+            self.aep = AsyncEmbeddingPush(self.data_plane, part, cfg.model.layers, mb.push_limit,
+                                          mb.push_delay, max_degree, record=self.hooks.wants_exchanges)
             # only this rank's halo vertices are ever pushed to it: no more rows than those
-            rows = max(1, min(mb.cs, part.num_halo))
-        self.store = self._build_store(min(mb.cs, part.num_halo) if self.halo_mode == "hec" else 0)
+            rows = max(1, min(mb.cache_lines, part.num_halo))
+        self.store = self._build_store(min(mb.cache_lines, part.num_halo) if self.halo_mode == "hec" else 0)
         if self.halo_mode == "hec":
-            self.hecs = [HistoricalEmbeddingCache(mb.cs, d, mb.ls, never_expire=(l == 0),
+            self.hecs = [HistoricalEmbeddingCache(mb.cache_lines, d, mb.cache_lifespan, never_expire=(l == 0),
                                                   device=self.store.hec_devices[l], max_rows=rows)
                          for l, d in enumerate(self.dims)]
+        self._train_counts = (0, 0)    # (correct, seen) of the last epoch's training forwards
         self.fetch = None
         if self.halo_mode == "exact" or mb.eval == "sampled":
             from hpcgnn.comm.exact_fetch import ExactFetch
@@ -243,7 +249,9 @@ class MinibatchEngine(Engine):
                       eval_method=("full-neighbour layer-wise inference over the whole graph "
                                    "(exact; halo rows exchanged per layer)" if mb.eval == "full" else
                                    "sampled inference with the training fanouts over the whole graph "
-                                   "(DistDGL-style distributed sampling)"),
+                                   "(DistDGL-style distributed sampling) of the validation and test "
+                                   "vertices; train accuracy from the epoch's training minibatches "
+                                   "(dropout on)"),
                       layer_input_dims=self.dims, num_train=int(allreduce_sum(rt, [self.train_ids.size])[0]))
         placements = rt.comm.allgather(self.store.summary()) if rt.size > 1 else [self.store.summary()]
         out.set_attrs(store_mode=self.store.features.name, store_placement=placements,
@@ -298,6 +306,8 @@ class MinibatchEngine(Engine):
                 raise InputError(f"{cfg.data.partitions}: no training vertices in any partition")
             bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         loss_sum, seen, sampled_edges, inputs, halo_inputs = 0.0, 0, 0, 0, 0
+        train_correct = 0       # sampled evaluation's train accuracy: a device tensor, read once
+        count_correct = cfg.minibatch.eval == "sampled"
         overlapped = 0          # gradient buckets started during backward, over the epoch's steps
         hooks = self.hooks
         overlap = self.store.prefetch.loader     # sampling ahead on the worker thread
@@ -335,6 +345,8 @@ class MinibatchEngine(Engine):
                         loss.backward()
                         step_loss = loss.detach()     # on the device: read once per epoch, no sync here
                         loss_sum = step_loss.double() * int(y.shape[0]) + loss_sum
+                        if count_correct:
+                            train_correct = (logits.detach().argmax(dim=1) == y).sum() + train_correct
                         seen += int(y.shape[0])
                 if self.aep is not None:
                     with timer.phase("housekeeping"):
@@ -357,6 +369,7 @@ class MinibatchEngine(Engine):
                 self.aep.assert_drained()
             timings = {}
             tot = allreduce_sum(rt, [float(loss_sum), seen])
+            self._train_counts = (int(train_correct), seen)
             loss = tot[0] / tot[1] if tot[1] else float("nan")
             counters = {"iterations": m, "seeds": seen, "sampled_edges": sampled_edges,
                         "input_vertices": inputs, "halo_inputs": halo_inputs,
@@ -513,7 +526,12 @@ class MinibatchEngine(Engine):
                 pred = self._predict_sampled()
         finally:
             self.model.train()
-        correct, total = split_counts(pred.cpu(), self.labels.cpu(), self._masks())
+        masks = self._masks()
+        if self.cfg.minibatch.eval == "sampled":
+            del masks["train"]      # counted by the epoch's training forwards
+        correct, total = split_counts(pred.cpu(), self.labels.cpu(), masks)
+        if self.cfg.minibatch.eval == "sampled":
+            correct["train"], total["train"] = self._train_counts
         return accuracy_metrics(self.rt, correct, total)
 
     def _predict_full(self) -> torch.Tensor:
@@ -534,16 +552,28 @@ class MinibatchEngine(Engine):
                                    self.device, rows=mb.eval_rows, halo_rounds=mb.eval_halo_rounds,
                                    plan=self.halo_plan, csr=self.graph.csr(), num_layers=num_layers)
 
-    def _predict_sampled(self) -> torch.Tensor:
-        """Sampled inference over the whole graph for the labelled solid vertices."""
+    def eval_batch_size(self) -> int:
+        """Seeds per rank per batch of the sampled evaluation: ``minibatch.eval_batch_size``, or
+        (0) ten times the training batch (no activations are kept for backward)."""
+        mb = self.cfg.minibatch
+        return mb.eval_batch_size or 10 * mb.batch_size
+
+    @torch.no_grad()
+    def _predict_sampled(self, ids: np.ndarray | None = None) -> torch.Tensor:
+        """Collective: sampled inference over the whole graph; predictions [num_solid] for the
+        solid local ids ``ids`` (default: the validation and test vertices), -1 elsewhere.
+        Every batch samples with ``(epoch, step) = (-1, 0)``: a vertex's neighbours at each hop
+        are a function of (seed, hop, vertex), so a prediction does not depend on the batch
+        size or on which other vertices are evaluated."""
         part, rt = self.part, self.rt
-        ids = np.flatnonzero(part.train_mask | part.val_mask | part.test_mask).astype(np.int64)
-        m, sizes = equalised_batches(ids.size, self.cfg.minibatch.batch_size, rt)
+        if ids is None:
+            ids = np.flatnonzero(part.val_mask | part.test_mask).astype(np.int64)
+        m, sizes = equalised_batches(ids.size, self.eval_batch_size(), rt)
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64) if m else np.zeros(1, np.int64)
         pred = torch.full((part.num_solid,), -1, dtype=torch.int64)
         for k in range(m):
             seeds = ids[bounds[k]:bounds[k + 1]]
-            batch = self.fetch.sample(seeds + part.solid_begin, -1, k)
+            batch = self.fetch.sample(seeds + part.solid_begin, -1, 0)
             x = self.fetch.fetch_features(batch.frontiers[0])
             if seeds.size:
                 logits = self.model([self._device_block(b) for b in batch.blocks],

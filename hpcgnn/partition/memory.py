@@ -10,6 +10,10 @@ command's peak. Instead a step's peak is
   ``interval`` seconds; a lower bound of the true step peak, off by at most what the process
   allocates and frees between two samples).
 
+A step that runs a child process (KaMinPar's) takes the child's own peak instead when larger
+(:meth:`StepMeter.child_peak`, the child's VmHWM: wait4's ru_maxrss would also count this
+process's resident size at the fork).
+
 The ``total`` row is the largest step peak: the command's peak, exact whenever the command
 raised the process high-water mark at all (always, in a fresh ``hpcgnn partition`` process).
 Without /proc (not Linux) the figures are ``ru_maxrss`` at each step's end: cumulative peaks.
@@ -49,6 +53,7 @@ class StepMeter:
         self._stop = threading.Event()
         self._has_proc = os.path.exists("/proc/self/status")
         self._thread = None
+        self._child = 0
         if self._has_proc:
             self._thread = threading.Thread(target=self._sample, name="hpcgnn-step-meter", daemon=True)
             self._thread.start()
@@ -63,7 +68,9 @@ class StepMeter:
 
     @contextlib.contextmanager
     def step(self, name: str):
-        """Time the enclosed block and record its peak resident memory as step ``name``."""
+        """Time the enclosed block and record its peak resident memory as step ``name`` (or a
+        child process's peak given to :meth:`child_peak` inside it, when larger)."""
+        self._child = 0
         hwm0 = high_water_mark()
         with self._lock:
             self._seen = rss_bytes()
@@ -76,12 +83,20 @@ class StepMeter:
             now = rss_bytes()
             with self._lock:
                 seen = max(self._seen, now)
-            if not self._has_proc:
+            child, self._child = self._child, 0
+            if child > max(hwm1, seen):
+                self._steps.append(StepRecord(name, seconds, child, True))
+            elif not self._has_proc:
                 self._steps.append(StepRecord(name, seconds, hwm1, False))
             elif hwm1 > hwm0:
                 self._steps.append(StepRecord(name, seconds, hwm1, True))
             else:
                 self._steps.append(StepRecord(name, seconds, min(seen, hwm1), False))
+
+    def child_peak(self, nbytes: int) -> None:
+        """The peak resident memory of a child process the current step ran (its own VmHWM,
+        as it reported it): the step's peak when larger than this process's."""
+        self._child = max(self._child, int(nbytes))
 
     def records(self) -> list[StepRecord]:
         """The finished steps, then ``total``: their summed time and largest peak."""

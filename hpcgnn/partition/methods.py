@@ -1,10 +1,13 @@
-"""Vertex-to-partition assignment: METIS (multi-constraint), random, contiguous.
+"""Vertex-to-partition assignment: METIS (multi-constraint), KaMinPar (one weight plus a repair
+pass for the other constraints, :mod:`hpcgnn.partition.kaminpar`), random, contiguous; and the
+automatic choice between METIS and KaMinPar by memory (:func:`choose_method`).
 
 Every method returns ``part``: int64 [N] with values in [0, K). The seed fixes the result.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,7 +15,7 @@ from hpcgnn.errors import InputError
 from hpcgnn.partition.balance import CONSTRAINTS, vertex_weights
 from hpcgnn.partition.metis import DEFAULT_NITER
 
-METHODS = ("metis", "random", "contiguous")
+METHODS = ("auto", "metis", "kaminpar", "random", "contiguous")
 DEFAULT_CONSTRAINTS = CONSTRAINTS
 
 
@@ -99,14 +102,79 @@ def assign_parts(method: str, indptr: np.ndarray, indices: np.ndarray, train_mas
     """(part int64 [N], constraints balanced by construction) for ``method``.
 
     Random and contiguous assignments balance no weighted constraint: they return ``()``.
-    ``library`` and ``ondisk`` are METIS' (see :func:`metis_parts`).
+    ``library`` and ``ondisk`` are METIS' (see :func:`metis_parts`). KaMinPar runs with one
+    thread (reproducible) and its ``eps`` is ``ufactor`` / 1000.
     """
     n = indptr.shape[0] - 1
     if method == "metis":
         return metis_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor, niter,
                            library=library, ondisk=ondisk)
+    if method == "kaminpar":
+        from hpcgnn.partition.kaminpar import kaminpar_parts
+
+        result = kaminpar_parts(indptr, indices, train_mask, num_parts, seed, constraints, ufactor / 1000.0)
+        return result.part, result.constraints
     if method == "random":
         return random_parts(n, num_parts, seed), ()
     if method == "contiguous":
         return contiguous_parts(n, num_parts), ()
     raise InputError(f"--method {method!r}: expected one of {', '.join(METHODS)}")
+
+
+@dataclass
+class MethodChoice:
+    """What ``--method auto`` chose and why (the models' figures, in bytes)."""
+
+    method: str                  # "metis" or "kaminpar"
+    metis_bytes: int | None      # modelled METIS peak (None: no METIS build can index the graph)
+    kaminpar_bytes: int          # modelled KaMinPar peak
+    budget: int
+    budget_source: str           # "--memory-budget", "MemAvailable", ...
+    metis_library: str | None    # the METIS build the model is for
+
+    def line(self) -> str:
+        """One line saying the choice and its reason."""
+        from hpcgnn.units import fmt_bytes
+
+        metis = ("METIS cannot index the graph" if self.metis_bytes is None else
+                 f"METIS needs ~{fmt_bytes(self.metis_bytes)}, "
+                 f"{'within' if self.metis_bytes <= self.budget else 'over'} the budget "
+                 f"{fmt_bytes(self.budget)} ({self.budget_source})")
+        return f"method auto: {self.method}: {metis}; KaMinPar ~{fmt_bytes(self.kaminpar_bytes)}"
+
+    def attrs(self) -> dict:
+        """meta.h5 attributes recording the choice."""
+        return {"method_choice": self.line(), "memory_budget": int(self.budget),
+                "memory_budget_source": self.budget_source,
+                "modelled_bytes": {"metis": self.metis_bytes, "kaminpar": self.kaminpar_bytes}}
+
+
+def choose_method(where: str, num_nodes: int, num_edges: int, num_parts: int, ncon: int, budget: int,
+                  budget_source: str, metis_library: str = "auto", metis_ondisk: bool | None = None) -> MethodChoice:
+    """METIS when its modelled peak memory (:func:`hpcgnn.partition.metis.memory_bytes`, for the
+    build ``metis_library`` would pick, coarse levels on disk where it can unless
+    ``metis_ondisk`` is False) fits ``budget``, else KaMinPar
+    (:func:`hpcgnn.partition.kaminpar.memory_bytes`). InputError naming ``where`` and the memory
+    needed when even KaMinPar's does not fit."""
+    from hpcgnn.partition import kaminpar
+    from hpcgnn.partition.metis import choose_library, memory_bytes
+    from hpcgnn.units import fmt_bytes
+
+    metis_bytes, described = None, None
+    try:
+        library = choose_library(metis_library, num_nodes, num_edges, ncon)
+    except RuntimeError:
+        library = None
+    if library is not None and library.fits(num_nodes, num_edges, ncon, num_edges):
+        ondisk = library.supports_ondisk if metis_ondisk is None else bool(metis_ondisk) and library.supports_ondisk
+        metis_bytes = memory_bytes(num_nodes, num_edges, np.dtype(library.idx_dtype).itemsize, ondisk)
+        described = library.describe()
+    kaminpar_bytes = kaminpar.memory_bytes(num_nodes, num_edges, num_parts)
+    choice = MethodChoice("metis" if metis_bytes is not None and metis_bytes <= budget else "kaminpar",
+                          metis_bytes, kaminpar_bytes, int(budget), budget_source, described)
+    if choice.method == "kaminpar" and kaminpar_bytes > budget:
+        raise InputError(f"{where}: partitioning {num_nodes} vertices and {num_edges} directed edges into "
+                         f"{num_parts} parts needs about "
+                         f"{fmt_bytes(kaminpar_bytes)} (KaMinPar, the leanest method), more than the memory "
+                         f"budget {fmt_bytes(budget)} ({budget_source})")
+    return choice

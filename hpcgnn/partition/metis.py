@@ -49,6 +49,12 @@ METIS_OBJTYPE_CUT = 0
 DEFAULT_NITER = 3
 LIBRARIES = ("cmeel-metis", "pymetis")
 INT32_LIMIT = 2**31 - 1
+# Peak memory model of `partition --method metis` (docs/benchmarks.md): bytes per directed edge by
+# idx_t width and whether the coarsened levels go to disk (products-like, 123M directed edges:
+# 2.66 GiB with cmeel-metis on disk, 8.3 GiB in memory; 64-bit idx_t doubles the in-memory
+# figure), plus the per-vertex arrays (row pointer, weights, assignment, renumbering).
+BYTES_PER_EDGE = {(4, True): 22, (4, False): 72, (8, False): 144, (8, True): 44}
+BYTES_PER_VERTEX = 120
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,12 @@ class MetisLibrary:
         if np.dtype(self.idx_dtype).itemsize >= 8:
             return True
         return max(num_nodes * max(ncon, 1), num_edges, max_weight_total) < INT32_LIMIT
+
+
+def memory_bytes(num_nodes: int, num_edges: int, idx_bytes: int, ondisk: bool) -> int:
+    """Modelled peak bytes of partitioning a graph of ``num_edges`` directed edges with a METIS
+    build of ``idx_bytes``-byte ``idx_t`` (4 or 8), its coarsened levels on disk or not."""
+    return int(BYTES_PER_EDGE[(int(idx_bytes), bool(ondisk))] * num_edges + BYTES_PER_VERTEX * num_nodes)
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:

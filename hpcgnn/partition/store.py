@@ -11,6 +11,13 @@ reads slices of every file instead (:func:`read_store_topology`, :func:`read_ver
 
 Local numbering (derived here, not stored): solid vertices ``0..n_solid-1``
 (global ``solid_begin + i``), then halo vertices in ``halo_ids`` order.
+
+Feature rows keep the dtype they are stored in (meta.h5's attribute ``feature_dtype``:
+float32, float16, or bfloat16 held as its uint16 bit patterns, :mod:`hpcgnn.data.features`):
+a rank holds half the bytes of a half-precision store, and the engines cast the rows they
+compute on (:mod:`hpcgnn.store`). ``features = "mmap"`` maps a partition's feature rows from
+its file (read-only, copy-on-write) instead of reading them into the heap: the rank's resident
+memory then holds the pages it touches.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from hpcgnn.data.features import FEATURE_DTYPES, stored_dtype
 from hpcgnn.errors import InputError
 from hpcgnn.fileio import open_h5, read_dataset
 
@@ -38,6 +46,7 @@ PART_DATASETS = ("indptr", "indices", "halo_ids", "halo_owner", "halo_degree", "
 # Measurements of the command that wrote the store, one entry per name in meta.h5's attribute
 # ``steps``: not content (outside content_hash), and they differ between identical runs.
 STEP_DATASETS = {"step_seconds": np.float64, "step_peak_rss": np.int64, "step_peak_exact": np.bool_}
+FEATURE_LOADS = ("memory", "mmap")      # how load_partition holds a partition's feature rows
 
 
 def part_file_name(part_id: int) -> str:
@@ -102,6 +111,15 @@ class PartitionMeta:
         """Owner partition of each global ID (range lookup)."""
         return (np.searchsorted(self.part_offsets, global_ids, side="right") - 1).astype(np.int32)
 
+    @property
+    def feature_dtype(self) -> str:
+        """The stored feature dtype (one of FEATURE_DTYPES; float32 in a store without the attribute)."""
+        name = str(self.attrs.get("feature_dtype", "float32"))
+        if name not in FEATURE_DTYPES:
+            raise InputError(f"{self.path / META_FILE}: attribute 'feature_dtype' is {name!r}, expected one of: "
+                             f"{', '.join(FEATURE_DTYPES)}")
+        return name
+
     def new_to_orig(self) -> np.ndarray:
         with open_h5(self.path / META_FILE, META_FORMAT) as f:
             return read_dataset(f, "new_to_orig", np.int64, (self.num_nodes,))
@@ -154,7 +172,7 @@ class Partition:
     halo_owner: np.ndarray    # int32 [n_halo]
     halo_degree: np.ndarray   # int64 [n_halo]
     degree: np.ndarray        # int64 [n_solid]
-    features: np.ndarray      # float32 [n_solid, F]
+    features: np.ndarray      # [n_solid, F] in the stored dtype (feature_dtype; a np.memmap when mapped)
     labels: np.ndarray        # int64 [n_solid]
     train_mask: np.ndarray
     val_mask: np.ndarray
@@ -164,6 +182,7 @@ class Partition:
     num_classes: int
     content_hash: str
     part_hash: str
+    feature_dtype: str = "float32"   # float32, float16, or bfloat16 (features hold its uint16 bits)
 
     @property
     def num_solid(self) -> int:
@@ -238,9 +257,13 @@ def open_partition_file(directory: str | os.PathLike, part_id: int, meta: Partit
 
 
 def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
-                   verify: bool = True) -> Partition:
-    """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``)."""
+                   verify: bool = True, features: str = "memory") -> Partition:
+    """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``).
+    ``features`` (one of FEATURE_LOADS): ``"memory"`` reads the feature rows into the heap,
+    ``"mmap"`` maps them from the file (:func:`map_features`); either way in the stored dtype."""
     meta = meta or read_meta(directory)
+    if features not in FEATURE_LOADS:
+        raise ValueError(f"features must be one of {FEATURE_LOADS}, got {features!r}")
     with open_partition_file(directory, part_id, meta, verify) as f:
         b, e = int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])
         n, k = e - b, meta.num_parts
@@ -251,7 +274,7 @@ def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMe
             halo_owner=read_dataset(f, "halo_owner", np.int32, (None,)),
             halo_degree=read_dataset(f, "halo_degree", np.int64, (None,)),
             degree=read_dataset(f, "degree", np.int64, (n,)),
-            features=read_dataset(f, "features", np.float32, (n, meta.num_features)),
+            features=(map_features if features == "mmap" else read_features)(f, meta, n),
             labels=read_dataset(f, "labels", np.int64, (n,)),
             train_mask=read_dataset(f, "train_mask", bool, (n,)),
             val_mask=read_dataset(f, "val_mask", bool, (n,)),
@@ -261,7 +284,49 @@ def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMe
         )
         return Partition(part_id=part_id, num_parts=k, solid_begin=b, solid_end=e,
                          num_classes=meta.num_classes, content_hash=meta.content_hash,
-                         part_hash=str(_attr(f, "part_hash")), **arrays)
+                         part_hash=str(_attr(f, "part_hash")), feature_dtype=meta.feature_dtype, **arrays)
+
+
+def _feature_dataset(f: h5py.File, meta: PartitionMeta, n: int) -> h5py.Dataset:
+    """The ``features`` dataset of an open partition file, checked: shape (n, F) and the dtype
+    meta.h5's ``feature_dtype`` stores (bfloat16: uint16 with the attribute dtype = "bfloat16")."""
+    name = meta.feature_dtype
+    where = f"{f.filename}: dataset 'features'"
+    if "features" not in f or not isinstance(f["features"], h5py.Dataset):
+        raise InputError(f"{where} is missing")
+    ds = f["features"]
+    if ds.shape != (n, meta.num_features):
+        raise InputError(f"{where} has shape {ds.shape}, expected ({n}, {meta.num_features})")
+    tag = ds.attrs.get("dtype", "")
+    tag = tag.decode() if isinstance(tag, bytes) else str(tag)
+    if ds.dtype != stored_dtype(name) or (tag == "bfloat16") != (name == "bfloat16"):
+        raise InputError(f"{where} has dtype {ds.dtype}{' (bfloat16 bits)' if tag == 'bfloat16' else ''}, "
+                         f"expected {name} as meta.h5's attribute 'feature_dtype' says")
+    return ds
+
+
+def read_features(f: h5py.File, meta: PartitionMeta, n: int) -> np.ndarray:
+    """The partition's feature rows [n, F] read into memory, in the stored dtype."""
+    ds = _feature_dataset(f, meta, n)
+    out = np.empty(ds.shape, dtype=ds.dtype)
+    if out.size:
+        ds.read_direct(out)
+    return out
+
+
+def map_features(f: h5py.File, meta: PartitionMeta, n: int) -> np.ndarray:
+    """The partition's feature rows [n, F] as a copy-on-write memory map of the file (the
+    contiguous dataset's bytes at its file offset), in the stored dtype: nothing is read
+    until a row is touched. A chunked or filtered dataset (no single file offset) is an
+    InputError; :mod:`hpcgnn.partition.writer` writes contiguous ones."""
+    ds = _feature_dataset(f, meta, n)
+    if ds.size == 0:
+        return np.empty(ds.shape, dtype=ds.dtype)
+    offset = ds.id.get_offset() if ds.chunks is None and not ds.compression else None
+    if offset is None:
+        raise InputError(f"{f.filename}: dataset 'features' is chunked or compressed and cannot be memory-mapped "
+                         "(store.features = 'mmap'); use store.features = 'memory' or partition the graph again")
+    return np.memmap(f.filename, dtype=ds.dtype, mode="c", offset=int(offset), shape=ds.shape)
 
 
 SPLITS = ("train", "val", "test")
@@ -298,15 +363,16 @@ def read_store_topology(directory, meta: PartitionMeta, verify_part: int | None 
 def read_vertex_rows(directory, meta: PartitionMeta, ids: np.ndarray, block_bytes: int = 64 << 20) -> dict:
     """Features, labels and split masks of the vertices ``ids`` (global, any order), in that
     order, read from the partition files that hold them (row blocks of ``block_bytes``, so no
-    whole feature matrix is loaded)."""
+    whole feature matrix is loaded). Features in the stored dtype (``meta.feature_dtype``)."""
     ids = np.asarray(ids, dtype=np.int64)
     n, nf = int(ids.shape[0]), int(meta.num_features)
-    feats = np.empty((n, nf), dtype=np.float32)
+    fdtype = stored_dtype(meta.feature_dtype)
+    feats = np.empty((n, nf), dtype=fdtype)
     labels = np.empty(n, dtype=np.int64)
     masks = {s: np.zeros(n, dtype=bool) for s in SPLITS}
     order = np.argsort(ids, kind="stable")
     sids = ids[order]
-    step = max(1, block_bytes // max(1, nf * 4))
+    step = max(1, block_bytes // max(1, nf * fdtype.itemsize))
     for p in range(meta.num_parts):
         b, e = int(meta.part_offsets[p]), int(meta.part_offsets[p + 1])
         lo, hi = np.searchsorted(sids, [b, e])
@@ -315,11 +381,12 @@ def read_vertex_rows(directory, meta: PartitionMeta, ids: np.ndarray, block_byte
         sel, loc = order[lo:hi], sids[lo:hi] - b
         r0, r1 = int(loc[0]), int(loc[-1]) + 1
         with open_partition_file(directory, p, meta) as f:
+            ds = _feature_dataset(f, meta, e - b)
             for s in range(r0, r1, step):
                 t = min(s + step, r1)
                 i0, i1 = np.searchsorted(loc, [s, t])
                 if i0 < i1:
-                    block = np.asarray(f["features"][s:t], dtype=np.float32)
+                    block = ds[s:t]
                     feats[sel[i0:i1]] = block[loc[i0:i1] - s]
             labels[sel] = np.asarray(f["labels"][r0:r1], dtype=np.int64)[loc - r0]
             for s in SPLITS:

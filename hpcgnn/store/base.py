@@ -16,6 +16,13 @@ and are not counted. A gather is split in two so that the slow part can overlap 
 ``gather(ids) == assemble(plan(ids), read_misses(plan(ids)))`` bit for bit, in any tier layout:
 training through any store gives the same numbers.
 
+Rows are held in the dtype the partition store keeps them in (:attr:`FeatureStore.dtype`:
+float32, float16 or bfloat16; both tiers, and the bytes that cross host -> device) and are
+cast to :attr:`FeatureStore.compute_dtype` (float32) after the gather, on the device: every
+gathered row (``gather``, ``assemble``, ``gather_all``) is float32, while :meth:`full_rows`
+returns the rows as held (its callers cast the chunks they compute on). The cast is exact
+(every float16 and bfloat16 value is a float32 value).
+
 A :class:`GraphStore` holds the in-edge CSR of the rank's solid vertices (local source ids):
 ``neighbors(ids)`` (counts and concatenated neighbour ids), ``degree(ids)`` and ``csr()``, the
 arrays the native sampler reads in place.
@@ -35,6 +42,22 @@ import numpy as np
 import torch
 
 KINDS = ("feature", "hec", "topology", "blocks")
+
+
+def feature_tensor(features) -> torch.Tensor:
+    """Feature rows as a tensor of their stored dtype, sharing ``features``' memory (a memory
+    map stays one): a tensor as it is; a float32 or float16 numpy array as that dtype; a uint16
+    array holds bfloat16 bit patterns (the partition store's encoding of bfloat16,
+    :mod:`hpcgnn.data.features`) and is viewed as ``torch.bfloat16``."""
+    if isinstance(features, torch.Tensor):
+        return features
+    a = np.asarray(features)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if a.dtype not in (np.float32, np.float16, np.uint16):
+        raise TypeError(f"feature rows: dtype {a.dtype}, expected float32, float16 or uint16 (bfloat16 bits)")
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if a.dtype == np.uint16 else t
 
 
 @dataclass
@@ -98,7 +121,8 @@ class FeatureStore(ABC):
     name = "abstract"
     num_rows: int
     dim: int
-    dtype: torch.dtype
+    dtype: torch.dtype                      # the rows as held (the partition store's dtype)
+    compute_dtype = torch.float32           # every gathered row (see the module docstring)
     device: torch.device
     reads_on_thread = True   # read_misses does work worth a gather thread (prefetch.Prefetcher)
 
@@ -118,18 +142,20 @@ class FeatureStore(ABC):
         """Rows [plan.num, dim] on :attr:`device` in id order: device hits plus ``misses``."""
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of local ``ids`` on :attr:`device` (zeros for ids >= num_rows), synchronously."""
+        """Rows of local ``ids`` on :attr:`device` in :attr:`compute_dtype` (zeros for ids >=
+        num_rows), synchronously."""
         p = self.plan(ids)
         return self.assemble(p, self.read_misses(p))
 
     def gather_all(self) -> torch.Tensor:
-        """All rows in id order, counted as ``gather(arange(num_rows))``. A store whose rows
-        already live on :attr:`device` in that order (host-only on the CPU, device-only) returns
-        them without a copy: callers must not modify the result in place. Full-pass engines
-        read their solid rows this way (no second copy of the features per pass)."""
+        """All rows in id order in :attr:`compute_dtype`, counted as ``gather(arange(num_rows))``.
+        A store whose rows already live on :attr:`device` in that order (host-only on the CPU,
+        device-only) returns them without a copy when they are held in the compute dtype (cast
+        on the device otherwise): callers must not modify the result in place. Full-pass engines
+        read their solid rows this way (no second copy of float32 features per pass)."""
         if self.rows_on_device_in_order():
             self._count_features(self.device_rows, self.num_rows - self.device_rows)
-            return self.full_rows()
+            return self.full_rows().to(self.compute_dtype)
         return self.gather(torch.arange(self.num_rows, dtype=torch.int64))
 
     def rows_on_device_in_order(self) -> bool:
@@ -138,8 +164,9 @@ class FeatureStore(ABC):
 
     @abstractmethod
     def full_rows(self) -> torch.Tensor:
-        """All rows [num_rows, dim] (the host tier, or the device tier when it holds them all),
-        without a copy where the layout allows; for layer-wise evaluation."""
+        """All rows [num_rows, dim] as held (:attr:`dtype`: the host tier, or the device tier
+        when it holds them all), without a copy; for layer-wise evaluation, which casts the
+        chunks it computes on."""
 
     @property
     def device_rows(self) -> int:

@@ -1,7 +1,7 @@
 """Device-only feature store: every row in device memory; gathers never cross the link.
 
-On a GPU the rows are copied to the device once and the host array is no longer referenced by
-the store. On the CPU the device tier *is* the partition's array (no copy): the same gather as
+On a GPU the rows are copied to the device once, in their stored dtype, and the host array is
+no longer referenced by the store. On the CPU the device tier *is* the partition's array (no copy): the same gather as
 the host-only store, counted as device hits.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ class DeviceFeatureStore(FeatureStore):
         return None
 
     def assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
-        return gather_rows(self.rows, upload(plan.ids, self.device), self.num_rows)
+        return gather_rows(self.rows, upload(plan.ids, self.device), self.num_rows).to(self.compute_dtype)
 
     def full_rows(self) -> torch.Tensor:
         return self.rows

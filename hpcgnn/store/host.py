@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hpcgnn.nn.aggregate import gather_rows
-from hpcgnn.store.base import FeatureStore, GatherPlan
+from hpcgnn.store.base import FeatureStore, GatherPlan, feature_tensor
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 
@@ -34,10 +34,19 @@ def pin_in_place(rows: torch.Tensor) -> torch.Tensor:
 
 
 def as_rows(features) -> torch.Tensor:
-    """A float tensor view of the partition's feature array (shares its memory)."""
-    if isinstance(features, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(features))
-    return features
+    """A tensor view of the partition's feature array in its stored dtype (shares its memory:
+    :func:`~hpcgnn.store.base.feature_tensor`)."""
+    return feature_tensor(features)
+
+
+def host_tier(features, device: torch.device) -> torch.Tensor:
+    """The host tier's rows: :func:`as_rows`, page-locked in place on a GPU machine, except a
+    memory map (registering a mapped file would read it whole; its rows go through the
+    mover's pinned staging buffers instead)."""
+    rows = as_rows(features)
+    if device.type != "cuda" or isinstance(features, np.memmap):
+        return rows
+    return pin_in_place(rows)
 
 
 def count_valid(ids: torch.Tensor, num_rows: int) -> int:
@@ -57,8 +66,7 @@ class HostFeatureStore(FeatureStore):
         from hpcgnn.store.mover import DeviceMover
 
         self.device = torch.device(device)
-        rows = as_rows(features)
-        self.rows = pin_in_place(rows) if self.device.type == "cuda" else rows
+        self.rows = host_tier(features, self.device)
         self.num_rows, self.dim = int(self.rows.shape[0]), int(self.rows.shape[1])
         self.dtype = self.rows.dtype
         self.mover = DeviceMover(self.device)
@@ -70,12 +78,12 @@ class HostFeatureStore(FeatureStore):
 
     def read_misses(self, plan: GatherPlan):
         if self.device.type != "cuda":
-            return gather_rows(self.rows, plan.ids, self.num_rows)
+            return gather_rows(self.rows, plan.ids, self.num_rows).to(self.compute_dtype)
         return self.mover.move(lambda out: _gather_into(self.rows, plan.ids, self.num_rows, out),
                                plan.num, self.dim, self.dtype)
 
     def assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
-        return self.mover.receive(misses)
+        return self.mover.receive(misses).to(self.compute_dtype)     # on the device
 
     def full_rows(self) -> torch.Tensor:
         return self.rows

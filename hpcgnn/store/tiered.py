@@ -19,7 +19,7 @@ import torch
 
 from hpcgnn.nn.aggregate import gather_rows
 from hpcgnn.store.base import FeatureStore, GatherPlan
-from hpcgnn.store.host import _gather_into, as_rows, pin_in_place
+from hpcgnn.store.host import _gather_into, as_rows, host_tier
 from hpcgnn.upload import upload
 
 
@@ -45,7 +45,7 @@ class TieredFeatureStore(FeatureStore):
         # the device tier: a copy of the hot rows (a separately budgeted buffer on the CPU)
         self.hot_rows = gather_rows(rows, hot).to(self.device) if hot.numel() else \
             torch.empty(0, self.dim, dtype=self.dtype, device=self.device)
-        self.rows = pin_in_place(rows) if self.device.type == "cuda" else rows
+        self.rows = host_tier(features, self.device)
         self.mover = DeviceMover(self.device)
 
     @property
@@ -85,13 +85,15 @@ class TieredFeatureStore(FeatureStore):
         return self._assemble(plan, self.mover.receive(misses) if misses is not None else None)
 
     def _assemble(self, plan: GatherPlan, misses) -> torch.Tensor:
-        """Rows in id order from the device tier's hits and the misses' rows (on the device)."""
+        """Rows in id order from the device tier's hits and the misses' rows (on the device),
+        cast to the compute dtype."""
         dev = self.device
-        out = torch.empty(plan.num, self.dim, dtype=self.dtype, device=dev)
+        out = torch.empty(plan.num, self.dim, dtype=self.compute_dtype, device=dev)
         if plan.hit_pos.numel():
-            out.index_copy_(0, upload(plan.hit_pos, dev), gather_rows(self.hot_rows, upload(plan.hit_slots, dev)))
+            out.index_copy_(0, upload(plan.hit_pos, dev),
+                            gather_rows(self.hot_rows, upload(plan.hit_slots, dev)).to(self.compute_dtype))
         if plan.miss_pos.numel():
-            out.index_copy_(0, upload(plan.miss_pos, dev), misses)
+            out.index_copy_(0, upload(plan.miss_pos, dev), misses.to(self.compute_dtype))
         if plan.zero_pos.numel():
             out.index_fill_(0, upload(plan.zero_pos, dev), 0)
         return out

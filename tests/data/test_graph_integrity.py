@@ -145,10 +145,10 @@ def test_check_topology(edges, message):
 def test_write_failure_is_one_line_and_leaves_nothing(copy, tmp_path, capsys, monkeypatch):
     real = writer._write_part
 
-    def full(path, data, attrs):
+    def full(path, data, attrs, *args, **kwargs):
         if attrs["part_id"] == 1:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(path, data, attrs)
+        return real(path, data, attrs, *args, **kwargs)
 
     monkeypatch.setattr(writer, "_write_part", full)
     assert partition(copy, tmp_path / "out") == 2

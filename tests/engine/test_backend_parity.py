@@ -48,8 +48,8 @@ nc = 6
 # mode -> --set overrides (engine and mode); every mode runs with each backend of BACKENDS
 MODES = {
     "mb-exact": ["train.engine=minibatch", "minibatch.halo=exact"],
-    "mb-hec": ["train.engine=minibatch", "minibatch.halo=hec", "minibatch.delay=1"],
-    "mb-aep": ["train.engine=minibatch", "minibatch.halo=hec", "minibatch.delay=2", "minibatch.nc=2"],
+    "mb-hec": ["train.engine=minibatch", "minibatch.halo=hec", "minibatch.push_delay=1"],
+    "mb-aep": ["train.engine=minibatch", "minibatch.halo=hec", "minibatch.push_delay=2", "minibatch.push_limit=2"],
     "fg-exact": ["train.engine=fullgraph"],
     "fg-offload": ["train.engine=fullgraph", "fullgraph.offload=true", "fullgraph.chunks=2"],
     "fg-cached": ["train.engine=fullgraph", "fullgraph.halo=cached", "fullgraph.staleness=2"],

@@ -213,7 +213,7 @@ def test_hec_rows_count_on_the_device_only_where_the_store_puts_them(cora_parts)
     assert rows > 0 and directory > 0
     ns, nh, _, _, widths, layers, _ = _sizes(cfg, meta, s)
     feats = ns * int(meta.num_features) * 4
-    capacity = min(cfg.minibatch.cs, nh) * sum(widths[:layers]) * 4
+    capacity = min(cfg.minibatch.cache_lines, nh) * sum(widths[:layers]) * 4
     assert hec_device_bytes(cfg, meta, s, None, feats) == rows
     assert hec_device_bytes(cfg, meta, s, feats + capacity, feats) == rows
     assert hec_device_bytes(cfg, meta, s, feats + capacity - 1, feats) == min(rows, capacity - 1)

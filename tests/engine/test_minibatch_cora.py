@@ -118,7 +118,7 @@ def test_hec_rows_bounded_by_the_halo_not_by_cs(runs, cora_parts):
     from hpcgnn.partition.store import load_partition
 
     cfg = load_config(CONFIG)
-    assert cfg.minibatch.cs == 1_000_000
+    assert cfg.minibatch.cache_lines == 1_000_000
     r4 = read_run(runs[4])
     rows = r4["per_layer"]["hec_rows_allocated"]               # [epochs, ranks, layers]
     halo = np.array([load_partition(cora_parts(4), p).num_halo for p in range(4)])

@@ -46,9 +46,9 @@ def cora2(cora_parts, tmp_path_factory):
     """The 2-rank Cora runs of this file: hec-ls0, hec-ls2, push (debug records), gat."""
     d = tmp_path_factory.mktemp("hec-e2e")
     random2 = cora_parts(2, "random")
-    runs = {d / f"hec-ls{ls}": (SAGE, random2, [f"minibatch.ls={ls}", "train.epochs=3", "train.eval_every=0"])
+    runs = {d / f"hec-ls{ls}": (SAGE, random2, [f"minibatch.cache_lifespan={ls}", "train.epochs=3", "train.eval_every=0"])
             for ls in (0, 2)}
-    runs[d / "push"] = (SAGE, random2, [f"minibatch.nc={NC}", "train.epochs=1", "train.eval_every=0",
+    runs[d / "push"] = (SAGE, random2, [f"minibatch.push_limit={NC}", "train.epochs=1", "train.eval_every=0",
                                         "train.debug_record=true"])
     runs[d / "gat"] = (ROOT / "inputs" / "cora-gat.toml", cora_parts(2), ["train.epochs=8", "train.eval_every=4"])
     _train_all(2, runs, d)

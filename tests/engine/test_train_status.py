@@ -68,7 +68,7 @@ def test_resume_with_more_epochs_is_accepted_with_one_warning(setup):
     assert _lines(proc.stderr, "hpcgnn:") == [   # (the copied run moved: output.dir changed too)
         "hpcgnn: warning: --resume with changed settings (safe to change): train.epochs 2 -> 3, "
         f'output.dir "{run}" -> "{cont}"']
-    assert proc.stdout.count("epoch ") == 1                 # epoch 3 only
+    assert sum(l.startswith("epoch ") for l in proc.stdout.splitlines()) == 1                 # epoch 3 only
     r = read_run(cont)
     assert r["metrics"]["epoch"].tolist() == [1, 2, 3] and r["attrs"]["status"] == "finished"
     assert r["labels"]["device"].shape == (3, 2)

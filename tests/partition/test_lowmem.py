@@ -288,9 +288,12 @@ def test_recorded_peak_is_the_process_peak(make_graph_file, tmp_path):
     steps = {s["name"]: s for s in read_meta(tmp_path / "s").steps}
     total = steps["total"]
     assert total["exact"] and 0 <= process_peak - total["peak_rss"] <= 4 << 20, (process_peak, steps)
-    # read_data holds the features; write holds them and a partition's copy of about half.
-    assert steps["read_data"]["peak_rss"] - steps["assign"]["peak_rss"] > 0.9 * feature_bytes - (8 << 20)
-    assert steps["write"]["peak_rss"] >= steps["read_data"]["peak_rss"]
+    # read_data hashes the features in 16 MiB blocks of a memory map, never holding them whole;
+    # write holds a partition's rows (about half the features), the one before it and the
+    # hashing thread's copy of it, and at most 16 MiB of mapped pages: about 1.5 x, not the
+    # whole graph's features as well (2.5 x).
+    assert steps["read_data"]["peak_rss"] - steps["assign"]["peak_rss"] < 0.5 * feature_bytes
+    assert 0.4 * feature_bytes < steps["write"]["peak_rss"] - steps["assign"]["peak_rss"] < 2 * feature_bytes
 
 
 def test_step_meter_separates_steps(tmp_path):

@@ -143,10 +143,10 @@ def test_failure_midway_leaves_nothing(graph_files, tmp_path, monkeypatch, capsy
     """A crash while writing partition 2 leaves no output and no temporary files; --force keeps the old store."""
     real = writer._write_part
 
-    def failing(path, data, attrs):
+    def failing(path, data, attrs, *rest):
         if attrs["part_id"] == 2:
             raise OSError("disk full (simulated)")
-        return real(path, data, attrs)
+        return real(path, data, attrs, *rest)
 
     out = tmp_path / "s"
     monkeypatch.setattr(writer, "_write_part", failing)
