@@ -115,7 +115,7 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname() or "localhost")[:32] or "localhost"
 
 
-def _new_temp(path: Path, suffix: str, directory: bool) -> Path:
+def new_temp(path: Path, suffix: str, directory: bool) -> Path:
     """Create (mode 0600 file or 0700 directory) and return a fresh temporary beside ``path``
     named after this writer: ``.NAME.<host>.<pid>.<random>SUFFIX``."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -233,7 +233,7 @@ def atomic_file(path: str | os.PathLike):
     """
     path = Path(path)
     _remove_stale_temps(path)
-    tmp = _new_temp(path, ".tmp", directory=False)
+    tmp = new_temp(path, ".tmp", directory=False)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())  # created 0600; give the usual mode
@@ -360,12 +360,12 @@ def atomic_dir(path: str | os.PathLike):
     """
     path = Path(path)
     _remove_stale_temps(path)
-    tmp = _new_temp(path, ".tmp", directory=True)
+    tmp = new_temp(path, ".tmp", directory=True)
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # created 0700; give the usual mode
         if path.exists():
-            old = _new_temp(path, ".old", directory=True)
+            old = new_temp(path, ".old", directory=True)
             os.replace(path, old / "x")
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

@@ -144,3 +144,27 @@ def deterministic_flags(monkeypatch) -> list:
 
     monkeypatch.setattr(agg, "_det_scope", recording)
     return flags
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """Factory: ``small_tmpfs("2m")`` mounts a tmpfs of that size in tmp_path and returns its path
+    (unmounted at the end of the test); the test is skipped where mounting is not allowed (the
+    disk-full cases need root with CAP_SYS_ADMIN, as on the project's machines and CI)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"small{len(mounted)}"
+        mnt.mkdir()
+        got = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs for a disk-full case ({got.stderr.strip() or 'not root'})")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -35,7 +35,7 @@ from hpcgnn.data.external_sort import SymmetricEdgeSorter, min_sort_bytes
 from hpcgnn.data.graph import (MASKS, Graph, GraphFileWriter, check_row_pointer, check_topology, check_vertex_data,
                                index_dtype_for, root_attrs)
 from hpcgnn.errors import InputError
-from hpcgnn.fileio import _new_temp, atomic_file, check_output, write_failure
+from hpcgnn.fileio import new_temp, atomic_file, check_output, write_failure
 from hpcgnn.progress import Progress
 from hpcgnn.units import fmt_bytes
 
@@ -180,7 +180,7 @@ def write_graph_stream(path: str | os.PathLike, source: GraphSource, budget: int
     sort_budget = check_budget(source, budget)
     labels, masks = _vertex_data(source)
     rows = _feature_block_rows(source, budget)
-    scratch = _new_temp(path, ".tmp", directory=True)
+    scratch = new_temp(path, ".tmp", directory=True)
     try:
         sorter = SymmetricEdgeSorter(n, sort_budget, scratch, where=source.where)
         with Progress("edges", enabled=progress) as bar:

@@ -12,7 +12,7 @@ import numpy as np
 from hpcgnn.errors import InputError
 
 
-def _check_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, where: str) -> None:
+def check_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, where: str) -> None:
     if src.shape != dst.shape:
         raise InputError(f"{where}: {src.size} sources but {dst.size} destinations")
     for name, a in (("source", src), ("destination", dst)):
@@ -23,7 +23,7 @@ def _check_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, where: str) -> 
                 raise InputError(f"{where}: {name} vertex ID {bad} is out of range, expected [0, {num_nodes})")
 
 
-def _as_ids(a, where: str) -> np.ndarray:
+def as_ids(a, where: str) -> np.ndarray:
     a = np.asarray(a)
     if a.dtype.kind not in "iu" and a.size:
         raise InputError(f"{where}: vertex IDs have dtype {a.dtype}, expected integers")
@@ -44,9 +44,9 @@ def build_symmetric_csr(src: np.ndarray, dst: np.ndarray, num_nodes: int, where:
     """
     from hpcgnn.native import graph as native_graph
 
-    src, dst = _as_ids(src, where), _as_ids(dst, where)
+    src, dst = as_ids(src, where), as_ids(dst, where)
     num_nodes = int(num_nodes)
-    _check_ids(src, dst, num_nodes, where)
+    check_ids(src, dst, num_nodes, where)
     try:
         indptr, indices, loops, dups = native_graph.symmetric_csr(src, dst, num_nodes)
     except ValueError as exc:  # the kernel re-checks; same message shape
@@ -75,8 +75,8 @@ class SymmetricCsrBuilder:
         return int(self._acc.num_added)
 
     def add(self, src: np.ndarray, dst: np.ndarray) -> None:
-        src, dst = _as_ids(src, self.where), _as_ids(dst, self.where)
-        _check_ids(src, dst, self.num_nodes, self.where)
+        src, dst = as_ids(src, self.where), as_ids(dst, self.where)
+        check_ids(src, dst, self.num_nodes, self.where)
         try:
             self._acc.add(src, dst)
         except ValueError as exc:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcgnn.data.clean import _as_ids, _check_ids
+from hpcgnn.data.clean import as_ids, check_ids
 from hpcgnn.errors import InputError
 
 MAX_NODES = 1 << 32               # vertex IDs are packed into 32-bit halves of a key
@@ -230,8 +230,8 @@ class SymmetricEdgeSorter:
     def add(self, src, dst) -> None:
         """Edges ``src[i] - dst[i]`` (any integer dtype); IDs outside [0, N) are an InputError
         naming ``where``."""
-        src, dst = _as_ids(src, self.where), _as_ids(dst, self.where)
-        _check_ids(src, dst, self.num_nodes, self.where)
+        src, dst = as_ids(src, self.where), as_ids(dst, self.where)
+        check_ids(src, dst, self.num_nodes, self.where)
         self._added += int(src.shape[0])
         loop = src == dst
         nloops = int(np.count_nonzero(loop))

@@ -193,7 +193,7 @@ class _RowWriter:
 
     def __init__(self, ds: h5py.Dataset, name: str):
         self._ds, self._name, self._pos = ds, name, 0
-        self._hasher = _DatasetHasher(name, ds.dtype, ds.shape)
+        self._hasher = DatasetHasher(name, ds.dtype, ds.shape)
 
     @property
     def position(self) -> int:
@@ -248,7 +248,7 @@ def write_graph(path: str | os.PathLike, graph: Graph, force: bool = False, feat
     return path
 
 
-class _DatasetHasher:
+class DatasetHasher:
     """Streaming :func:`dataset_hash`: feed the array's blocks in order with :meth:`update`."""
 
     def __init__(self, name: str, dtype, shape: tuple):
@@ -267,12 +267,12 @@ class _DatasetHasher:
 def dataset_hash(name: str, a: np.ndarray) -> str:
     """Hex sha256 of a graph file dataset as recorded in ``dataset_hashes``: its name, dtype,
     shape, then its bytes in C order (the layout of hpcgnn.partition.store.datasets_digest)."""
-    h = _DatasetHasher(name, a.dtype, a.shape)
+    h = DatasetHasher(name, a.dtype, a.shape)
     h.update(a)
     return h.hexdigest()
 
 
-def _recorded_hashes(f: h5py.File) -> dict | None:
+def recorded_hashes(f: h5py.File) -> dict | None:
     """The file's ``dataset_hashes`` ({dataset: hex sha256}), or None for a file written before
     they were recorded."""
     raw = f.attrs.get(HASH_ATTR)
@@ -288,7 +288,7 @@ def _recorded_hashes(f: h5py.File) -> dict | None:
     return hashes
 
 
-def _verify_hash(f: h5py.File, recorded: dict | None, name: str, digest: str) -> None:
+def verify_hash(f: h5py.File, recorded: dict | None, name: str, digest: str) -> None:
     """Refuse dataset ``name`` whose sha256 ``digest`` differs from the recorded one."""
     if recorded is not None and recorded.get(name) != digest:
         raise InputError(f"{f.filename}: dataset '{name}' does not match the file's recorded content hash "
@@ -378,16 +378,16 @@ def read_topology(path: str | os.PathLike, index_dtype=np.int64) -> tuple[np.nda
         n = int(f.attrs["num_nodes"])
         if n > np.iinfo(index_dtype).max:
             raise InputError(f"{path}: {n} vertices do not fit {index_dtype} vertex IDs")
-        recorded = _recorded_hashes(f)
+        recorded = recorded_hashes(f)
         indptr = read_dataset(f, "indptr", np.int64, (n + 1,))
         indices, indices_hash = _read_indices(f, n, index_dtype)
         train = read_dataset(f, "train_mask", bool, (n,))
         if n < 1:
             raise InputError(f"{path}: graph has no vertices")
         _check_csr(str(path), indptr, indices, n)
-        _verify_hash(f, recorded, "indptr", dataset_hash("indptr", indptr))
-        _verify_hash(f, recorded, "indices", indices_hash)
-        _verify_hash(f, recorded, "train_mask", dataset_hash("train_mask", train))
+        verify_hash(f, recorded, "indptr", dataset_hash("indptr", indptr))
+        verify_hash(f, recorded, "indices", indices_hash)
+        verify_hash(f, recorded, "train_mask", dataset_hash("train_mask", train))
     check_topology(str(path), indptr, indices)
     return indptr, indices, train
 
@@ -438,7 +438,7 @@ def _read_indices(f: h5py.File, n: int, dtype: np.dtype, block: int = 1 << 23) -
         return indices, dataset_hash("indices", indices)
     m = ds.shape[0]
     out = np.empty(m, dtype=dtype)
-    hasher = _DatasetHasher("indices", ds.dtype, (m,))
+    hasher = DatasetHasher("indices", ds.dtype, (m,))
     lo, hi = 0, 0
     for a in range(0, m, block):
         chunk = ds[a:a + block]
@@ -467,7 +467,7 @@ def _read_features(f: h5py.File, n: int, decode: bool, recorded: dict | None) ->
         raise InputError(f"{where} has dtype {f['features'].dtype}, expected {stored_dtype(name)} "
                          f"(attribute 'feature_dtype' is {name!r}; {_CORRUPT})")
     if recorded is not None:
-        _verify_hash(f, recorded, "features", dataset_hash("features", raw))
+        verify_hash(f, recorded, "features", dataset_hash("features", raw))
     return (decode_features(raw, name) if decode else raw), name
 
 
@@ -512,12 +512,12 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None,
             if key not in f.attrs:
                 raise InputError(f"{path}: attribute '{key}' is missing")
         n = int(f.attrs["num_nodes"])
-        recorded = _recorded_hashes(f) if validate else None
+        recorded = recorded_hashes(f) if validate else None
         read = {}
         if topology is None:
             indptr = read["indptr"] = read_dataset(f, "indptr", np.int64, (n + 1,))
             indices, indices_hash = _read_indices(f, n, np.dtype(np.int64))
-            _verify_hash(f, recorded, "indices", indices_hash)
+            verify_hash(f, recorded, "indices", indices_hash)
             known = {}
         else:
             indptr, indices, known = topology[0], topology[1], {"train_mask": topology[2]}
@@ -527,7 +527,7 @@ def read_graph(path: str | os.PathLike, validate: bool = True, topology=None,
         read.update({name: masks[name] for name in MASKS if name not in known})
         if recorded is not None:
             for name, a in read.items():
-                _verify_hash(f, recorded, name, dataset_hash(name, a))
+                verify_hash(f, recorded, name, dataset_hash(name, a))
         meta = {
             "name": str(f.attrs.get("name", Path(path).stem)),
             "source": json.loads(f.attrs.get("source", "{}")),

@@ -230,19 +230,19 @@ class FileSource(GraphSource):
         :func:`hpcgnn.data.graph.read_topology` does not read) against the file's recorded hashes,
         reading each in consecutive blocks; InputError naming the file and dataset on a mismatch.
         A file without recorded hashes passes."""
-        from hpcgnn.data.graph import _DatasetHasher, _recorded_hashes, _verify_hash
+        from hpcgnn.data.graph import DatasetHasher, recorded_hashes, verify_hash
 
-        recorded = _recorded_hashes(self._f)
+        recorded = recorded_hashes(self._f)
         if recorded is None:
             return
         for name in ("features", "labels", "val_mask", "test_mask"):
             col = self._cols[name]
-            h = _DatasetHasher(name, col.dtype, col.shape)
+            h = DatasetHasher(name, col.dtype, col.shape)
             step = max(1, min(self.block_bytes, HASH_BLOCK_BYTES) // col.row_bytes)
             for a in range(0, col.shape[0], step):
                 h.update(col._array[a:a + step] if col._array is not None else col.ds[a:a + step])
                 col.release()
-            _verify_hash(self._f, recorded, name, h.hexdigest())
+            verify_hash(self._f, recorded, name, h.hexdigest())
 
     def close(self) -> None:
         for col in getattr(self, "_cols", {}).values():

@@ -4,7 +4,6 @@ line and exit 2 with nothing left behind."""
 from __future__ import annotations
 
 import re
-import subprocess
 
 import h5py
 import numpy as np
@@ -140,16 +139,9 @@ def test_32_bit_ids_refused_through_prepare(tmp_path, capsys):
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
-    """A 1 MiB tmpfs mounted in tmp_path (unmounted afterwards); skip where mounting is not allowed."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the disk-full case ({got.stderr.strip() or 'not root'})")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def tmpfs(small_tmpfs):
+    """A 1 MiB tmpfs (tests/conftest.py small_tmpfs)."""
+    return small_tmpfs("1m")
 
 
 def test_disk_full_during_the_sort_is_one_line_and_leaves_nothing(tmpfs, capsys):

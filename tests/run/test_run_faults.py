@@ -52,16 +52,9 @@ def _train_args(config, parts, run, *extra):
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
-    """A 2 MiB tmpfs mounted in tmp_path (unmounted afterwards); skip where mounting is not allowed."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                         capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for the disk-full cases ({got.stderr.strip() or 'not root'})")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def tmpfs(small_tmpfs):
+    """A 2 MiB tmpfs (tests/conftest.py small_tmpfs)."""
+    return small_tmpfs("2m")
 
 
 @pytest.fixture
