@@ -156,11 +156,11 @@ demo: $(DATA)/cora-metis-2/meta.h5
 #   make test-slurm  the SLURM scripts on a private single-node SLURM (installs Debian's
 #                    slurm-wlm when missing, as root; skipped otherwise); .ci/run runs it after make test
 test: $(NATIVE_STAMP)
-	@$(PY) -m compileall -q -j 2 hpcgnn tests > /dev/null
+	@$(PY) -m compileall -q -j 2 hpcgnn benchmarks tools tests > /dev/null
 	$(PY) -m pytest -q tests -m "not slurm" $(PYTEST_ARGS)
 
 test-fast: $(NATIVE_STAMP)
-	@$(PY) -m compileall -q -j 2 hpcgnn tests > /dev/null
+	@$(PY) -m compileall -q -j 2 hpcgnn benchmarks tools tests > /dev/null
 	$(PY) -m pytest -q tests -m "not mpi and not slow and not bench and not slurm" $(PYTEST_ARGS)
 
 test-slurm: $(NATIVE_STAMP)
@@ -173,7 +173,7 @@ docs: $(NATIVE_STAMP)
 	$(HPCGNN) config --markdown > docs/config.md.tmp && mv docs/config.md.tmp docs/config.md
 
 bench-partition: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.partition --out $(RUNS)/bench/partition.h5
+	$(PY) -m benchmarks.partition --out $(RUNS)/bench/partition.h5
 
 # METIS against KaMinPar on one graph file (edge cut, the three balances, time, peak memory) at
 # BENCH_PARTS, and --method auto under BUDGET:
@@ -182,7 +182,7 @@ BENCH_PARTS ?= 4 16
 BUDGET      ?= 2GiB
 bench-partitioners: $(NATIVE_STAMP)
 	@test -n "$(GRAPH)" || { echo "make bench-partitioners: set GRAPH=FILE.h5 (a graph file from hpcgnn prepare)"; exit 2; }
-	$(PY) -m hpcgnn.bench.partitioners $(GRAPH) --parts $(BENCH_PARTS) --budget $(BUDGET) --out $(RUNS)/bench/partitioners.h5
+	$(PY) -m benchmarks.partitioners $(GRAPH) --parts $(BENCH_PARTS) --budget $(BUDGET) --out $(RUNS)/bench/partitioners.h5
 
 # BACKEND (runtime.backend of the runs: mpi4py, gloo, ...; default mpi4py) carries the data plane:
 #   make bench-minibatch; make bench-minibatch BACKEND=gloo   # AEP wait share, back to back
@@ -191,10 +191,10 @@ BACKEND    ?= mpi4py
 BENCH_TAG  := $(if $(filter-out mpi4py,$(BACKEND)),-$(BACKEND))
 
 bench-minibatch: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.minibatch --backend $(BACKEND) --out $(RUNS)/bench/minibatch$(BENCH_TAG).h5
+	$(PY) -m benchmarks.minibatch --backend $(BACKEND) --out $(RUNS)/bench/minibatch$(BENCH_TAG).h5
 
 bench-fullgraph: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.fullgraph --backend $(BACKEND) --out $(RUNS)/bench/fullgraph$(BENCH_TAG).h5
+	$(PY) -m benchmarks.fullgraph --backend $(BACKEND) --out $(RUNS)/bench/fullgraph$(BENCH_TAG).h5
 
 # The halo cache against the exact halo (docs/capgnn.md): Cora (row-normalised), 4 ranks, full-graph
 # GCN and SAGE with 3 layers, exact / S=2 pipelined / S=4 pipelined, seeds 0 and 1, 101 epochs;
@@ -202,25 +202,25 @@ bench-fullgraph: $(NATIVE_STAMP)
 bench-halo-cache: $(DATA)/cora-rownorm.h5
 	$(HPCGNN) partition $< --parts 4 --seed $(SEED) --out $(DATA)/cora-rownorm-metis-4 --force
 	for arch in gcn sage; do \
-	  HPCGNN_THREADS=1 $(MPIEXEC) -n 4 $(PY) -m hpcgnn.bench.fullgraph_cached \
+	  HPCGNN_THREADS=1 $(MPIEXEC) -n 4 $(PY) -m benchmarks.fullgraph_cached \
 	    --config inputs/cora-gcn-fullgraph.toml --store $(DATA)/cora-rownorm-metis-4 \
 	    --work $(RUNS)/bench/halo-cache-$$arch --cases exact,S2+pipe,S4+pipe --seeds 0,1 --epochs 101 --eval-every 1 \
 	    --set model.arch=$$arch --set model.layers=3 || exit 1; \
-	  $(PY) -m hpcgnn.bench.fullgraph_cached --table --work $(RUNS)/bench/halo-cache-$$arch \
+	  $(PY) -m benchmarks.fullgraph_cached --table --work $(RUNS)/bench/halo-cache-$$arch \
 	    --cases exact,S2+pipe,S4+pipe --seeds 0,1 --out $(RUNS)/bench/halo-cache-$$arch.h5 || exit 1; \
 	done
 
 bench-tensor: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.tensor --out $(RUNS)/bench/tensor.h5
+	$(PY) -m benchmarks.tensor --out $(RUNS)/bench/tensor.h5
 
 # RAPA (docs/rapa.md): 2 ranks with threads [1, 2], speed-proportional vs equal parts, back to back
 bench-rapa: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.rapa --out $(RUNS)/bench/rapa.h5
+	$(PY) -m benchmarks.rapa --out $(RUNS)/bench/rapa.h5
 
 # hpcgnn plan validated (docs/plan.md): calibrate, predict, train each engine on products-like
 # scale 0.04 (2 ranks, 2 rounds), predicted vs measured peak memory and epoch-time order (about 12 min)
 bench-plan: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.plan --out $(RUNS)/bench/plan.h5
+	$(PY) -m benchmarks.plan --out $(RUNS)/bench/plan.h5
 
 # Not part of `make test`: an ogbn-products-sized graph end to end (about 15-20 min at scale 1.0).
 # make bench-scale [SCALE=0.25] [DEVICE=cuda] [SCALE_ARGS="--ranks 2 --engines minibatch,fullgraph,tensor"]
@@ -228,25 +228,25 @@ SCALE      ?= 1.0
 DEVICE     ?=
 SCALE_ARGS ?=
 bench-scale: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
+	$(PY) -m benchmarks.scale --scale $(SCALE) --out $(RUNS)/bench/scale.h5 $(if $(DEVICE),--device $(DEVICE)) $(SCALE_ARGS)
 
 # Not part of `make test`: an ogbn-papers100M-shaped graph end to end at scale SCALE (required):
 # prepare, partition (--method auto) into RANKS parts, one minibatch epoch with the sampled
 # evaluation and infer of the test vertices on RANKS ranks; wall time and peak memory per stage
 # printed and in $(RUNS)/bench/papers-s$(SCALE).h5. Fit and project several scales with
-#   .venv/bin/python -m hpcgnn.bench.papers --fit $(RUNS)/bench/papers-s0.01.h5 $(RUNS)/bench/papers-s0.05.h5
+#   .venv/bin/python -m benchmarks.papers --fit $(RUNS)/bench/papers-s0.01.h5 $(RUNS)/bench/papers-s0.05.h5
 # make bench-papers SCALE=0.05 [RANKS=4] [PAPERS_ARGS="--keep-data --set minibatch.eval=full"]
 RANKS       ?= 4
 PAPERS_ARGS ?=
 bench-papers: $(NATIVE_STAMP)
 	@test "$(origin SCALE)" != file || { echo "make bench-papers: set SCALE=S (papers-like scale, 0 < S <= 1, e.g. 0.01)"; exit 2; }
-	$(PY) -m hpcgnn.bench.papers --scale $(SCALE) --ranks $(RANKS) --out $(RUNS)/bench/papers-s$(SCALE).h5 $(PAPERS_ARGS)
+	$(PY) -m benchmarks.papers --scale $(SCALE) --ranks $(RANKS) --out $(RUNS)/bench/papers-s$(SCALE).h5 $(PAPERS_ARGS)
 
 # The aggregation paths (the native kernels, the device path, and that under train.deterministic), time per forward +
 # backward and, on CUDA, device memory: make bench-aggregate [DEVICE=cuda] [AGG_ARGS="--widths 64"]
 AGG_ARGS   ?=
 bench-aggregate: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.aggregate --out $(RUNS)/bench/aggregate.h5 $(if $(DEVICE),--device $(DEVICE)) $(AGG_ARGS)
+	$(PY) -m benchmarks.aggregate --out $(RUNS)/bench/aggregate.h5 $(if $(DEVICE),--device $(DEVICE)) $(AGG_ARGS)
 
 # hpcgnn's epoch time against DGL's (ratio hpcgnn / DGL; targets: full graph <= 0.67x, minibatch <= 0.5x),
 # products-like scales 0.04 and 0.25, 1 process, back to back; needs `make peer-dgl` (about 25 min).
@@ -254,15 +254,15 @@ bench-aggregate: $(NATIVE_STAMP)
 # runtime.host_memory=retain; tables printed, figures in $(RUNS)/bench/dgl-s<scale>.h5.
 DGL_PRECISION ?= bf16
 bench-dgl: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.peers --scale 0.04 --rounds 3 --epochs 4 --precision $(DGL_PRECISION) \
+	$(PY) -m benchmarks.peers --scale 0.04 --rounds 3 --epochs 4 --precision $(DGL_PRECISION) \
 	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work --out $(RUNS)/bench/dgl-s0.04.h5
-	$(PY) -m hpcgnn.bench.peers --scale 0.25 --rounds 2 --epochs 3 --precision $(DGL_PRECISION) \
+	$(PY) -m benchmarks.peers --scale 0.25 --rounds 2 --epochs 3 --precision $(DGL_PRECISION) \
 	    --set runtime.host_memory=retain --work $(RUNS)/bench/peers-work-0.25 --out $(RUNS)/bench/dgl-s0.25.h5
 
 # DGL as an optional benchmark peer: `make peer-dgl` creates its own virtual
 # environment $(DGL_VENV) with torch==2.2.1 + DGL 2.1.0 (never the project's .venv: the PyTorch
 # versions differ). When $(DGL_VENV)/bin/python exists, bench-fullgraph and bench-minibatch also
-# time DGL on the same graph file in a subprocess (hpcgnn/bench/peer_dgl.py) and print the ratio;
+# time DGL on the same graph file in a subprocess (benchmarks/peer_dgl.py) and print the ratio;
 # without it they time hpcgnn alone. Made once (stamp file). PyPI's torch==2.2.1 wheel brings the CUDA
 # packages (about 3 GB); where the PyTorch CPU index is reachable, install the CPU wheel instead:
 #   make peer-dgl DGL_TORCH="torch==2.2.1 --index-url https://download.pytorch.org/whl/cpu"
@@ -286,15 +286,15 @@ $(DGL_STAMP):
 	@touch $@
 
 # make check-gpu (docs/gpu.md): every engine and mode on CUDA at 1 and 2 ranks against the same
-# run on the CPU (hpcgnn/bench/gpu_check.py); table printed, figures in $(RUNS)/gpu-check/gpu-check.h5,
+# run on the CPU (tools/gpu_check.py); table printed, figures in $(RUNS)/gpu-check/gpu-check.h5,
 # exit 1 when a row failed. Without a CUDA GPU: one line, exit 0, nothing set up.
 # PYTHON=python3 checks that interpreter's own (CUDA) PyTorch instead of .venv's: a
 # --system-site-packages venv $(GPU_VENV) of it gets only what it lacks, from the wheels in
-# $(WHEELS) (no package index is contacted; `python3 scripts/gpu_wheels.py download` prepares
+# $(WHEELS) (no package index is contacted; `python3 tools/gpu_wheels.py download` prepares
 # them where PyPI is reachable), and native/ is built in place for it.
 # GPU_CHECK_ARGS: options of the driver, e.g. GPU_CHECK_ARGS="--ranks 1 --modes fullgraph-memory".
 # make check-gpu-all: the same set-up, then every GPU check within a time budget
-# (hpcgnn/bench/gpu_session.py: check-gpu, pytest -m cuda, bench-aggregate and bench-scale at
+# (tools/gpu_session.py: check-gpu, pytest -m cuda, bench-aggregate and bench-scale at
 # products-like 0.25 on the GPU; GPU_CHECK_ARGS="--budget 540 --work DIR" for instance, or
 # "--deadline UNIX_TIME --archive FILE.tar.gz" to count the set-up and carry one file back), in
 # $(RUNS)/gpu-session: for a GPU machine lent for minutes (docs/gpu.md).
@@ -307,7 +307,7 @@ GPU_DRIVER     ?= gpu_check
 .PHONY: check-gpu check-gpu-all check-gpu-run
 
 check-gpu:
-	@if command -v $(GPU_PROBE) >/dev/null 2>&1; then $(GPU_PROBE) -m hpcgnn.bench.gpu_check --probe || exit 0; \
+	@if command -v $(GPU_PROBE) >/dev/null 2>&1; then $(GPU_PROBE) -m tools.gpu_check --probe || exit 0; \
 	elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
 	    echo "check-gpu: no CUDA GPU (nvidia-smi lists none; $(GPU_PROBE) is not set up); nothing to check"; exit 0; fi; \
 	$(MAKE) --no-print-directory check-gpu-run GPU_DRIVER=$(GPU_DRIVER)
@@ -318,14 +318,14 @@ check-gpu-all:
 GPU_OUT = $(RUNS)/$(subst _,-,$(GPU_DRIVER))
 ifeq ($(strip $(PYTHON)),)
 check-gpu-run: $(NATIVE_STAMP)
-	$(PY) -m hpcgnn.bench.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+	$(PY) -m tools.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 else
 check-gpu-run:
 	@test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv --without-pip --system-site-packages $(GPU_VENV)
-	$(GPU_VENV)/bin/python scripts/gpu_wheels.py link --base-python $(PYTHON)
-	$(GPU_VENV)/bin/python scripts/gpu_wheels.py install --wheels $(WHEELS)
+	$(GPU_VENV)/bin/python tools/gpu_wheels.py link --base-python $(PYTHON)
+	$(GPU_VENV)/bin/python tools/gpu_wheels.py install --wheels $(WHEELS)
 	flock .native.lock env HPCGNN_NATIVE_ARCH='$(NATIVE_ARCH)' $(GPU_VENV)/bin/python setup.py -q build_ext --inplace --parallel $$(nproc)
-	$(GPU_VENV)/bin/python -m hpcgnn.bench.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+	$(GPU_VENV)/bin/python -m tools.$(GPU_DRIVER) --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 endif
 
 clean:

@@ -22,8 +22,9 @@ itself through others (tests/test_layers.py computes the import graph and checks
   nn/            aggregation kernels, dropout, models (GraphSAGE, GAT, GCN) and Adam (optim.py:
                  torch.optim.Adam's results without its import of TorchDynamo)
 2 ranks, exchanges, data
-  runtime.py     MPI process runtime (ranks, threads, abort-on-exception, torch.distributed;
-                 the launcher and environment of a child MPI job)
+  runtime/       MPI process runtime: the Runtime class (rank.py: ranks, threads,
+                 abort-on-exception, torch.distributed), process tuning (process.py), GPU
+                 placement (gpu.py), the launcher and environment of a child MPI job (child.py)
   comm/          collectives as autograd functions, halo providers, asynchronous embedding push,
                  the exact minibatch mode's distributed sampling and feature pull (exact_fetch.py),
                  the gradient and evaluation-count allreduces (allreduce.py)
@@ -31,23 +32,33 @@ itself through others (tests/test_layers.py computes the import graph and checks
   store/         feature and topology store over device and host memory (docs/store.md)
 3 run
   run/           configuration (config.py) and the engines' sections (engines/: the registry
-                 and one spec per engine), run output (HDF5, output.py), the run directory's lock
+                 and one spec per engine), the run file (layout and reader: runfile.py; writer:
+                 output.py; the checks of --resume: resume.py), the run directory's lock
                  (lock.py), checkpoints and the training state saved in them (checkpoint.py),
-                 phase timing (timer.py), memory measurement (memory.py), what a run prints
+                 phase timing (timer.py), memory measurement (memory.py), the collective
+                 writer of `hpcgnn infer`'s per-vertex rows file (rows_file.py), what a run prints
                  (console.py), per-epoch CSV and TensorBoard export (export.py)
-4 partition/     partitioners (METIS multi-constraint, random, contiguous) and the partition store
+4 partition/     partitioners (METIS multi-constraint, random, contiguous), the partitioning steps
+                 from a graph file to a store (pipeline.py), the partition store and its summary
+                 (summary.py)
 5 engine/        the shared training loop (loop.py), hooks, the engines (minibatch, fullgraph,
                  tensor), the device choice (device.py), the model and optimizer built from the
                  configuration (model.py),
                  global accuracies (metrics.py), the layer-wise inference algorithm
-                 (inference.py) and the one memory estimator (estimate.py: train's pre-run
-                 check, inspect, plan's memory figures); docs/engines.md
+                 (inference.py), the rows `hpcgnn infer` computes from a checkpoint
+                 (predict.py) and memory: each engine's coarse terms (memory_*.py), their
+                 shared part (estimate.py: inspect, plan's memory figures) and train's checks
+                 (memory_check.py: before the run and after the measured first step);
+                 docs/engines.md
 6 plan/          `hpcgnn plan`: calibrated memory and epoch-time predictions per engine setting
 7 commands/      the `hpcgnn` subcommands
-  demos/         tiny MPI programs that check a launch and the runtime
-8 bench/         the `make bench-*` benchmarks and the peer comparisons
-9 cli.py         the `hpcgnn` command: one entry point, a module of commands/ per subcommand
+  demos/         a tiny MPI program that checks a launch and the runtime (hello.py)
+8 cli.py         the `hpcgnn` command: one entry point, a module of commands/ per subcommand
   __main__.py    `python -m hpcgnn`
+
+Outside the package, in the checkout: benchmarks/ (the `make bench-*` drivers, which import
+hpcgnn) and tools/ (the GPU check drivers and wheels, which import benchmarks and hpcgnn); hpcgnn
+imports neither.
 """
 
 __version__ = "0.1.0"
@@ -61,6 +72,5 @@ LAYERS = (
     ("engine",),
     ("plan",),
     ("commands", "demos"),
-    ("bench",),
     ("cli", "__main__"),
 )

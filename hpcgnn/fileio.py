@@ -320,6 +320,28 @@ class H5Output:
 
 
 @contextlib.contextmanager
+def h5_writing(path: str | os.PathLike):
+    """Create the HDF5 file ``path`` (replacing one there) and yield it open for writing through a
+    file object that records the first write the OS refuses (:class:`_RecordingFile`): HDF5 never
+    sees the failure, and that OSError (a full disk: errno ENOSPC) is raised when the block ends,
+    after the file is closed. For files inside a temporary that the caller removes on error
+    (:func:`atomic_dir`); :func:`atomic_h5` is the one-file form."""
+    path = Path(path)
+    path.open("wb").close()
+    sink = _RecordingFile(path)
+    try:
+        f = h5py.File(sink, "w")
+        try:
+            yield f
+        finally:
+            f.close()
+    finally:
+        sink.close()
+    if sink.error is not None:
+        raise sink.error
+
+
+@contextlib.contextmanager
 def atomic_h5(path: str | os.PathLike):
     """Write the HDF5 file ``path`` atomically (:func:`atomic_file`): yields an :class:`H5Output`
     whose ``file`` is open for writing on the temporary; closed and renamed into place when the

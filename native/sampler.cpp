@@ -142,9 +142,12 @@ struct LayerOut {
     std::vector<int64_t> frontier;  // new frontier (dst prefix + new sources)
 };
 
+// IX: the dtype of the CSR's source ids (int64, or int32 when every local id fits: half the
+// bytes of the rank's largest array); everything the sampler returns is int64.
+template <typename IX>
 class Sampler {
   public:
-    Sampler(carray<int64_t> indptr, carray<int64_t> indices, int64_t num_solid, int64_t num_local)
+    Sampler(carray<int64_t> indptr, carray<IX> indices, int64_t num_solid, int64_t num_local)
         : indptr_obj_(indptr), indices_obj_(indices), num_solid_(num_solid), num_local_(num_local) {
         require(indptr.ndim() == 1 && indptr.shape(0) == num_solid + 1,
                 "sampler: indptr must have num_solid + 1 entries");
@@ -159,7 +162,7 @@ class Sampler {
         {
             py::gil_scoped_release release;
             const int64_t* ip = indptr_;
-            const int64_t* ix = indices_;
+            const IX* ix = indices_;
             const int64_t nnz = nnz_;
 #pragma omp parallel for schedule(static) reduction(|| : bad_ptr) if (num_solid > kParallelMin)
             for (int64_t v = 0; v < num_solid; ++v) bad_ptr = bad_ptr || ip[v + 1] < ip[v];
@@ -246,7 +249,7 @@ class Sampler {
         LayerOut o;
         o.indptr.assign(n_dst + 1, 0);
         const int64_t* ip = indptr_;
-        const int64_t* ix = indices_;
+        const IX* ix = indices_;
         const int64_t nsolid = num_solid_;
 #pragma omp parallel for schedule(static) if (n_dst > kParallelMin)
         for (int64_t i = 0; i < n_dst; ++i) {
@@ -345,7 +348,7 @@ class Sampler {
 
     py::object indptr_obj_, indices_obj_;  // keep the CSR buffers alive
     const int64_t* indptr_ = nullptr;
-    const int64_t* indices_ = nullptr;
+    const IX* indices_ = nullptr;
     int64_t nnz_ = 0;
     int64_t num_solid_, num_local_;
     std::vector<int64_t> pos_;  // scratch: frontier position per local vertex, kEmpty between calls
@@ -391,13 +394,20 @@ uint64_t mix_key(const std::vector<int64_t>& parts) {
 PYBIND11_MODULE(_native_sampler, m) {
     using namespace hpcgnn;
     m.doc() = "Neighbour sampling and degree-biased choice (OpenMP).";
-    py::class_<Sampler>(m, "Sampler")
+    py::class_<Sampler<int64_t>>(m, "Sampler")
         .def(py::init<carray<int64_t>, carray<int64_t>, int64_t, int64_t>(), py::arg("indptr"),
              py::arg("indices"), py::arg("num_solid"), py::arg("num_local"))
-        .def("sample", &Sampler::sample, py::arg("seeds"), py::arg("fanouts"), py::arg("key"),
+        .def("sample", &Sampler<int64_t>::sample, py::arg("seeds"), py::arg("fanouts"), py::arg("key"),
              "List of (indptr, indices, frontier) per block, seeds' block first.")
-        .def_property_readonly("num_solid", &Sampler::num_solid)
-        .def_property_readonly("num_local", &Sampler::num_local);
+        .def_property_readonly("num_solid", &Sampler<int64_t>::num_solid)
+        .def_property_readonly("num_local", &Sampler<int64_t>::num_local);
+    py::class_<Sampler<int32_t>>(m, "Sampler32", "Sampler over int32 source ids (same draws, int64 results).")
+        .def(py::init<carray<int64_t>, carray<int32_t>, int64_t, int64_t>(), py::arg("indptr"),
+             py::arg("indices"), py::arg("num_solid"), py::arg("num_local"))
+        .def("sample", &Sampler<int32_t>::sample, py::arg("seeds"), py::arg("fanouts"), py::arg("key"),
+             "List of (indptr, indices, frontier) per block, seeds' block first.")
+        .def_property_readonly("num_solid", &Sampler<int32_t>::num_solid)
+        .def_property_readonly("num_local", &Sampler<int32_t>::num_local);
     m.def("degree_biased_choice", &degree_biased_choice, py::arg("candidates"), py::arg("degrees"),
           py::arg("max_count"), py::arg("key"), py::arg("hil"));
     m.def("mix_key", &mix_key, py::arg("parts"), "64-bit key from a list of integers (splitmix64 chain).");

@@ -58,14 +58,14 @@ def pytest_collection_modifyitems(config, items):
 def fork_server(tmp_path_factory):
     """The session's fork server (tests/zygote.py), its socket exported in HPCGNN_TEST_ZYGOTE
     for mpiutil's launches and its client in HPCGNN_BENCH_PYTHON for the bench drivers'
-    (hpcgnn.bench.launch.python_command); none when HPCGNN_TEST_ZYGOTE=0. Its log is
+    (benchmarks.launch.python_command); none when HPCGNN_TEST_ZYGOTE=0. Its log is
     ``zygote.log`` next to the socket: what it preloaded, one line per launch that needed a
     fresh interpreter (and why), and at the end the count of forks and fresh launches."""
     import os
     import shlex
     import subprocess
 
-    from hpcgnn.bench.launch import PYTHON_VAR
+    from benchmarks.launch import PYTHON_VAR
 
     if os.environ.get(ZYGOTE_VAR, "") == "0":
         yield None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from hpcgnn.commands.infer import _infer
@@ -25,7 +26,16 @@ def main() -> int:
             resume = bool(job.get("resume", False))
             args = argparse.Namespace(config=job["config"], set=list(job["set"]), resume=resume,
                                       force=not resume, verbose=bool(job.get("verbose", False)))
-            rc = _train(args)
+            saved = {k: os.environ.get(k) for k in job.get("env", {})}
+            os.environ.update(job.get("env", {}))
+            try:
+                rc = _train(args)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         else:
             args = argparse.Namespace(run=job["run"], out=job["out"], checkpoint=None, what="logits", layer=None,
                                       partitions=None, device=None, backend=None, block_bytes="64MiB", force=True,

@@ -1,6 +1,6 @@
 """Run real MPI jobs from tests: `.venv/bin/mpiexec -n N python ...` with a timeout.
 
-The child's environment is the benches' (hpcgnn/bench/launch.py): stripped of the
+The child's environment is the benches' (benchmarks/launch.py): stripped of the
 launcher variables of any surrounding MPI job (PMI_*, HYDRA_*, OMPI_*, SLURM_*, ...)
 so a test run inside mpiexec or srun still starts a fresh world. A job that outlives its
 timeout is killed with its whole process group and the test fails: no test can
@@ -41,10 +41,10 @@ def python(fresh: bool = False) -> list[str]:
 
 
 def clean_env(extra: dict | None = None) -> dict:
-    """The benches' child environment (:func:`hpcgnn.bench.launch.child_env`: a fresh MPI world,
+    """The benches' child environment (:func:`benchmarks.launch.child_env`: a fresh MPI world,
     this checkout first on PYTHONPATH, no progress bars, Open MPI as root), one OpenMP thread
     unless set, then ``extra``."""
-    from hpcgnn.bench.launch import child_env
+    from benchmarks.launch import child_env
 
     env = child_env()
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -81,13 +81,23 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
 
 
+def debug_env(kill: list | None = None, record: bool = False) -> dict:
+    """The environment that installs the test suite's instrumentation (tests/debug_hooks.py) in
+    `hpcgnn train`: ``kill`` ``[rank, epoch, step]`` makes that rank SIGKILL itself before that
+    step, ``[rank, epoch, step, "SIGUSR1"]`` send itself that signal; ``record`` writes per-step
+    records to ``RUN/debug/rank-NNNNN.h5``."""
+    return {"HPCGNN_TRAIN_HOOKS": str(ROOT / "tests" / "debug_hooks.py"),
+            "HPCGNN_DEBUG_HOOKS": json.dumps({"kill": list(kill or []), "record": bool(record)})}
+
+
 def train_job(config, run_dir, *sets: str, verbose: bool = False, resume: bool = False,
-              expect: int = 0) -> dict:
+              expect: int = 0, env: dict | None = None) -> dict:
     """One `hpcgnn train --config CONFIG --force` job of :func:`run_jobs` (``resume``: ``--resume``
     instead of ``--force``): ``output.dir`` is ``run_dir``, ``sets`` are ``KEY=VALUE`` overrides;
-    ``expect``: the exit code the job must end with for the launch to go on."""
+    ``expect``: the exit code the job must end with for the launch to go on; ``env``: environment
+    variables set for this job alone (:func:`debug_env`)."""
     return {"kind": "train", "config": str(config), "set": [f"output.dir={run_dir}", *map(str, sets)],
-            "verbose": verbose, "resume": resume, "expect": expect}
+            "verbose": verbose, "resume": resume, "expect": expect, "env": dict(env or {})}
 
 
 def run_jobs(n: int, jobs: list[dict], workdir: Path, timeout: float = 300,

@@ -146,7 +146,7 @@ def test_infer_writer_removes_a_dead_writers_temporary(tmp_path, capsys):
     import h5py
     from mpi4py import MPI
 
-    from hpcgnn.commands.infer import write_rows
+    from hpcgnn.run.rows_file import write_rows
 
     out = tmp_path / "pred.h5"
     stale = temp(tmp_path, "pred.h5", _host(), dead_pid())

@@ -164,3 +164,34 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
                 bad.append(f"{modules[m].relative_to(PACKAGE.parent)}:{line}: {m} (layer {layer[a]}, "
                            f"{a}) imports {t} (layer {layer[b]}, {b})")
     assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+# The checkout's packages outside hpcgnn, bottom first: a package imports hpcgnn and those
+# before it, never one after it; hpcgnn imports none of them (the wheel ships hpcgnn alone).
+OUTSIDE = ("benchmarks", "tools")
+
+
+def _top_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, top-level package)`` of every absolute import in ``path`` (relative imports stay
+    inside the file's own package)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def test_benchmarks_and_tools_are_above_hpcgnn_and_tools_above_benchmarks():
+    root = PACKAGE.parent
+    order = ("hpcgnn",) + OUTSIDE
+    bad = []
+    for i, name in enumerate(order):
+        for path in sorted((root / name).rglob("*.py")):
+            for line, top in _top_imports(path):
+                if top in order[i + 1:]:
+                    bad.append(f"{path.relative_to(root)}:{line} ({name}) imports {top}")
+    assert not bad, "imports of a package above the importer's:\n" + "\n".join(bad)
+    for name in OUTSIDE:
+        assert (root / name / "__init__.py").is_file(), f"{name}/ is not a package of the checkout"

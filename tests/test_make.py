@@ -168,16 +168,16 @@ def test_check_gpu_on_another_interpreter_uses_only_the_prepared_wheels(tmp_path
     wheels from WHEELS only, native/ built for that interpreter, then the driver; no index."""
     lines = _plan(tmp_path, "check-gpu-run", "PYTHON=python3", "WHEELS=/w")
     steps = ["python3 -m venv --without-pip --system-site-packages .venv-gpu",
-             ".venv-gpu/bin/python scripts/gpu_wheels.py link --base-python python3",
-             ".venv-gpu/bin/python scripts/gpu_wheels.py install --wheels /w",
+             ".venv-gpu/bin/python tools/gpu_wheels.py link --base-python python3",
+             ".venv-gpu/bin/python tools/gpu_wheels.py install --wheels /w",
              ".venv-gpu/bin/python setup.py -q build_ext --inplace",
-             ".venv-gpu/bin/python -m hpcgnn.bench.gpu_check --out runs/gpu-check"]
+             ".venv-gpu/bin/python -m tools.gpu_check --out runs/gpu-check"]
     positions = [_index(lines, s) for s in steps]
     assert positions == sorted(positions)
     assert not any("pip install" in line or ".venv/" in line for line in lines)
     # the default: .venv's usual set-up, then the driver
     lines = _plan(tmp_path, "check-gpu-run", "GPU_CHECK_ARGS=--ranks 1")
-    assert _index(lines, "build_ext --inplace") < _index(lines, ".venv/bin/python -m hpcgnn.bench.gpu_check "
+    assert _index(lines, "build_ext --inplace") < _index(lines, ".venv/bin/python -m tools.gpu_check "
                                                                 "--out runs/gpu-check --ranks 1")
 
 

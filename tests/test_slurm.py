@@ -325,7 +325,7 @@ def test_train_script_launch_path_with_the_hello_entry(slurm, tmp_path):
 
 def test_train_script_ends_the_job_when_a_rank_is_killed(slurm, tmp_path):
     """Without srun --kill-on-bad-exit the surviving ranks would wait in MPI_Barrier until --time."""
-    env = _venv_env(slurm, HPCGNN_ENTRY="-m hpcgnn.demos.fail --mode kill --rank 1 --delay 0.2")
+    env = _venv_env(slurm, HPCGNN_ENTRY=f"{ROOT}/tests/demos/fail.py --mode kill --rank 1 --delay 0.2")
     state, exit_code, text, fields = run_batch(
         env, "slurm/train.sh",
         ["--ntasks-per-node=2", "--cpus-per-task=1", f"--output={tmp_path}/kill-%j.out"], timeout=120)
@@ -372,7 +372,7 @@ def test_train_script_trains_on_cora_partitions(slurm, tmp_path, request):
         ["--ntasks-per-node=2", "--cpus-per-task=1", f"--output={tmp_path}/train-%j.out"],
         ["--set", "train.epochs=2"], timeout=600)
     assert (state, exit_code) == ("COMPLETED", "0:0"), text
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     run = read_run(run_dir)
     assert run["attrs"]["num_ranks"] == 2, run["attrs"]
@@ -421,7 +421,7 @@ def test_train_script_stops_on_sigusr1_requeues_and_resumes_to_the_end(slurm, tm
     assert re.search(r"\(SIGUSR1 on (every rank|rank [01])\)", text) and "(exit status 75)" in text, text[-3000:]
     assert f"requeueing job {job}" in text and f"restart 1 of job {job}" in text, text[-3000:]
     from hpcgnn.run.checkpoint import list_checkpoints
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     run = read_run(run_dir)
     assert run["attrs"]["status"] == "finished", run["attrs"]

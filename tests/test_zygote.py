@@ -92,7 +92,7 @@ def test_the_package_is_preloaded_but_never_mpi(server, tmp_path):
     """A fork starts with hpcgnn's modules imported, except those that import mpi4py.MPI (its
     import initialises MPI: a rank does that itself) and the drivers."""
     names = ["hpcgnn.cli", "hpcgnn.engine.fullgraph", "hpcgnn.runtime", "hpcgnn.comm.alltoall", "mpi4py.MPI",
-             "hpcgnn.bench.launch", "hpcgnn.run.plot"]
+             "benchmarks.launch", "hpcgnn.run.plot"]
     code = f"import json, sys; print(json.dumps([m in sys.modules for m in {names!r}]))"
     proc = through(server, ["-c", code], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -46,7 +46,7 @@ PRELOAD = ("torch", "numpy", "h5py", "mpi4py")
 # The package under test is preloaded too, every module but these (and any that imports
 # mpi4py.MPI, whose import initialises MPI): drivers and demos, matplotlib's plotting.
 PACKAGE = "hpcgnn"
-PACKAGE_SKIP = ("hpcgnn.bench", "hpcgnn.demos", "hpcgnn.__main__", "hpcgnn.run.plot")
+PACKAGE_SKIP = ("hpcgnn.demos", "hpcgnn.__main__", "hpcgnn.run.plot")
 NEVER_PRELOAD = "mpi4py.MPI"
 # Environment variables a rank may have that the server did not, because nothing reads them
 # while the preloaded modules are imported: the launcher's (Hydra's PMI, control and local-rank

@@ -76,11 +76,13 @@ class ExactFetch:
     """Distributed sampling and feature pull for one rank (collective methods)."""
 
     def __init__(self, comm: Communicator, part, part_offsets: np.ndarray, fanouts, seed: int, csr=None,
-                 features=None):
+                 features=None, sampler=None):
         """``comm``: the data plane; ``csr``: the partition's (indptr, local indices) when the
         caller holds them already (the rank's graph store), else computed from ``part``;
         ``features``: the rank's :class:`~hpcgnn.store.base.FeatureStore` of its solid rows
-        (None: ``part.features``)."""
+        (None: ``part.features``); ``sampler``: a
+        :class:`~hpcgnn.sampling.neighbor.NeighborSampler` over that CSR to draw with (its
+        fanouts and seed are not used: every hop draws from its own stream), None: one is made."""
         from hpcgnn.sampling.neighbor import NeighborSampler
 
         if not isinstance(comm, Communicator):
@@ -92,10 +94,10 @@ class ExactFetch:
         self.features = features
         self.fanouts = list(fanouts)
         indptr, local_indices = csr if csr is not None else part.local_csr()
-        # One single-hop sampler per hop (they share the CSR arrays).
-        self._samplers = [NeighborSampler(indptr, local_indices, part.num_solid, [f],
-                                          seed=_mix(seed, 0x45584143, hop), num_local=part.num_local)
-                          for hop, f in enumerate(reversed(self.fanouts))]
+        # One sampler (its scratch is [num_local]); hop h draws from its own stream.
+        self._sampler = sampler if sampler is not None else NeighborSampler(
+            indptr, local_indices, part.num_solid, self.fanouts, num_local=part.num_local)
+        self._hops = [(f, _mix(seed, 0x45584143, hop)) for hop, f in enumerate(reversed(self.fanouts))]
         self.counters = FetchCounters()
 
     def reset_counters(self) -> None:
@@ -126,7 +128,8 @@ class ExactFetch:
     def _request(self, gids: np.ndarray, kind: str):
         """Send ``gids`` to their owners: (order, send counts, requests received, their counts)."""
         own = self.owner(gids)
-        order = np.argsort(own, kind="stable")
+        # a stable sort of 16-bit keys is numpy's radix sort: linear in the request count
+        order = np.argsort(own.astype(np.int16) if self.size <= np.iinfo(np.int16).max else own, kind="stable")
         counts = np.bincount(own, minlength=self.size).astype(np.int64)
         req, req_counts = self._alltoallv(gids[order], counts, kind=kind)
         return order, counts, req, req_counts
@@ -138,7 +141,8 @@ class ExactFetch:
         uniq, inverse = np.unique(gids, return_inverse=True)
         if uniq.shape[0] == 0:
             return np.zeros(gids.shape[0], np.int64), np.zeros(0, np.int64)
-        batch = self._samplers[hop].sample(uniq - part.solid_begin, epoch=epoch, step=step)
+        fanout, hop_seed = self._hops[hop]
+        batch = self._sampler.sample_hop(uniq - part.solid_begin, fanout, hop_seed, epoch=epoch, step=step)
         blk = batch.blocks[0]
         nbr = part.to_global(batch.frontiers[0].numpy()[blk.indices.numpy()])
         return gather_segments(blk.indptr.numpy(), nbr, inverse.reshape(-1))

@@ -15,7 +15,8 @@ one descriptor, :class:`Transfer`: a list ``T`` of global IDs grouped by owner r
 ``k``; every rank writes what it receives into rows ``T`` of its feature-layout buffer) and
 ``to_rows(T)`` a gather of them (every rank sends its columns of rows ``T`` to their owners,
 which concatenate the column slices). The adjoint of ``to_cols(T)`` is ``to_rows(T)`` and
-vice versa, so the pair makes autograd Functions Megatron style (:class:`Split`, :class:`Gather`).
+vice versa, so the pair makes autograd Functions Megatron style (:class:`Split`, :class:`Gather`);
+:class:`AllgatherRows` (every rank's rows on every rank, adjoint an allreduce) is the third.
 Both have a non-blocking form (``start_*`` returns a handle; ``finish`` waits and places the
 rows) for overlapping a chunk's exchange with another chunk's compute.
 
@@ -398,3 +399,38 @@ class Gather(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         return ctx.tp.split(grad.contiguous()), None, None
+
+
+class AllgatherRows(torch.autograd.Function):
+    """``AllgatherRows.apply(x_rows, tp)``: every rank's vertex rows [n_i, d] -> [V, d] in global
+    order on every rank (one allgather); the adjoint sums every rank's gradient (allreduce)
+    and keeps the rank's own rows. Used for GAT's 2 attention scalars per vertex."""
+
+    @staticmethod
+    def forward(ctx, x, tp: TPComm):
+        lay = tp.layout
+        t0 = time.perf_counter()
+        x = x.detach().contiguous()
+        d = int(x.shape[1])
+        tr = lay.full_transfer()
+        if tp.comm is None:
+            got = x
+        else:
+            got = tp.comm.allgatherv(x, tr.counts)
+        full = x.new_empty((lay.num_nodes, d))
+        full[tr.ids] = got
+        tp.stats.add("attention", (lay.size - 1) * x.numel() * x.element_size(), time.perf_counter() - t0, 1)
+        ctx.tp = tp
+        return full
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        tp = ctx.tp
+        t0 = time.perf_counter()
+        g = grad.detach().contiguous().clone()
+        if tp.comm is not None:
+            tp.comm.allreduce_(g)
+        own = torch.from_numpy(tp.layout.own_ids).to(g.device)
+        tp.stats.add("attention", g.numel() * g.element_size(), time.perf_counter() - t0, 1)
+        return g.index_select(0, own), None

@@ -1,23 +1,25 @@
 """`hpcgnn infer RUN --out FILE.h5 [--checkpoint FILE] [--what logits|embeddings|predictions]
-[--layer L] [--vertices all|train|val|test] [--partitions DIR] [--device D] [--backend B] [--force]`
-(collective: under mpiexec/srun, or one process).
+[--layer L] [--vertices all|train|val|test] [--method full|sampled] [--fanouts F,...]
+[--partitions DIR] [--device D] [--backend B] [--force]` (collective: under mpiexec/srun, or one
+process).
 
 Loads the run's configuration (``RUN/run.h5``) and a checkpoint (the newest in
 ``RUN/checkpoints`` unless ``--checkpoint``), runs exact full-neighbour inference in bounded memory
-(see below) and writes ONE HDF5 file (``format = "hpcgnn-infer"``) with a row for every vertex
+or sampled inference of the selected vertices (see below) and writes ONE HDF5 file (``format = "hpcgnn-infer"``) with a row for every vertex
 in the graph file's vertex order (docs/infer.md):
 
 * ``logits`` float32 [V, C], ``predictions`` int64 [V] (their argmax) or ``embeddings`` float32
   [V, W] (the output of layer ``--layer``, 1-based, default the last hidden layer);
 * ``vertex_ids`` int64 [V]: the graph file's id of every row (``0 .. V-1``);
 * with ``--vertices train|val|test`` the rows of that split's vertices only, in the same order:
-  [V_split, ...] and ``vertex_ids`` [V_split] their (increasing) graph ids. Inference computes
-  the same rows either way (layer-wise full-neighbour inference needs every vertex's hidden
-  layers); the option selects what is written. Every rank holds the graph ids of the whole
+  [V_split, ...] and ``vertex_ids`` [V_split] their (increasing) graph ids. ``--method full``
+  computes every vertex's rows either way (layer-wise full-neighbour inference needs every
+  vertex's hidden layers) and the option selects what is written; ``--method sampled`` computes
+  the split's rows only. Every rank holds the graph ids of the whole
   split (8 bytes each) to place its rows;
 * attributes: ``what``, ``layer``, ``num_layers``, ``engine``, ``comm_backend`` (what carried the
   data plane, ``runtime.backend`` of the run's configuration; ``""`` when none was made),
-  ``mpi_library``, ``checkpoint``,
+  ``mpi_library``, ``method``, ``fanouts`` (``[]`` for ``full``), ``checkpoint``,
   ``checkpoint_epoch``, ``checkpoint_sha256`` (of the checkpoint file), ``vertices`` (``all`` or
   the split written), the run and store
   read, the rank count, seconds and per-rank peak resident memory.
@@ -29,18 +31,26 @@ a store of another graph or with another part count) is one line naming it, exit
 rank, and nothing is written; the output appears complete (temporary name, then rename) or not
 at all.
 
-**Computing the rows** (the store may have another rank count than training's):
+**Computing the rows** (the store may have another rank count than training's;
+:mod:`hpcgnn.engine.predict`):
 
 * **Partition-parallel models** (``train.engine`` = ``minibatch`` or ``fullgraph``: the GNN of
-  :mod:`hpcgnn.nn.models`, :func:`gnn_rows`): the minibatch engine's evaluation,
-  :func:`hpcgnn.engine.inference.partition_inference`: exact full-neighbour inference layer by
+  :mod:`hpcgnn.nn.models`, :func:`~hpcgnn.engine.predict.gnn_rows`): the minibatch engine's
+  evaluation, :func:`hpcgnn.engine.inference.partition_inference`: exact full-neighbour inference layer by
   layer over the rank's solid vertices, destinations in chunks (``minibatch.eval_rows``, 0 =
   a 256 MiB budget) and halo rows streamed in rounds (``minibatch.eval_halo_rounds``, 0 = sized
   to a 256 MiB round). The full-graph engine's evaluation runs the same layers unchunked; the
   results agree up to floating-point order.
-* **Tensor parallel** (``tensor``, :func:`tensor_rows`): the engine itself (:class:`hpcgnn.engine.tensor.TensorEngine`,
-  whole topology on every rank) and its forward (:meth:`~hpcgnn.engine.tensor.TensorEngine.logits`),
-  with the model in eval mode.
+* **Sampled** (``--method sampled``, partition-parallel models,
+  :func:`~hpcgnn.engine.predict.sampled_gnn_rows`): the minibatch engine's sampled evaluation
+  (:func:`hpcgnn.engine.inference.sampled_inference`): each selected vertex's neighbours sampled over the whole graph with ``--fanouts`` (default
+  the run's ``minibatch.fanouts``; ``--layer L`` runs the first L), keyed by (seed, hop,
+  vertex), input rows pulled from their owners, in batches of ``minibatch.eval_batch_size``
+  seeds per rank. A rank holds its partition, the model and one batch, so the memory does not
+  grow with the layers' width times the vertex count; the rows are a sample's, not exact.
+* **Tensor parallel** (``tensor``, :func:`~hpcgnn.engine.predict.tensor_rows`): the engine itself
+  (:class:`hpcgnn.engine.tensor.TensorEngine`, whole topology on every rank) and its forward
+  (:meth:`~hpcgnn.engine.tensor.TensorEngine.logits`), with the model in eval mode.
 
 **Layers** are numbered from 1: ``layer = L`` is the output of the model's ``L``-th layer, after
 its ReLU (hidden layers; dropout is off at inference); ``layer = num_layers`` is the logits. For
@@ -48,30 +58,23 @@ the decoupled tensor models (MLP, then propagation) the hidden layers are the ML
 layer includes the propagation; for the coupled tensor model layer ``L`` includes its
 aggregation. The default of ``--what embeddings`` is the last hidden layer, ``num_layers - 1``.
 
-**Writing** (:func:`write_rows`): rank 0 assembles the file block by block (``block_bytes`` of
-output rows per block): every rank sorts its rows by graph vertex id once, and for each block
-sends the rows that fall in it (one ``Gatherv`` of ids, one of rows); rank 0 checks that every
-vertex of the block arrived exactly once and writes it. Memory beyond the rank's own result: one
-block (rank 0: two). The file is written under a temporary name and renamed when complete.
+**Writing** (:func:`hpcgnn.run.rows_file.write_rows`): rank 0 assembles the file block by block
+(``--block-bytes`` of output rows per block), each block gathered from the ranks that hold its
+rows. Memory beyond the rank's own result: one block (rank 0: two). The file is written under a
+temporary name and renamed when complete.
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
-
+from hpcgnn.engine.predict import gnn_rows, graph_ids, sampled_gnn_rows, split_rows, tensor_rows
 from hpcgnn.errors import InputError
-
-if TYPE_CHECKING:
-    import torch
+from hpcgnn.run.rows_file import write_rows
 
 WHATS = ("logits", "embeddings", "predictions")
+METHODS = ("full", "sampled")
 VERTEX_SETS = ("all", "train", "val", "test")
 EXAMPLES = """examples:
   python -m hpcgnn infer runs/demo --out preds.h5 --what predictions
@@ -82,7 +85,6 @@ EXAMPLES = """examples:
 """
 INFER_FORMAT = "hpcgnn-infer"
 INFER_VERSION = 1
-DEFAULT_BLOCK_BYTES = 64 << 20
 
 
 # ---- inputs --------------------------------------------------------------------------------------
@@ -123,280 +125,6 @@ def run_config(config_json: str, label: str):
     return Config(resolved)
 
 
-@dataclass
-class Checkpoint:
-    """The parts of a checkpoint inference uses; ``sha256`` is of the file's bytes."""
-
-    path: Path
-    sha256: str
-    epoch: int
-    engine: str
-    content_hash: str
-    model: dict = field(repr=False)
-
-
-def read_checkpoint(path: Path) -> Checkpoint:
-    """Read and hash one checkpoint file (rank 0); InputError naming the file if it is not a
-    readable hpcgnn checkpoint."""
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: checkpoint file not found")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: checkpoint not readable ({exc.__class__.__name__})") from None
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
-        raise InputError(f"{path}: not a loadable torch checkpoint ({exc.__class__.__name__})") from None
-    if not isinstance(state, dict) or "epoch" not in state or not isinstance(state.get("model"), dict):
-        raise InputError(f"{path}: not an hpcgnn checkpoint (expected a dict with 'epoch' and 'model')")
-    return Checkpoint(path=path, sha256=hashlib.sha256(data).hexdigest(), epoch=int(state["epoch"]),
-                      engine=str(state.get("engine", "")), content_hash=str(state.get("content_hash", "")),
-                      model=state["model"])
-
-
-# ---- computing rows ------------------------------------------------------------------------------
-@dataclass
-class _InferOutput:
-    """What an engine's constructor reads from its run output (``cfg``, ``rt``, ``meta``,
-    ``engine``); the run attributes it sets are kept here, since inference writes no run file."""
-
-    cfg: object
-    rt: object
-    meta: object
-    engine: str
-    attrs: dict = field(default_factory=dict)
-
-    def set_attrs(self, **values) -> None:
-        self.attrs.update(values)
-
-
-def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Collective (minibatch / fullgraph checkpoints): (store ids [n_solid], output rows
-    [n_solid, width]) of this rank's partition of ``cfg.data.partitions`` after ``layer`` layers
-    (:func:`hpcgnn.engine.inference.partition_inference`, the minibatch engine's evaluation)."""
-    from hpcgnn.engine.device import resolve_device
-    from hpcgnn.engine.model import build_model_from_config
-    from hpcgnn.engine.inference import partition_inference
-    from hpcgnn.partition.store import load_partition
-    from hpcgnn.run.checkpoint import load_model_state
-    from hpcgnn.store.host import HostFeatureStore
-
-    error, part, model, device = None, None, None, None
-    try:
-        part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify,
-                              features=cfg.store.features)
-        device = resolve_device(cfg, rt)
-        model = build_model_from_config(cfg, int(meta.num_features), int(meta.num_classes), None, device)
-        load_model_state(model, model_state, ckpt, cfg)
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    mb = cfg.minibatch
-    features = HostFeatureStore(part.features).full_rows()
-    from hpcgnn.comm.communicator import make_communicator
-
-    rows = partition_inference(model, part, make_communicator(rt, cfg.runtime.backend, device), features, device,
-                               rows=mb.eval_rows, halo_rounds=mb.eval_halo_rounds, num_layers=layer)
-    ids = np.arange(part.solid_begin, part.solid_end, dtype=np.int64)
-    return ids, rows.cpu()
-
-
-def tensor_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Collective (tensor checkpoints): (store ids [n_i], output rows [n_i, width]) of this
-    rank's vertices of the tensor engine's layout after ``layer`` layers."""
-    import torch
-
-    from hpcgnn.engine.tensor import TensorEngine, TPPropagate
-    from hpcgnn.nn.decoupled import DecoupledModel
-    from hpcgnn.run.checkpoint import load_model_state
-
-    engine = TensorEngine(cfg, rt, _InferOutput(cfg, rt, meta, "tensor"))
-    error = None
-    try:
-        load_model_state(engine.model, model_state, ckpt, cfg)
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    model = engine.model
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            if layer == model.num_layers:
-                h = engine.logits()
-            elif isinstance(model, DecoupledModel):   # hidden layers are the MLP's (no exchange)
-                h = model.dropout(engine.x)
-                for l in range(layer):
-                    h = model.dropout.forward_relu(model.lins[l](h))
-            else:                                     # coupled: aggregation inside every layer
-                h = engine.x
-                for l in range(layer):
-                    h = model.post(l, TPPropagate.apply(model.pre(l, h), None, engine.run, 1, 1.0, 0.0))
-    finally:
-        model.train(was_training)
-    return np.asarray(engine.layout.own_ids, dtype=np.int64), h
-
-
-def graph_ids(meta, store_ids: np.ndarray) -> np.ndarray:
-    """Graph-file vertex ids of store ids (``meta.h5``'s ``new_to_orig``), reading only the
-    range of the store the ids span."""
-    import h5py
-
-    from hpcgnn.partition.store import META_FILE
-
-    store_ids = np.asarray(store_ids, dtype=np.int64)
-    if store_ids.size == 0:
-        return store_ids.copy()
-    lo, hi = int(store_ids.min()), int(store_ids.max()) + 1
-    with h5py.File(Path(meta.path) / META_FILE, "r") as f:
-        span = np.asarray(f["new_to_orig"][lo:hi], dtype=np.int64)
-    return span[store_ids - lo]
-
-
-def split_rows(rt, meta, store_ids: np.ndarray, ids: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Collective: the rows of ``split``'s vertices among this rank's (store ids ``store_ids``,
-    graph ids ``ids``): (positions of this rank's kept rows, in the output, [k]; which of its rows
-    are kept, bool [n]; the graph ids of every output row, in increasing order, [V_split]). The
-    split masks are read from the partition files that hold ``store_ids``."""
-    from hpcgnn.partition.store import open_partition_file
-
-    store_ids = np.asarray(store_ids, dtype=np.int64)
-    keep = np.zeros(store_ids.shape[0], dtype=bool)
-    error = None
-    try:
-        offsets = np.asarray(meta.part_offsets, dtype=np.int64)
-        part_of = np.searchsorted(offsets, store_ids, side="right") - 1
-        for p in np.unique(part_of):
-            sel = np.flatnonzero(part_of == p)
-            loc = store_ids[sel] - offsets[p]
-            lo, hi = int(loc.min()), int(loc.max()) + 1
-            with open_partition_file(meta.path, int(p), meta) as f:
-                keep[sel] = np.asarray(f[f"{split}_mask"][lo:hi], dtype=bool)[loc - lo]
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
-    kept = np.ascontiguousarray(ids[keep], dtype=np.int64)
-    every = np.sort(np.concatenate(rt.comm.allgather(kept)))
-    return np.searchsorted(every, kept), keep, every
-
-
-# ---- writing -------------------------------------------------------------------------------------
-def write_rows(rt, path: Path, ids: np.ndarray, rows: np.ndarray, num_nodes: int, name: str,
-               attrs: dict, block_bytes: int = DEFAULT_BLOCK_BYTES, vertex_ids: np.ndarray | None = None) -> None:
-    """Collective: write ``rows`` (this rank's, for graph vertex ids ``ids``) of every rank into
-    one HDF5 file ``path`` in vertex order: dataset ``name`` [num_nodes, ...] and ``vertex_ids``
-    [num_nodes] (the graph file's ids of the rows), file attributes ``attrs``. With
-    ``vertex_ids`` (rank 0: [num_nodes] int64), ``ids`` are the rows' positions in the file and
-    ``vertex_ids`` the graph ids written for them. Rank 0 writes,
-    block by block (see the module docstring); the file appears complete or not at all. A write
-    the OS refuses (a full disk) stops every rank after that block with one InputError naming
-    ``path`` and the OS reason (:func:`hpcgnn.fileio.atomic_h5`), the temporary removed."""
-    from hpcgnn.fileio import atomic_h5, write_failure
-
-    rows = np.ascontiguousarray(rows)
-    tail = tuple(int(s) for s in rows.shape[1:])
-    width = int(np.prod(tail, dtype=np.int64)) if tail else 1
-    block = max(1, int(block_bytes) // max(1, width * rows.dtype.itemsize))
-    error = None
-    if rt.is_root:
-        assembled = False
-        try:
-            with atomic_h5(path) as out:
-                f = out.file
-                sink = None
-                try:
-                    for k, v in attrs.items():
-                        f.attrs[k] = json.dumps(v) if isinstance(v, (dict, list, tuple)) else v
-                    chunk = (min(max(1, num_nodes), max(1, (1 << 20) // max(1, width * rows.dtype.itemsize))),) + tail
-                    sink = (f.create_dataset(name, shape=(num_nodes,) + tail, dtype=rows.dtype, chunks=chunk),
-                            f.create_dataset("vertex_ids", shape=(num_nodes,), dtype=np.int64), out)
-                except (OSError, RuntimeError, ValueError) as exc:   # h5py's, before any block
-                    error = str(out.failure() or write_failure(path, exc))
-                assembled = True
-                error = _assemble(rt, ids, rows, num_nodes, block, sink, error, vertex_ids)
-                if error is not None:
-                    raise InputError(error)    # atomic_h5 removes the temporary
-        except InputError as exc:              # also a write refused while the file closed
-            error = str(exc)
-        if not assembled:                      # the temporary could not be made: say so to all
-            _assemble(rt, ids, rows, num_nodes, block, None, error)
-    else:
-        _assemble(rt, ids, rows, num_nodes, block, None, None)
-    error = rt.comm.bcast(error, root=0)
-    if error is not None:
-        raise InputError(error)
-
-
-def _assemble(rt, ids: np.ndarray, rows: np.ndarray, num_nodes: int, block: int, sink,
-              error: str | None, vertex_ids: np.ndarray | None = None) -> str | None:
-    """The block loop of :func:`write_rows` (``sink`` = (dataset, vertex_ids,
-    :class:`~hpcgnn.fileio.H5Output`) on rank 0, None elsewhere; ``vertex_ids``: the ids written
-    for the rows, None = their positions). Rank 0 says first whether it
-    can write (``error``: why not) and after each block whether the OS refused a write; every
-    rank returns that error (None: all written)."""
-    from mpi4py import MPI
-    from mpi4py.util.dtlib import from_numpy_dtype
-
-    comm = rt.comm
-    error = comm.bcast(error if rt.is_root else None, root=0)
-    if error is not None:
-        return error
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = np.ascontiguousarray(ids[order], dtype=np.int64)
-    starts = np.unique(np.append(np.arange(0, num_nodes, block, dtype=np.int64), num_nodes))
-    cuts = np.searchsorted(sorted_ids, starts)
-    counts = np.diff(cuts).astype(np.int64)
-    if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= num_nodes):
-        raise ValueError(f"write_rows: vertex ids outside [0, {num_nodes})")
-    everyone = comm.gather(counts, root=0)
-    tail = rows.shape[1:]
-    width = int(np.prod(tail, dtype=np.int64)) if tail else 1
-    mpi_type = from_numpy_dtype(rows.dtype)
-    for k in range(starts.shape[0] - 1):
-        a, b = int(starts[k]), int(starts[k + 1])
-        lo, hi = int(cuts[k]), int(cuts[k + 1])
-        send_ids = sorted_ids[lo:hi]
-        send_rows = np.ascontiguousarray(rows[order[lo:hi]]).reshape(-1)
-        if not rt.is_root:
-            comm.Gatherv(send_ids, None, root=0)
-            comm.Gatherv(send_rows, None, root=0)
-            error = comm.bcast(None, root=0)
-            if error is not None:
-                return error
-            continue
-        per_rank = np.array([c[k] for c in everyone], dtype=np.int64)
-        displs = np.concatenate([[0], np.cumsum(per_rank)[:-1]]).astype(np.int64)
-        total = int(per_rank.sum())
-        got_ids = np.empty(total, dtype=np.int64)
-        got_rows = np.empty(total * width, dtype=rows.dtype)
-        comm.Gatherv(send_ids, [got_ids, per_rank, displs, MPI.INT64_T], root=0)
-        comm.Gatherv(send_rows, [got_rows, per_rank * width, displs * width, mpi_type], root=0)
-        pos = got_ids - a
-        hits = np.bincount(pos, minlength=b - a) if total else np.zeros(b - a, np.int64)
-        if total != b - a or hits.shape[0] != b - a or not np.all(hits == 1):
-            raise RuntimeError(f"write_rows: vertices {a}..{b - 1} arrived {total} times for "
-                               f"{b - a} rows (the ranks' stores do not cover the graph once)")
-        out = np.empty((b - a,) + tuple(tail), dtype=rows.dtype)
-        out[pos] = got_rows.reshape((total,) + tuple(tail))
-        data, vids, h5 = sink
-        data[a:b] = out
-        if vertex_ids is None:
-            ordered = np.empty(b - a, dtype=np.int64)
-            ordered[pos] = got_ids
-            vids[a:b] = ordered
-        else:
-            vids[a:b] = vertex_ids[a:b]
-        failure = h5.failure()
-        error = comm.bcast(None if failure is None else str(failure), root=0)
-        if error is not None:
-            return error
-    return None
-
-
 # ---- the command ---------------------------------------------------------------------------------
 def add_arguments(parser) -> None:
     parser.add_argument("run", metavar="RUN", help="run directory (holds run.h5 and checkpoints/)")
@@ -411,6 +139,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--vertices", default="all", choices=VERTEX_SETS,
                         help="write the rows of every vertex (default) or of one split's vertices "
                              "only (their graph ids in vertex_ids)")
+    parser.add_argument("--method", default="full", choices=METHODS,
+                        help="full (default): exact full-neighbour inference, layer by layer over "
+                             "every vertex; sampled: the selected vertices only, their neighbours "
+                             "sampled with --fanouts over the whole graph (memory of one batch: "
+                             "what large graphs need with --vertices)")
+    parser.add_argument("--fanouts", metavar="F,F,...",
+                        help="with --method sampled: neighbours per layer, input side first as "
+                             "minibatch.fanouts (default: the run's minibatch.fanouts)")
     parser.add_argument("--partitions", metavar="DIR",
                         help="partition store to read (default: the run's); it must have one part "
                              "per rank of this job and partition the run's graph")
@@ -508,9 +244,40 @@ def _resolve(args, size: int) -> dict:
         if launcher_rank() in (None, 0):
             warn(f"the run's runtime.backend = {run_backend!r} cannot run with --device {args.device}: "
                  f"using {chosen!r} (auto; pass --backend to choose)")
+    method = getattr(args, "method", "full")
+    fanouts = resolve_fanouts(method, getattr(args, "fanouts", None), cfg, engine, layer)
     return {"run_dir": run_dir, "attrs": attrs, "cfg": cfg, "engine": engine, "layer": layer,
             "out": out, "store": store, "meta": meta, "run_hash": run_hash, "ckpt": ckpt,
-            "block_bytes": block_bytes}
+            "block_bytes": block_bytes, "method": method, "fanouts": fanouts}
+
+
+def resolve_fanouts(method: str, given: str | None, cfg, engine: str, layer: int) -> list[int] | None:
+    """The fanouts of ``--method sampled`` for the model's first ``layer`` layers (input side
+    first): ``--fanouts`` or the run's ``minibatch.fanouts``, one per layer of the model; None
+    for ``--method full``. InputError naming the option otherwise."""
+    from hpcgnn.sampling.neighbor import check_fanouts
+
+    if method == "full":
+        if given:
+            raise InputError("--fanouts: only --method sampled samples neighbours")
+        return None
+    if engine == "tensor":
+        raise InputError("--method sampled: the tensor engine's checkpoints infer with --method full")
+    if given:
+        try:
+            values = [int(v) for v in str(given).split(",")]
+        except ValueError:
+            raise InputError(f"--fanouts {given!r}: expected integers separated by commas, e.g. 5,10,15") from None
+        fanouts = check_fanouts(values, "--fanouts")
+        where = "--fanouts"
+    else:
+        fanouts = check_fanouts(cfg.minibatch.fanouts, "minibatch.fanouts")
+        where = "the run's minibatch.fanouts"
+    layers = int(cfg.model.layers)
+    if len(fanouts) != layers:
+        raise InputError(f"{where} = {','.join(map(str, fanouts))}: {len(fanouts)} fanouts for a model of "
+                         f"{layers} layers (one per layer, input side first; pass --fanouts)")
+    return fanouts[:layer]
 
 
 def _read_newest(path: Path, run_dir: Path, explicit: bool, tries: int = 5):
@@ -518,7 +285,7 @@ def _read_newest(path: Path, run_dir: Path, explicit: bool, tries: int = 5):
     ``--checkpoint`` the newest may be removed by a live run's ``output.keep_checkpoints`` between
     listing and reading: then the new newest is read (a consistent file either way: checkpoints
     are renamed into place complete)."""
-    from hpcgnn.run.checkpoint import list_checkpoints
+    from hpcgnn.run.checkpoint import list_checkpoints, read_checkpoint
 
     for _ in range(tries):
         if explicit or path.exists():
@@ -584,6 +351,9 @@ def _infer(args) -> int:
         t0 = time.perf_counter()
         if engine == "tensor":
             store_ids, rows = tensor_rows(cfg, rt, meta, ckpt.model, ckpt.path, s["layer"])
+        elif engine in ("minibatch", "fullgraph") and s["method"] == "sampled":
+            store_ids, rows = sampled_gnn_rows(cfg, rt, meta, ckpt.model, ckpt.path, s["fanouts"],
+                                               getattr(args, "vertices", "all"), args.what == "predictions")
         elif engine in ("minibatch", "fullgraph"):
             store_ids, rows = gnn_rows(cfg, rt, meta, ckpt.model, ckpt.path, s["layer"])
         else:
@@ -592,7 +362,7 @@ def _infer(args) -> int:
         from hpcgnn.commands.train import say_data_plane
 
         say_data_plane(rt, args)     # hpcgnn -v
-        if args.what == "predictions":
+        if args.what == "predictions" and rows.ndim == 2:    # sampled_gnn_rows gives them already
             rows = rows.argmax(dim=1).to(torch.int64)
         values = rows.detach().cpu().contiguous().numpy()
         del rows
@@ -614,7 +384,8 @@ def _infer(args) -> int:
                                "(after its ReLU if hidden); layer num_layers is the logits",
             "engine": engine, "arch": str(cfg.model.arch),
             "checkpoint": str(ckpt.path), "checkpoint_epoch": int(ckpt.epoch),
-            "checkpoint_sha256": ckpt.sha256, "vertices": vertices,
+            "checkpoint_sha256": ckpt.sha256, "vertices": vertices, "method": s["method"],
+            "fanouts": list(s["fanouts"] or []),
             "run_dir": str(s["run_dir"]), "run_partition_hash": s["run_hash"],
             "partitions": str(s["store"]), "partition_hash": meta.content_hash,
             "source_graph": str(meta.attrs.get("source_graph", "")),

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from hpcgnn.data.features import FEATURE_DTYPES, NORMALIZATIONS
 from hpcgnn.data.graph import INDEX_DTYPES
+from hpcgnn.run.memory import memory_budget
 
 
 EXAMPLES = """examples:
@@ -108,21 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--scale", metavar="X", help="products-like, papers-like: ogbn-products' / "
                                                     "ogbn-papers100M's vertex, edge and split counts times X, "
                                                     "0 < X <= 1 (default 1)")
-
-
-DEFAULT_BUDGET_FRACTION = 0.8     # of the node's available memory
-
-
-def memory_budget(text: str | None) -> tuple[int, str]:
-    """(bytes, how it was chosen) of ``--memory-budget``: the size given, or
-    DEFAULT_BUDGET_FRACTION of what this node has available (hpcgnn.run.memory)."""
-    from hpcgnn.run.memory import node_available_bytes, rss_bytes
-    from hpcgnn.units import parse_size
-
-    if text is not None:
-        return parse_size(text, "--memory-budget"), "given"
-    avail, where = node_available_bytes(held_by_job=rss_bytes())
-    return int(avail * DEFAULT_BUDGET_FRACTION), f"{DEFAULT_BUDGET_FRACTION:.0%} of {where}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 The table has one row per logged epoch: loss, accuracies (%), epoch time (slowest rank), the
 mean over ranks of each timed phase (the nesting is the run file's,
-:func:`~hpcgnn.run.output.timing_parents`): the top-level phases (parts of ``epoch``), ``sum``
+:func:`~hpcgnn.run.runfile.timing_parents`): the top-level phases (parts of ``epoch``), ``sum``
 (their per-rank sum, at most the rank's epoch time), the roots outside the epoch (``eval``), then
 ``(name)`` for every phase nested in another, which no sum includes; bytes sent (sum over
 ranks), for HEC runs the hit rate of every layer's cache (hits / lookups over all ranks), and the largest per-rank peak resident
@@ -75,7 +75,7 @@ def summarise(run: dict) -> dict:
     top-level phases, those with parent ``epoch``; None for a rank without any); the run's
     ``timing_parents``."""
     from hpcgnn.run.config import canonical_names
-    from hpcgnn.run.output import timing_parents
+    from hpcgnn.run.runfile import timing_parents
 
     a = run["attrs"]
     parents = timing_parents(run)
@@ -365,9 +365,9 @@ def format_table(s: dict) -> str:
 
 
 def load_run(path: str | Path) -> dict:
-    """:func:`~hpcgnn.run.output.read_run` of a run directory (or its run file), with one-line
+    """:func:`~hpcgnn.run.runfile.read_run` of a run directory (or its run file), with one-line
     errors for a missing path and a directory that holds no run."""
-    from hpcgnn.run.output import RUN_FILE, read_run
+    from hpcgnn.run.runfile import RUN_FILE, read_run
 
     path = Path(path)
     if not path.exists():

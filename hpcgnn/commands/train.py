@@ -93,12 +93,10 @@ def _train_with(args, rt, cfg, stop) -> int:
         rt.agree(f"{cfg.data.partitions}: the partition store has {meta.num_parts} partitions but "
                  f"the job has {rt.size} ranks (start one rank per partition: "
                  f"mpiexec -n {meta.num_parts})")
-    from hpcgnn.engine.estimate import check_memory
+    from hpcgnn.engine.memory_check import check_device_memory, check_memory, estimate_attrs
 
-    host_est = check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what cannot fit
-    from hpcgnn.engine.estimate import check_device_memory, estimate_attrs
-
-    dev_est = check_device_memory(cfg, meta, rt)   # the device's memory: refused before the first epoch
+    host_est = check_memory(cfg, meta, rt)   # refuses (exit 2 everywhere) what is clearly over
+    dev_est = check_device_memory(cfg, meta, rt)   # the device's: refused before the first epoch
     out = RunOutput(cfg.output.dir, rt, cfg, meta, resume=args.resume, force=args.force)
     out.set_attrs(rank_threads=rt.comm.allgather(rt.threads),   # per rank, as they ran
                   **estimate_attrs(rt, host_est, dev_est))     # the estimates, beside the measured peaks
@@ -110,9 +108,13 @@ def _train_with(args, rt, cfg, stop) -> int:
 
     console = RunConsole(cfg, rt, out, verbose=verbose(args))
     rt.on_failure(console.failed)       # after the run file's own hook: the file says failed first
-    hooks = make_hooks(cfg, rt, out)
+    from hpcgnn.engine.memory_check import FirstStepCheck
+
+    # the measured first step stops (exit 2 everywhere) what the estimate left open
+    hooks = FirstStepCheck(make_hooks(cfg, rt, out), cfg, rt, host_est, dev_est)
     with console.setup_step(f"setting up the {cfg.train.engine} engine"):
         engine = resolve(engine_spec(cfg.train.engine).factory)(cfg, rt, out, hooks)
+    hooks.attach(engine)
     say_data_plane(rt, args)
     console.banner(meta, engine.model)
     first = first_epoch(out) if rt.is_root else 1

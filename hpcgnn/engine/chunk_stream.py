@@ -1,7 +1,7 @@
 """The one chunk-streaming loop: a rank's chunks go through the compute device unit by unit along
 a de-duplicated transfer plan (:func:`hpcgnn.engine.chunk_schedule.build_transfer_plan`). Used by
 the offloaded full-graph engine (:mod:`hpcgnn.engine.offload`, HongTu: batches of chunks) and the
-tensor engine's staged rounds (:class:`hpcgnn.engine.tensor.DeviceStage`, one chunk per unit).
+tensor engine's staged rounds (:class:`hpcgnn.engine.tensor_staging.DeviceStage`, one chunk per unit).
 
 **Forward** (:meth:`ChunkStream.forward`): a device buffer of ``plan.capacity`` rows; per unit, the
 rows not resident in the previous unit arrive (``load(u)``: a

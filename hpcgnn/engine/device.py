@@ -43,7 +43,7 @@ def resolve_device(cfg, rt=None) -> torch.device:
         said = getattr(rt, "device_choice", None) is not None   # the check before the engine chose already
         rt.device, rt.device_choice = str(device), choice
         if choice is not None and choice.shared and rt.rank == 0 and not said:
-            from hpcgnn.run.output import warn
+            from hpcgnn.run.console import warn
 
             warn(f"{choice.how} (rank 0 uses {device}): give each rank its own GPU for full speed")
     return device

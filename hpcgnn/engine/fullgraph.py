@@ -15,7 +15,7 @@ training count), so the allreduce **sums** the per-rank partial gradients: the
 step equals single-process full-graph training up to floating-point order.
 ``train.grad_reduce`` does not apply (it is a minibatch setting).
 
-With ``fullgraph.offload`` the rank runs :class:`~hpcgnn.engine.offload.OffloadEngine`
+With ``fullgraph.offload`` the rank runs :class:`~hpcgnn.engine.offload.OffloadedPasses`
 instead (HongTu: host-resident layer data, chunks streamed through the device).
 
 With ``fullgraph.halo = "cached"`` and/or ``fullgraph.pipeline`` the in-memory runner fetches
@@ -58,7 +58,7 @@ from hpcgnn.comm.halo import ExactHalo, HaloPlan, HaloProvider
 from hpcgnn.comm.halo_cached import CacheSettings, CachedHalo, uses_cached_halo
 from hpcgnn.engine.hooks import TrainHooks
 from hpcgnn.engine.loop import Engine, EpochResult
-from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings
+from hpcgnn.engine.offload import ModelLayerOps, OffloadedPasses, OffloadSettings
 from hpcgnn.engine.transfer import TransferCounter
 from hpcgnn.run.memory import DeviceMemoryMeter
 from hpcgnn.upload import upload
@@ -295,7 +295,7 @@ class OffloadedFullGraph:
         self.ops = ModelLayerOps(model, graph.degree)
         self.counter = TransferCounter()
         self.meter = DeviceMemoryMeter(self.device, rss=False)   # device accounting; the timer's meter has RSS
-        self.engine = OffloadEngine(self.ops, graph.indptr, graph.local_indices, graph.num_solid,
+        self.engine = OffloadedPasses(self.ops, graph.indptr, graph.local_indices, graph.num_solid,
                                     graph.num_local, graph.x0, self.halo, self.device, settings,
                                     self.counter, self.meter, features=graph.features)
 
@@ -406,7 +406,7 @@ class FullGraphEngine(Engine):
         error, part, store = None, None, None
         try:
             part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify,
-                                  features=cfg.store.features)
+                                  features=cfg.store.features, indices="local")
             device = resolve_device(cfg, rt)
             # the rank's vertex data store: every row is read in every pass (no sampler)
             store = build_rank_store(cfg, part, HostGraphStore(*part.local_csr(), part.num_solid, part.num_local),
@@ -419,7 +419,7 @@ class FullGraphEngine(Engine):
         self.store = store
         self.timer = PhaseTimer(sync_cuda=device.type == "cuda", cuda_device=device)
         t0 = time.perf_counter()
-        from hpcgnn.comm.communicator import make_communicator
+        from hpcgnn.comm.data_plane import make_communicator
 
         # the data plane: every halo exchange and the parameter broadcast
         self.data_plane = make_communicator(rt, cfg.runtime.backend, device)

@@ -425,3 +425,57 @@ def _layer_width(model, l: int) -> int:
     if isinstance(conv, GATConv):
         return conv.out_dim if l == model.num_layers - 1 else conv.out_dim * conv.heads
     return conv.out_dim
+
+
+@torch.no_grad()
+def sampled_inference(model, fetch, ids: np.ndarray, batch_size: int, rt, device, *, device_block=None,
+                      num_layers: int | None = None, argmax: bool = False) -> torch.Tensor:
+    """Collective: DistDGL-style sampled inference of the solid local ids ``ids`` of this rank:
+    their neighbourhoods sampled over the whole graph with ``fetch``'s fanouts and their input
+    rows pulled from the owners (``fetch``: the rank's :class:`~hpcgnn.comm.exact_fetch.ExactFetch`,
+    whose fanout count is the number of layers run), in batches of ``batch_size`` seeds per rank
+    (:func:`~hpcgnn.engine.batches.equalised_batches`: every rank takes part in every batch's
+    collectives). Returns, on the host, the output of the model's first ``num_layers`` layers
+    (default all: the logits) [len(ids), width] float32, or with ``argmax`` its argmax
+    [len(ids)] int64.
+
+    Every batch samples with ``(epoch, step) = (-1, 0)``: a vertex's neighbours at each hop are a
+    function of (seed, hop, vertex), so a row does not depend on the batch size or on which other
+    vertices are computed. Memory: one batch's blocks and input rows (its three-hop frontier), not
+    the partition's layer outputs. ``device_block``: how a sampled host block goes to ``device``
+    (default ``block.to(device)``)."""
+    from hpcgnn.engine.batches import batch_bounds, equalised_batches
+    from hpcgnn.upload import upload
+
+    layers = len(fetch.fanouts)
+    if num_layers is not None and num_layers != layers:
+        raise ValueError(f"sampled_inference: fetch samples {layers} hops, {num_layers} layers asked")
+    on_device = device_block or (lambda b: b.to(device))
+    ids = np.asarray(ids, dtype=np.int64)
+    m, sizes = equalised_batches(ids.size, batch_size, rt)
+    bounds = batch_bounds(sizes) if m else np.zeros(1, np.int64)
+    out = None
+    begin = fetch.part.solid_begin
+    for k in range(m):
+        seeds = ids[bounds[k]:bounds[k + 1]]
+        batch = fetch.sample(seeds + begin, -1, 0)
+        x = fetch.fetch_features(batch.frontiers[0])
+        if seeds.size:
+            h = upload(torch.from_numpy(x), device)
+            for l, block in enumerate(batch.blocks):
+                h = model.layer_forward(l, on_device(block), h)
+            h = (h.argmax(dim=1) if argmax else h).cpu()
+            if out is None:
+                out = h.new_empty((ids.size,) + tuple(h.shape[1:]))
+            out[bounds[k]:bounds[k + 1]] = h
+            del h
+        del x, batch   # the next batch's buffers without this one's
+    if out is None:    # no seeds on this rank: the width of the rows asked for
+        width = () if argmax else (_output_width(model, layers),)
+        out = torch.empty((0,) + width, dtype=torch.int64 if argmax else torch.float32)
+    return out
+
+
+def _output_width(model, num_layers: int) -> int:
+    """Width of the output of the model's first ``num_layers`` layers."""
+    return _layer_width(model, num_layers - 1)

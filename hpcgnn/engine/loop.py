@@ -53,7 +53,7 @@ class EpochResult:
     numbers, e.g. bytes), ``timings`` (seconds, beyond the timer's phases), ``per_layer`` (name ->
     array with one value per layer), ``timing_parents`` (required for every name in ``timings``:
     the timing whose seconds include it, ``"epoch"`` for a top-level part of the epoch,
-    ``"a+b"`` for a part of ``a`` and ``b`` together; see :mod:`hpcgnn.run.output`)."""
+    ``"a+b"`` for a part of ``a`` and ``b`` together; see :mod:`hpcgnn.run.runfile`)."""
 
     loss: float
     counters: dict = field(default_factory=dict)

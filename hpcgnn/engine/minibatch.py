@@ -74,6 +74,7 @@ import torch.nn.functional as F
 
 from hpcgnn.comm.aep import AsyncEmbeddingPush
 from hpcgnn.comm.allreduce import GradientAllreduce, allreduce_max, allreduce_sum
+from hpcgnn.engine.batches import equalised_batches
 from hpcgnn.engine.device import resolve_device
 from hpcgnn.engine.metrics import accuracy_metrics, split_counts
 from hpcgnn.engine.model import build_model_from_config, build_optimizer
@@ -88,15 +89,6 @@ from hpcgnn.upload import upload
 # Stream tags of stream_seed (distinct first parts keep the streams unrelated).
 _ORDER, _DROPOUT, _AEP, _SAMPLER = 1, 2, 3, 4
 MISS_POLICY = "edges from missed halo sources are dropped (mean over the remaining neighbours)"
-
-
-def equalised_batches(num_local: int, batch_size: int, rt) -> tuple[int, list[int]]:
-    """Collective: (M, this rank's batch sizes) with M equal on all ranks (see module docstring)."""
-    m = allreduce_max(rt, math.ceil(num_local / batch_size) if num_local else 0)
-    if m == 0:
-        return 0, []
-    base, extra = divmod(num_local, m)
-    return m, [base + (1 if k < extra else 0) for k in range(m)]
 
 
 class HaloHooks:
@@ -181,7 +173,7 @@ class MinibatchEngine(Engine):
         part, error = None, None
         try:
             part = load_partition(cfg.data.partitions, rt.rank, out.meta, verify=cfg.data.verify,
-                                  features=cfg.store.features)
+                                  features=cfg.store.features, indices="local", local_dtype="auto")
         except InputError as exc:
             error = str(exc)
         rt.agree(error)
@@ -189,7 +181,7 @@ class MinibatchEngine(Engine):
         self.num_solid = part.num_solid
         self.device = resolve_device(cfg, rt)
         self.timer = PhaseTimer(sync_cuda=self.device.type == "cuda", cuda_device=self.device)
-        from hpcgnn.comm.communicator import make_communicator
+        from hpcgnn.comm.data_plane import make_communicator
 
         # the data plane (AEP pushes, exact fetches, evaluation halo, parameter broadcast)
         self.data_plane = make_communicator(rt, cfg.runtime.backend, self.device)
@@ -234,7 +226,7 @@ class MinibatchEngine(Engine):
             from hpcgnn.comm.exact_fetch import ExactFetch
 
             self.fetch = ExactFetch(self.data_plane, part, out.meta.part_offsets, self.fanouts, self.seed,
-                                    csr=self.graph.csr(), features=self.store.features)
+                                    csr=self.graph.csr(), features=self.store.features, sampler=self.sampler)
         self.halo_plan = None
         if mb.eval == "full":
             from hpcgnn.comm.halo import HaloPlan
@@ -554,34 +546,25 @@ class MinibatchEngine(Engine):
 
     def eval_batch_size(self) -> int:
         """Seeds per rank per batch of the sampled evaluation: ``minibatch.eval_batch_size``, or
-        (0) ten times the training batch (no activations are kept for backward)."""
+        (0) the training batch size (a batch's fetched input rows, three hops out, are most of
+        the evaluation's memory)."""
         mb = self.cfg.minibatch
-        return mb.eval_batch_size or 10 * mb.batch_size
+        return mb.eval_batch_size or mb.batch_size
 
     @torch.no_grad()
     def _predict_sampled(self, ids: np.ndarray | None = None) -> torch.Tensor:
-        """Collective: sampled inference over the whole graph; predictions [num_solid] for the
-        solid local ids ``ids`` (default: the validation and test vertices), -1 elsewhere.
-        Every batch samples with ``(epoch, step) = (-1, 0)``: a vertex's neighbours at each hop
-        are a function of (seed, hop, vertex), so a prediction does not depend on the batch
-        size or on which other vertices are evaluated."""
-        part, rt = self.part, self.rt
+        """Collective: sampled inference over the whole graph
+        (:func:`hpcgnn.engine.inference.sampled_inference`); predictions [num_solid] for the
+        solid local ids ``ids`` (default: the validation and test vertices), -1 elsewhere."""
+        from hpcgnn.engine.inference import sampled_inference
+
+        part = self.part
         if ids is None:
             ids = np.flatnonzero(part.val_mask | part.test_mask).astype(np.int64)
-        m, sizes = equalised_batches(ids.size, self.eval_batch_size(), rt)
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64) if m else np.zeros(1, np.int64)
+        rows = sampled_inference(self.model, self.fetch, ids, self.eval_batch_size(), self.rt, self.device,
+                                 device_block=self._device_block, argmax=True)
         pred = torch.full((part.num_solid,), -1, dtype=torch.int64)
-        for k in range(m):
-            seeds = ids[bounds[k]:bounds[k + 1]]
-            batch = self.fetch.sample(seeds + part.solid_begin, -1, 0)
-            x = self.fetch.fetch_features(batch.frontiers[0])
-            if seeds.size:
-                logits = self.model([self._device_block(b) for b in batch.blocks],
-                                    upload(torch.from_numpy(x), self.device))
-                pred[torch.from_numpy(seeds)] = logits.argmax(dim=1).cpu()
-                del logits
-            # the next fetch's buffers (rows served, received, assembled) without this batch's
-            del x, batch
+        pred[torch.from_numpy(ids)] = rows
         return pred
 
 

@@ -52,7 +52,7 @@ def kernel_backend(cfg, device: torch.device | str = "cpu") -> str:
 def broadcast_parameters(model: torch.nn.Module, rt) -> None:
     """Overwrite every rank's parameters and buffers with rank 0's (one flat float32 buffer,
     through the job's data plane ``rt.data_plane``; mpi4py on ``rt.comm`` before there is one)."""
-    from hpcgnn.comm.communicator import MpiCommunicator
+    from hpcgnn.comm.communicator_mpi import MpiCommunicator
 
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
     if not tensors:

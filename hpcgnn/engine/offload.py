@@ -51,7 +51,7 @@ from hpcgnn.upload import upload
 
 
 class LayerOps(Protocol):
-    """What the offload engine needs from a model (one implementation per model family).
+    """What the offloaded passes need from a model (one implementation per model family).
 
     ``block`` is a :class:`hpcgnn.sampling.block.Block` on the compute device,
     ``x`` the chunk's source rows (destinations first), ``ctx`` the chunk's
@@ -145,11 +145,11 @@ class _RngReplay:
         self.states.clear()
 
 
-class OffloadEngine:
+class OffloadedPasses:
     """One rank's chunked, host-offloaded forward and backward passes (see module docstring).
 
     ``x0`` is the host tensor of input features of every local vertex (solid
-    then halo, [num_local, F]); the engine owns host buffers for every later
+    then halo, [num_local, F]); the passes own host buffers for every later
     layer. ``halo`` (the rank's :class:`~hpcgnn.comm.halo.HaloProvider`) may be None on a single rank.
     ``features``: the rank's :class:`~hpcgnn.store.base.FeatureStore` of the solid rows (layer 0's
     solid rows are then read through it and only x0's halo rows are kept), or None.

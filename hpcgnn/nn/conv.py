@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcgnn.nn.aggregate import (aggregate_mean, aggregate_mean_bf16, aggregate_sum, aggregate_sum_adjoint,
-                                  aggregate_sum_with_dst, bf16_gather_pays, dst_rows, gat_aggregate,
-                                  gat_node_logits, kernel_options, mean_scale)
+                                  aggregate_sum_with_dst, bf16_gather_pays, dst_rows, kernel_options, mean_scale)
+from hpcgnn.nn.aggregate_gat import gat_aggregate, gat_node_logits
 from hpcgnn.nn.precision import Linear, linear
 
 GAT_VARIANTS = ("distgnn", "standard")

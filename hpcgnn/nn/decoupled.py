@@ -185,7 +185,8 @@ class Propagation:
     def attention(self, el: torch.Tensor, er: torch.Tensor, negative_slope: float = 0.2) -> torch.Tensor:
         """Edge weights [E + V] ``softmax_u(LeakyReLU(el[u] + er[v]))`` over each destination's
         in-edges and itself (autograd through both scalars; el, er: [V])."""
-        from hpcgnn.nn.aggregate import edge_softmax, gat_edge_logits, kernel_options
+        from hpcgnn.nn.aggregate import kernel_options
+        from hpcgnn.nn.aggregate_gat import edge_softmax, gat_edge_logits
 
         kernels = kernel_options(self)
         logits = gat_edge_logits(self.block, el.unsqueeze(1), er.unsqueeze(1), negative_slope, **kernels)
@@ -200,7 +201,7 @@ class Propagation:
         return out
 
 
-# ---- device-generic chunk operators (the staged path, :class:`hpcgnn.engine.tensor.DeviceStage`) ----
+# ---- device-generic chunk operators (the staged path, :class:`hpcgnn.engine.tensor_staging.DeviceStage`) ----
 def _native(t: torch.Tensor, backend: str) -> bool:
     from hpcgnn.nn.aggregate import _use_native
 

@@ -144,7 +144,7 @@ def timed_epochs(timings: dict) -> np.ndarray:
 
 def speeds_from_run(path: Path) -> tuple[np.ndarray, str]:
     """(speed per rank, description) of a finished or stopped run: ``W_r / T_r`` (module docstring)."""
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     try:
         run = read_run(path)

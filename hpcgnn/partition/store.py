@@ -47,6 +47,7 @@ PART_DATASETS = ("indptr", "indices", "halo_ids", "halo_owner", "halo_degree", "
 # ``steps``: not content (outside content_hash), and they differ between identical runs.
 STEP_DATASETS = {"step_seconds": np.float64, "step_peak_rss": np.int64, "step_peak_exact": np.bool_}
 FEATURE_LOADS = ("memory", "mmap")      # how load_partition holds a partition's feature rows
+INDEX_SPACES = ("global", "local")      # which source IDs load_partition's indices hold
 
 
 def part_file_name(part_id: int) -> str:
@@ -167,7 +168,7 @@ class Partition:
     solid_begin: int
     solid_end: int
     indptr: np.ndarray        # int64 [n_solid+1]
-    indices: np.ndarray       # int64 [E_p], global source IDs
+    indices: np.ndarray       # int64 [E_p], source IDs: global, or local when index_space == "local"
     halo_ids: np.ndarray      # int64 [n_halo], sorted global IDs
     halo_owner: np.ndarray    # int32 [n_halo]
     halo_degree: np.ndarray   # int64 [n_halo]
@@ -183,6 +184,7 @@ class Partition:
     content_hash: str
     part_hash: str
     feature_dtype: str = "float32"   # float32, float16, or bfloat16 (features hold its uint16 bits)
+    index_space: str = "global"      # what ``indices`` holds: "global" or "local" source IDs
 
     @property
     def num_solid(self) -> int:
@@ -213,7 +215,10 @@ class Partition:
         return out
 
     def local_csr(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indptr, local source IDs) of the solid vertices' in-edges."""
+        """(indptr, local source IDs) of the solid vertices' in-edges: ``indices`` itself when
+        the partition was loaded with local IDs (no copy), else a converted copy."""
+        if self.index_space == "local":
+            return self.indptr, self.indices
         return self.indptr, self.to_local(self.indices)
 
     def local_degree(self) -> np.ndarray:
@@ -257,19 +262,26 @@ def open_partition_file(directory: str | os.PathLike, part_id: int, meta: Partit
 
 
 def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
-                   verify: bool = True, features: str = "memory") -> Partition:
+                   verify: bool = True, features: str = "memory", indices: str = "global",
+                   local_dtype: str = "int64") -> Partition:
     """Load partition ``part_id``; check it belongs to the store (and its data hash if ``verify``).
     ``features`` (one of FEATURE_LOADS): ``"memory"`` reads the feature rows into the heap,
-    ``"mmap"`` maps them from the file (:func:`map_features`); either way in the stored dtype."""
+    ``"mmap"`` maps them from the file (:func:`map_features`); either way in the stored dtype.
+    ``indices`` (one of INDEX_SPACES): ``"global"`` keeps the stored global source IDs;
+    ``"local"`` converts them to local IDs in place, block by block, as they are read (what the
+    engines train on: the rank then holds one copy of its edges, never two), as ``local_dtype``:
+    ``"int64"``, or ``"auto"``: int32 when every local id fits (half the bytes; for readers
+    that take either, such as the sampler)."""
     meta = meta or read_meta(directory)
     if features not in FEATURE_LOADS:
         raise ValueError(f"features must be one of {FEATURE_LOADS}, got {features!r}")
+    if indices not in INDEX_SPACES:
+        raise ValueError(f"indices must be one of {INDEX_SPACES}, got {indices!r}")
     with open_partition_file(directory, part_id, meta, verify) as f:
         b, e = int(meta.part_offsets[part_id]), int(meta.part_offsets[part_id + 1])
         n, k = e - b, meta.num_parts
         arrays = dict(
             indptr=read_dataset(f, "indptr", np.int64, (n + 1,)),
-            indices=read_dataset(f, "indices", np.int64, (None,)),
             halo_ids=read_dataset(f, "halo_ids", np.int64, (None,)),
             halo_owner=read_dataset(f, "halo_owner", np.int32, (None,)),
             halo_degree=read_dataset(f, "halo_degree", np.int64, (None,)),
@@ -282,9 +294,41 @@ def load_partition(directory: str | os.PathLike, part_id: int, meta: PartitionMe
             send_indptr=read_dataset(f, "send_indptr", np.int64, (k + 1,)),
             send_ids=read_dataset(f, "send_ids", np.int64, (None,)),
         )
+        local = None
+        if indices == "local":
+            fits = n + int(arrays["halo_ids"].shape[0]) <= np.iinfo(np.int32).max
+            local = (b, e, arrays["halo_ids"], np.int32 if local_dtype == "auto" and fits else np.int64)
+        arrays["indices"] = read_indices(f, local)
         return Partition(part_id=part_id, num_parts=k, solid_begin=b, solid_end=e,
                          num_classes=meta.num_classes, content_hash=meta.content_hash,
-                         part_hash=str(_attr(f, "part_hash")), feature_dtype=meta.feature_dtype, **arrays)
+                         part_hash=str(_attr(f, "part_hash")), feature_dtype=meta.feature_dtype,
+                         index_space=indices, **arrays)
+
+
+def read_indices(f: h5py.File, local: tuple | None = None, block: int = 1 << 22) -> np.ndarray:
+    """The partition file's ``indices`` as int64, read ``block`` entries at a time (the scratch
+    is O(block) whatever the stored integer width); ``local`` = ``(solid_begin, solid_end,
+    halo_ids[, dtype])``: converted to local IDs (:func:`local_ids`) as they are read, held as
+    ``dtype`` (default int64)."""
+    ds = f["indices"] if "indices" in f else None
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1:
+        read_dataset(f, "indices", np.int64, (None,))      # raises the InputError that says why
+    if ds.dtype.kind not in "iu":
+        raise InputError(f"{f.filename}: dataset 'indices' has dtype {ds.dtype}, expected int64")
+    if local is None:
+        out = np.empty(ds.shape[0], dtype=np.int64)
+        for s in range(0, out.shape[0], block):
+            t = min(s + block, out.shape[0])
+            ds.read_direct(out, source_sel=np.s_[s:t], dest_sel=np.s_[s:t])
+        return out
+    begin, end, halo_ids = local[:3]
+    out = np.empty(ds.shape[0], dtype=local[3] if len(local) > 3 else np.int64)
+    buf = np.empty(min(block, out.shape[0]), dtype=np.int64)
+    for s in range(0, out.shape[0], block):
+        t = min(s + block, out.shape[0])
+        ds.read_direct(buf, source_sel=np.s_[s:t], dest_sel=np.s_[:t - s])
+        out[s:t] = local_ids(buf[:t - s], begin, end, halo_ids)
+    return out
 
 
 def _feature_dataset(f: h5py.File, meta: PartitionMeta, n: int) -> h5py.Dataset:

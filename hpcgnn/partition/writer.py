@@ -27,7 +27,7 @@ import numpy as np
 from hpcgnn import __version__
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import InputError
-from hpcgnn.fileio import atomic_dir, check_output, persist_and_drop_cache, write_error
+from hpcgnn.fileio import atomic_dir, check_output, h5_writing, persist_and_drop_cache, write_error
 from hpcgnn.partition.balance import imbalance, part_weights
 from hpcgnn.partition.memory import StepMeter, StepRecord
 from hpcgnn.partition.store import (META_DATASETS, META_FILE, META_FORMAT, PART_DATASETS, PART_FORMAT,
@@ -171,8 +171,9 @@ def _part_arrays(source: GraphSource, part_id: int, new_to_orig: np.ndarray, ori
 
 
 def _write_part(path: Path, data: dict, attrs: dict, feature_attrs: dict | None = None) -> None:
-    """Write one partition file: its datasets and attributes (part_hash and content_hash come later)."""
-    with h5py.File(path, "w") as f:
+    """Write one partition file: its datasets and attributes (part_hash and content_hash come
+    later). A write the OS refuses is the OSError raised at the end (:func:`hpcgnn.fileio.h5_writing`)."""
+    with h5_writing(path) as f:
         for name in PART_DATASETS:
             _create(f, name, data[name])
         for key, value in (feature_attrs or {}).items():

@@ -1,10 +1,10 @@
 """Per-candidate predictions: each rank's peak host and device memory, bytes sent per epoch and
 the epoch time from a cost model with a machine's :class:`~hpcgnn.plan.calibrate.Calibration`.
 
-Memory comes from the project's one estimator, :mod:`hpcgnn.engine.estimate` (the figures
-``hpcgnn train``'s pre-run check refuses by): :func:`~hpcgnn.engine.estimate.estimate_rank_memory`
-(every engine's ``memory_terms``) with the calibrated ``baseline``, on a CUDA device split into
-what lives on the GPU and what stays in host memory
+Memory comes from the engines' coarse terms, :mod:`hpcgnn.engine.estimate` (the figures
+``hpcgnn train``'s pre-run check reads): :func:`~hpcgnn.engine.estimate.estimate_rank_memory`
+(every engine's ``memory_terms``, upper bounds) with the calibrated ``baseline``, on a CUDA
+device split into what lives on the GPU and what stays in host memory
 (:func:`~hpcgnn.engine.estimate.host_device_peak`); this module adds them up per node.
 
 Time (seconds per training epoch, evaluation not included) is the slowest rank's sum of
@@ -135,7 +135,7 @@ def estimate_memory(cfg, meta, shapes: list[dict], topo, cal, pred: Prediction) 
     hosts, devs, ests, dev_ests = [], [], [], []
     auto = isinstance(cfg.store.device_memory, str) and cfg.store.device_memory.strip().lower() == "auto"
     for r, s in enumerate(shapes):
-        est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s)
+        est = estimate_rank_memory(cfg, pm, r, cal.baseline_rss, shapes=s, device=topo.device)
         host, _ = host_device_peak(cfg, meta, s, est, topo.ranks, topo.device)
         hosts.append(int(host))
         ests.append(est)
@@ -482,7 +482,7 @@ def tensor_time(cfg, meta, s: dict, topo, cal) -> _Cost:
             c.agg(ev, aw, times)
             c.comm(times * 2 * rows * aw * p * F32 * frac, calls=2 * times)
             c.move(times * 2 * 2 * rows * aw * p * F32)     # pack + unpack of every split/gather
-    from hpcgnn.engine.estimate import tensor_chunk_count
+    from hpcgnn.engine.memory_tensor import tensor_chunk_count
 
     c.ops(m.layers * OPS_PER_LAYER * max(tensor_chunk_count(cfg, meta, p), 1))
     _allreduce(c, cfg, widths, p)

@@ -96,7 +96,7 @@ def _read_parts(store: Path, parts: int) -> tuple[list[_Part], int]:
 
 
 def _batch_sizes(train: int, iterations: int) -> list[int]:
-    """The engine's equalised batch sizes (:func:`hpcgnn.engine.minibatch.equalised_batches`)."""
+    """The engine's equalised batch sizes (:func:`hpcgnn.engine.batches.equalised_batches`)."""
     base, extra = divmod(train, iterations)
     return [base + (1 if k < extra else 0) for k in range(iterations)]
 

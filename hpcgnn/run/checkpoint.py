@@ -11,9 +11,12 @@ lists and dicts only: checkpoints are loaded with ``weights_only=True``).
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -123,6 +126,47 @@ def save_checkpoint(run_dir, epoch: int, state: dict, rt, keep: int) -> Path:
     return path
 
 
+def _read(path: Path) -> tuple[bytes, object]:
+    """The bytes of checkpoint file ``path`` (read once) and what ``torch.load`` makes of them
+    (on the CPU, tensors and plain data only); InputError naming the file when it is missing,
+    unreadable or not a loadable torch file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: checkpoint file not found")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: checkpoint not readable ({exc.__class__.__name__})") from None
+    try:
+        return data, torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
+        raise InputError(f"{path}: not a loadable torch checkpoint ({exc.__class__.__name__})") from None
+
+
+@dataclass
+class Checkpoint:
+    """The parts of a checkpoint inference uses; ``sha256`` is of the file's bytes."""
+
+    path: Path
+    sha256: str
+    epoch: int
+    engine: str
+    content_hash: str
+    model: dict = field(repr=False)
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read and hash one checkpoint file (rank 0); InputError naming the file if it is not a
+    readable hpcgnn checkpoint."""
+    path = Path(path)
+    data, state = _read(path)
+    if not isinstance(state, dict) or "epoch" not in state or not isinstance(state.get("model"), dict):
+        raise InputError(f"{path}: not an hpcgnn checkpoint (expected a dict with 'epoch' and 'model')")
+    return Checkpoint(path=path, sha256=hashlib.sha256(data).hexdigest(), epoch=int(state["epoch"]),
+                      engine=str(state.get("engine", "")), content_hash=str(state.get("content_hash", "")),
+                      model=state["model"])
+
+
 def load_latest_checkpoint(run_dir, content_hash: str) -> dict | None:
     """The newest loadable checkpoint's state, or None if there is none.
 
@@ -134,10 +178,9 @@ def load_latest_checkpoint(run_dir, content_hash: str) -> dict | None:
     found = list_checkpoints(run_dir)
     for epoch, path in reversed(found):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: fall back to an older one
-            print(f"hpcgnn: warning: {path}: unreadable checkpoint skipped "
-                  f"({exc.__class__.__name__})", file=sys.stderr, flush=True)
+            _, state = _read(path)
+        except InputError as exc:   # any unreadable file: fall back to an older one
+            print(f"hpcgnn: warning: {exc}; skipped", file=sys.stderr, flush=True)
             continue
         if not isinstance(state, dict) or "epoch" not in state:
             print(f"hpcgnn: warning: {path}: not an hpcgnn checkpoint, skipped",

@@ -72,19 +72,6 @@ def _threads_ok(x) -> bool:
     return is_int(x) and x >= 0
 
 
-def _debug_kill_ok(x) -> bool:
-    """train.debug_kill: [] or [rank, epoch, step] (ints >= 0), with an optional signal name."""
-    import signal
-
-    def is_count(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    if len(x) == 0:
-        return True
-    if len(x) == 4 and x[3] not in signal.Signals.__members__:
-        return False
-    return len(x) in (3, 4) and all(is_count(v) for v in x[:3])
-
-
 CORE_SCHEMA: dict[str, dict[str, Key]] = {
     "data": {
         "partitions": Key(str, "", "partition directory written by `hpcgnn partition`"),
@@ -128,13 +115,6 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
                        "reductions, no per-edge rows; docs/kernels.md)", choices=("auto", "native", "torch")),
         "deterministic": Key(bool, False, "torch kernels: run the aggregation under torch's deterministic "
                              "algorithms (docs/kernels.md; the native kernels always are)"),
-        "debug_record": Key(bool, False, "tests: write per-step losses, parameter checksums, AEP "
-                            "pushes/receives and layer inputs to RUN/debug/rank-*.h5"),
-        "debug_kill": Key(list, [], "tests: [rank, epoch, step] makes that rank SIGKILL itself "
-                          "before that step (failure handling); [rank, epoch, step, 'SIGUSR1'] sends it "
-                          "that signal instead (stopping)", _debug_kill_ok,
-                          "[] or [rank, epoch, step] (integers >= 0), optionally with a signal name "
-                          "(e.g. 'SIGTERM') fourth"),
     },
     "output": {
         "dir": Key(str, "runs/default", "run directory (HDF5 run file, checkpoints)"),
@@ -158,8 +138,8 @@ CORE_SCHEMA: dict[str, dict[str, Key]] = {
         "host_memory": Key(str, "release", "what freed host memory does: 'release' (glibc's "
                            "default: large blocks go back to the system) or 'retain' (kept for "
                            "reuse: fewer page faults, more peak memory)", choices=("release", "retain")),
-        "memory_check": Key(bool, True, "refuse to start when the ranks of a node are estimated to "
-                            "need more memory than it offers"),
+        "memory_check": Key(bool, True, "refuse to start what is clearly over the memory a node or device "
+                            "offers, and stop after the first step what its measured peak projects over it"),
         "memory_limit": Key(str, "", "memory the ranks of one node may use, e.g. '64GiB' "
                             "('' = detect: MemAvailable, cgroup limit, SLURM --mem)"),
         "device_memory_limit": Key(str, "", "device memory one rank may use, e.g. '16GiB' ('' = detect: "

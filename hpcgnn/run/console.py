@@ -9,7 +9,7 @@
   (largest rank; and the device's on a GPU). Test accuracy is left to the summary: it is not
   for choosing epochs;
 * with ``hpcgnn -v``, under each epoch line its phases (:func:`phase_lines`), grouped as
-  ``hpcgnn report`` groups them (:func:`hpcgnn.run.output.timing_parents`): the epoch's
+  ``hpcgnn report`` groups them (:func:`hpcgnn.run.runfile.timing_parents`): the epoch's
   top-level phases with the phases nested in each in parentheses after it, then what ran
   outside the epoch (the evaluation);
 * a heartbeat on stderr while an epoch or a set-up step runs long
@@ -304,7 +304,7 @@ MAX_RANKS_LISTED = 8
 def summary_lines(ended: str, cfg, ranks: int, out) -> list[str]:
     """The summary's lines (see :class:`RunConsole`); ``ended``: the first line."""
     from hpcgnn.run.checkpoint import list_checkpoints
-    from hpcgnn.run.output import RUN_FILE
+    from hpcgnn.run.runfile import RUN_FILE
 
     hist = out.history
     lines = [ended]
@@ -345,3 +345,9 @@ def summary_lines(ended: str, cfg, ranks: int, out) -> list[str]:
     if ckpts:
         lines.append(" " * LABEL + f"mpiexec -n {ranks} hpcgnn infer {run_dir} --out {run_dir / 'logits.h5'}")
     return lines
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (``hpcgnn: warning: ...``, :mod:`hpcgnn.log`), printed by the
+    rank that calls it (callers call it on rank 0)."""
+    log.warning(message, every_rank=True)

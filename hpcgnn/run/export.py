@@ -35,9 +35,9 @@ def _over_ranks(fn, values) -> float:
 
 
 def epoch_scalars(run: dict) -> tuple[list[int], dict[str, list[float]]]:
-    """(epochs, {tag: one value per epoch}) of a :func:`~hpcgnn.run.output.read_run` dict (see
+    """(epochs, {tag: one value per epoch}) of a :func:`~hpcgnn.run.runfile.read_run` dict (see
     the module docstring; NaN where an epoch has no value)."""
-    from hpcgnn.run.output import timing_parents
+    from hpcgnn.run.runfile import timing_parents
 
     m, t, c = run["metrics"], run["timings"], run["counters"]
     epochs = [int(e) for e in m.get("epoch", [])]

@@ -12,6 +12,8 @@ a node offers its ranks. Sizes are in bytes.
 * :func:`node_available_bytes`: memory the ranks of this node may use: the smallest of the
   kernel's ``MemAvailable`` plus what this job's ranks already hold, a cgroup v2/v1 limit, and
   SLURM's ``--mem`` / ``--mem-per-cpu``.
+* :func:`memory_budget`: the bytes of a ``--memory-budget`` option, or a fraction of what the
+  node has available.
 """
 from __future__ import annotations
 
@@ -265,6 +267,20 @@ def node_available_bytes(held_by_job: int = 0, env=None) -> tuple[int, str]:
     if sl is not None and sl < best[0]:
         best = (sl, "SLURM memory allocation")
     return best
+
+
+DEFAULT_BUDGET_FRACTION = 0.8     # of the node's available memory
+
+
+def memory_budget(text: str | None) -> tuple[int, str]:
+    """(bytes, how it was chosen) of ``--memory-budget``: the size given, or
+    DEFAULT_BUDGET_FRACTION of what this node has available (:func:`node_available_bytes`)."""
+    from hpcgnn.units import parse_size
+
+    if text is not None:
+        return parse_size(text, "--memory-budget"), "given"
+    avail, where = node_available_bytes(held_by_job=rss_bytes())
+    return int(avail * DEFAULT_BUDGET_FRACTION), f"{DEFAULT_BUDGET_FRACTION:.0%} of {where}"
 
 
 def device_free_bytes(device) -> tuple[int, int] | None:

@@ -1,39 +1,6 @@
-"""The run directory and its HDF5 run file, written by rank 0.
-
-``RUN/run.h5`` (``format = "hpcgnn-run"``, version 1) holds
-
-* attributes: ``config`` (resolved configuration, JSON), ``engine``, ``num_ranks``,
-  ``partition_hash`` (the store's content hash), ``partition_dir``, ``hpcgnn_version``,
-  ``created``, ``status`` (``running`` / ``finished`` / ``stopped`` / ``failed``), ``ended``
-  (when it became one of the last three), ``error`` (``failed`` only: the one-line reason),
-  ``stopped_by`` (``stopped`` only: which stop signal on which ranks, :mod:`hpcgnn.run.stop`;
-  its last epoch is checkpointed and ``--resume`` continues it), plus any set with
-  :meth:`RunOutput.set_attrs`;
-* ``metrics/epoch`` int64 [E] and ``metrics/<name>`` float64 [E] (loss, accuracies; NaN when an
-  epoch was not evaluated);
-* ``timings/<name>`` float64 [E, P] seconds per rank, ``counters/<name>`` float64 [E, P]
-  (bytes, rows, hits ... per rank);
-* the attribute ``parents`` of the group ``timings``: a JSON object mapping each timing to its
-  parent, the timing whose seconds include it, in the order the phases first started. ``""``
-  marks a root: ``epoch`` (the epoch's training, the engine's ``train_epoch``) and ``eval``
-  (the evaluation after it, not part of ``epoch``). The engine's phases have parent ``epoch``
-  (the top-level phases: they are disjoint, their sum is at most ``epoch``); a phase that ran
-  inside another has that one (``cache`` -> ``forward``); ``"a+b"`` is a part of ``a`` and
-  ``b`` together (the full-graph ``halo`` -> ``forward+backward+eval``, the tensor engine's
-  ``compute`` -> ``nn+aggregate``). A timing with a parent other than ``""`` is never added to
-  a total. Files written before the nesting was recorded lack the attribute (or a name):
-  :func:`timing_parents` is the one reader, with the fallback by name for those;
-* ``per_layer/<name>`` float64 [E, P, L] (per GNN layer statistics, e.g. HEC hit rate);
-* ``labels/<name>`` bytes [E, P] (per-rank words, e.g. ``peak_rss_phase``: the phase in which
-  the epoch's peak resident memory, ``counters/peak_rss_bytes``, was reached), and
-  ``labels/device``: the compute device each rank ran the epoch on (``cpu``, ``cuda:1``; the
-  index counts the devices the rank sees, see ``hpcgnn.runtime.choose_cuda_device``), written
-  when the engine resolved one (``Runtime.device``); ``labels/comm_backend``: the backend that
-  carried the data plane (``mpi4py``, ``gloo``, ``nccl``, ``ccl``: ``Runtime.data_plane``, the
-  engine's :func:`hpcgnn.comm.communicator.make_communicator` for ``runtime.backend``), written
-  when the engine made one; ``labels/mpi_library``: the MPI library of the job
-  (:func:`hpcgnn.runtime.mpi_library`). Per epoch, because a resumed run may continue on other
-  devices, another backend or another MPI.
+"""The run directory and its HDF5 run file, written by rank 0 (:class:`RunOutput`); the file's
+layout and its reader are :mod:`hpcgnn.run.runfile`'s, the checks of ``--resume``
+:mod:`hpcgnn.run.resume`'s.
 
 ``status`` is ``running`` while the job runs. Rank 0 writes ``failed`` (with ``error``) when it
 leaves through the runtime's failure policy after the run file exists: an input error (raised on
@@ -42,12 +9,8 @@ killed (SIGKILL, out of memory), or ended by the launcher because another rank w
 aborted, keeps ``running``: no process is left that could write. ``running`` in a run file of a
 job that is no longer running therefore means "ended from outside".
 
-``--resume`` (:class:`RunOutput` with ``resume=True``) compares the configuration with the run's
-(attribute ``config``): a changed setting outside :func:`safe_on_resume` is refused with one line
-naming each such setting with its old and new value; changed safe settings are accepted with one
-warning line. A directory without a run starts a new one (one line says so); a run without a
-checkpoint starts again at epoch 1 (one line says so, settings are not compared). See
-docs/runs.md.
+``--resume`` (:class:`RunOutput` with ``resume=True``) continues a run after
+:mod:`hpcgnn.run.resume`'s checks. A directory without a run starts a new one (one line says so).
 
 The file is small and rewritten atomically (a temporary, then a rename), so it is always
 readable, also while the job runs or after it was killed. It is rewritten after an epoch once
@@ -73,111 +36,17 @@ import numpy as np
 
 from hpcgnn import __version__
 from hpcgnn.errors import InputError
-from hpcgnn.fileio import atomic_h5, check_writable_dir, open_h5, write_error, write_failure
+from hpcgnn.fileio import atomic_h5, check_writable_dir, write_error, write_failure
+from hpcgnn.run.console import warn
+from hpcgnn.run.resume import check_run, check_settings
+from hpcgnn.run.runfile import (CHECKPOINT_DIR, DEBUG_DIR, METRIC_ORDER, RUN_ENTRIES, RUN_FILE, RUN_FORMAT,
+                                RUN_VERSION, read_run)
 
-RUN_FILE = "run.h5"
-RUN_FORMAT = "hpcgnn-run"
-RUN_VERSION = 1
-CHECKPOINT_DIR = "checkpoints"
-DEBUG_DIR = "debug"
-# What a run directory may contain that --force removes (nothing else is touched).
-RUN_ENTRIES = (RUN_FILE, CHECKPOINT_DIR, DEBUG_DIR)
-METRIC_ORDER = ("loss", "train_acc", "val_acc", "test_acc")
-# Settings --resume may change (a warning names each change); a change of any other setting
-# (learning rate, seed, model shape, halo mode, batch size, fanouts, ...) is refused, because the
-# continued run would no longer be the run its checkpoint belongs to. These change how long the
-# run goes, what is evaluated and recorded, and where and how fast it runs; device, threads and
-# backend may change results in the last bits (floating-point order), nothing more.
-SAFE_ON_RESUME = (
-    "data.partitions",        # the store's content hash must still be the run's
-    "data.verify",
-    "train.epochs", "train.eval_every", "train.checkpoint_every", "train.device", "train.stop_signals",
-    "train.kernels", "train.deterministic",
-    "train.debug_record", "train.debug_kill",
-    "output.dir", "output.keep_checkpoints", "output.flush_seconds",
-    "runtime.threads", "runtime.backend", "runtime.memory_check", "runtime.memory_limit",
-    "runtime.device_memory_limit",
-    "runtime.host_memory",    # where freed pages go; no value changes (tests/runtime/test_host_memory.py)
-)
-
-
-def safe_on_resume() -> tuple[str, ...]:
-    """:data:`SAFE_ON_RESUME` and the keys each engine declares safe (its spec's)."""
-    from hpcgnn.run.engines.registry import engine_specs
-
-    return SAFE_ON_RESUME + tuple(k for spec in engine_specs() for k in spec.safe_on_resume)
-
+# commands/infer.py imports these from here
+__all__ = ["RunOutput", "holds_run", "RUN_FILE", "read_run", "warn"]
 
 # Attributes of the old run file that describe its end, not the run: not carried into a resume.
 _END_ATTRS = ("format", "version", "created", "status", "ended", "error", "stopped_by")
-
-
-def _decode(v):
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def read_run(run_dir: str | Path) -> dict:
-    """Read ``RUN/run.h5`` into plain Python/numpy: attrs, metrics, timings, counters, per_layer,
-    labels (str arrays), timing_parents (the recorded parents, ``{}`` in files from before;
-    readers use :func:`timing_parents`)."""
-    path = Path(run_dir)
-    path = path / RUN_FILE if path.is_dir() else path
-    with open_h5(path, RUN_FORMAT) as f:
-        out = {"path": str(path), "attrs": {k: _decode(v) for k, v in f.attrs.items()}}
-        for group in ("metrics", "timings", "counters", "per_layer"):
-            out[group] = {k: np.asarray(f[group][k][()]) for k in f[group]} if group in f else {}
-        out["labels"] = ({k: np.char.decode(np.asarray(f["labels"][k][()]), "utf-8") for k in f["labels"]}
-                         if "labels" in f else {})
-        recorded = f["timings"].attrs.get("parents") if "timings" in f else None
-        out["timing_parents"] = {str(k): str(v) for k, v in json.loads(_decode(recorded)).items()} \
-            if recorded is not None else {}
-    return out
-
-
-# Files from before the nesting was recorded: the nested timings by name (the minibatch engine's
-# AEP and HEC inside forward, the full-graph halo in forward, backward and the evaluation, the
-# tensor engine's compute = nn + aggregate); roots epoch and eval; every other one top-level.
-_LEGACY_PARENTS = {"epoch": "", "eval": "", "comm_wait": "forward", "push": "forward", "cache": "forward",
-                   "halo": "forward+backward+eval", "halo_wait": "forward", "halo_adjoint": "backward",
-                   "compute": "nn+aggregate"}
-_LEGACY_ORDER = ("sample", "fetch", "store_wait", "forward", "nn", "split", "aggregate", "attention",
-                 "gather", "backward", "allreduce", "optimizer", "update")
-
-
-def timing_parents(run: dict) -> dict[str, str]:
-    """The parent of every timing of ``run`` (a :func:`read_run` dict; ``""`` for a root, see
-    the module docstring), in display order: the recorded ones in the file's order, then any
-    the file does not record by the names of files from before the nesting was recorded
-    (``epoch``, ``eval`` roots; ``comm_wait``, ``push``, ``cache``, ``halo_wait`` in
-    ``forward``; ``halo_adjoint`` in ``backward``; ``halo`` in ``forward+backward+eval``;
-    ``compute`` in ``nn+aggregate``; every other one in ``epoch``)."""
-    recorded = run.get("timing_parents") or {}
-    names = list(run.get("timings", {}))
-    out = {k: v for k, v in recorded.items() if k in names}
-    rest = [k for k in _LEGACY_ORDER if k in names] + sorted(k for k in names if k not in _LEGACY_ORDER)
-    for k in rest:
-        out.setdefault(k, _LEGACY_PARENTS.get(k, "epoch"))
-    return out
-
-
-def _setting(value) -> str:
-    return json.dumps(value)
-
-
-def config_changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """(dotted key, old value, new value) of every schema setting that differs; a key missing
-    from ``old`` (a run file from before the key existed) counts as its default."""
-    from hpcgnn.run.config import canonical_names, schema
-
-    old, new = canonical_names(old), canonical_names(new)
-    changes = []
-    for section, keys in schema().items():
-        for key, spec in keys.items():
-            before = (old.get(section) or {}).get(key, spec.default)
-            after = (new.get(section) or {}).get(key, spec.default)
-            if before != after:
-                changes.append((f"{section}.{key}", before, after))
-    return changes
 
 
 def _union(dicts) -> list[str]:
@@ -222,7 +91,7 @@ class RunOutput:
         self._flush_s = float(cfg.output.flush_seconds)
         self._last_write = -math.inf   # time.monotonic() of this job's last rewrite after an epoch
         self._unwritten = 0            # epochs logged since the last rewrite
-        self.resume_state = None   # rank 0, --resume: the checkpoint _check_checkpoint accepted
+        self.resume_state = None   # rank 0, --resume: the checkpoint resume.check_checkpoint accepted
         error = None
         if rt.is_root:
             try:
@@ -293,16 +162,7 @@ class RunOutput:
     def _load_history(self) -> None:
         old = read_run(self.run_dir)
         a = old["attrs"]
-        if a.get("partition_hash") != self.meta.content_hash:
-            raise InputError(f"{self.run_dir / RUN_FILE}: run was made on partition store "
-                             f"{str(a.get('partition_hash'))[:12]}..., data.partitions is "
-                             f"{self.meta.content_hash[:12]}...; cannot resume")
-        if int(a.get("num_ranks", -1)) != self.rt.size:
-            raise InputError(f"{self.run_dir / RUN_FILE}: run used {a.get('num_ranks')} ranks, "
-                             f"this job has {self.rt.size}; cannot resume")
-        if a.get("engine") != self.engine:
-            raise InputError(f"{self.run_dir / RUN_FILE}: run used engine {a.get('engine')!r}, "
-                             f"config says {self.engine!r}; cannot resume")
+        check_run(self.run_dir / RUN_FILE, a, self.meta.content_hash, self.rt.size, self.engine)
         epochs = old["metrics"].get("epoch", np.zeros(0, np.int64))
         for i, e in enumerate(epochs):
             row = {"epoch": int(e),
@@ -321,72 +181,8 @@ class RunOutput:
         self._timing_parents.update(old["timing_parents"])
         keep = {k: v for k, v in a.items() if k not in _END_ATTRS}
         self._attrs.update({k: v for k, v in keep.items() if k not in self._base_attrs()})
-        self._check_settings(a)
-
-    def _check_settings(self, attrs: dict) -> None:
-        """Refuse (InputError) or warn about settings changed since the run started."""
-        from hpcgnn.run.checkpoint import list_checkpoints
-
-        run_file = self.run_dir / RUN_FILE
-        if not list_checkpoints(self.run_dir):
-            warn(f"--resume: {self.run_dir} has no checkpoint yet: the run starts again at epoch 1")
-            return
-        try:
-            old = json.loads(attrs.get("config") or "{}")
-        except json.JSONDecodeError:
-            raise InputError(f"{run_file}: attribute 'config' is not JSON; cannot check the "
-                             "settings to resume (pass --force to start a new run)") from None
-        changes = config_changes(old, self.cfg.to_dict())
-        safe = safe_on_resume()
-        unsafe = [c for c in changes if c[0] not in safe]
-        if unsafe:
-            listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in unsafe)
-            raise InputError(f"{run_file}: cannot resume with changed settings: {listed} (resume "
-                             "with the run's values, or start a new run with --force; "
-                             "docs/runs.md lists what may change)")
-        self._check_checkpoint(safe)
-        if changes:
-            listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in changes)
-            warn(f"--resume with changed settings (safe to change): {listed}")
-
-    def _check_checkpoint(self, safe) -> None:
-        """Refuse (InputError) to resume from a checkpoint that is not this run's: every
-        checkpoint unreadable, another run's identity (``run_id``), another engine or store, or
-        settings outside ``safe`` that differ from the run's; and a run whose newest checkpoint
-        is past ``train.epochs`` (nothing would be trained)."""
-        from hpcgnn.run.checkpoint import load_latest_checkpoint
-
-        state = load_latest_checkpoint(self.run_dir, self.meta.content_hash)
-        if state is None:
-            return
-        where = f"{self.run_dir / CHECKPOINT_DIR}/ckpt-{int(state['epoch']):06d}.pt"
-        run_id = self._attrs.get("run_id")
-        if state.get("run_id") and run_id and state["run_id"] != run_id:
-            raise InputError(f"{where}: checkpoint belongs to another run (run_id "
-                             f"{str(state['run_id'])[:12]}..., this run's is {str(run_id)[:12]}...); "
-                             "cannot resume (pass --force to start a new run)")
-        if state.get("engine", self.engine) != self.engine:
-            raise InputError(f"{where}: checkpoint was written by engine {state.get('engine')!r}, "
-                             f"config says {self.engine!r}; cannot resume")
-        try:
-            theirs = json.loads(state.get("config") or "{}")
-        except (TypeError, json.JSONDecodeError):
-            theirs = {}
-        if theirs:
-            unsafe = [c for c in config_changes(theirs, self.cfg.to_dict()) if c[0] not in safe]
-            if unsafe:
-                listed = ", ".join(f"{k} {_setting(a)} -> {_setting(b)}" for k, a, b in unsafe)
-                raise InputError(f"{where}: checkpoint was written with other settings than this "
-                                 f"run's ({listed}): it belongs to another run; cannot resume "
-                                 "(pass --force to start a new run)")
-        epoch, epochs = int(state["epoch"]), int(self.cfg.train.epochs)
-        if epoch > epochs:
-            raise InputError(f"{where}: the run is at epoch {epoch} but train.epochs = {epochs}: "
-                             f"nothing to train (to continue, set train.epochs above {epoch})")
-        if epoch == epochs:
-            warn(f"--resume: {self.run_dir} is already at epoch {epoch} = train.epochs: nothing "
-                 "to train")
-        self.resume_state = state
+        self.resume_state = check_settings(self.run_dir, a, self.cfg, self.meta.content_hash,
+                                           self._attrs.get("run_id"), self.engine)
 
     def _base_attrs(self) -> dict:
         return {
@@ -427,7 +223,8 @@ class RunOutput:
 
     @property
     def debug_dir(self) -> Path:
-        """``RUN/debug`` (created on first use by the caller's rank)."""
+        """``RUN/debug``, for instrumentation's files (tests/debug_hooks.py; created on first use by
+        the caller's rank)."""
         return self.run_dir / DEBUG_DIR
 
     def set_attrs(self, **values) -> None:
@@ -611,11 +408,3 @@ class RunOutput:
 
 def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def warn(message: str) -> None:
-    """A one-line warning on stderr (``hpcgnn: warning: ...``, :mod:`hpcgnn.log`), printed by the
-    rank that calls it (callers call it on rank 0)."""
-    from hpcgnn import log
-
-    log.warning(message, every_rank=True)

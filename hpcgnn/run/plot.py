@@ -2,7 +2,7 @@
 
 :func:`build_figure` draws one matplotlib Figure on the non-interactive Agg canvas (pyplot is
 never imported and matplotlib's global backend is left alone, so no display is needed and a
-caller's own plotting is not disturbed) from runs read with :func:`hpcgnn.run.output.read_run`;
+caller's own plotting is not disturbed) from runs read with :func:`hpcgnn.run.runfile.read_run`;
 :func:`save_figure` writes it atomically. matplotlib is imported only when a figure is built.
 
 Panels, each drawn only when the run has its data:
@@ -12,7 +12,7 @@ Panels, each drawn only when the run has its data:
 ``accuracy`` train / val / test accuracy (%) at the evaluated epochs; per run with ``--compare``
 ``phases``   seconds per epoch of every rank, one bar per rank in each epoch's group, stacked
              by top-level phase (parent ``epoch`` in
-             :func:`~hpcgnn.run.output.timing_parents`; ``other`` is the rest of the epoch
+             :func:`~hpcgnn.run.runfile.timing_parents`; ``other`` is the rest of the epoch
              time, the other roots such as ``eval`` on top); timings nested in others (``cache``
              in ``forward``, ``halo`` in ``forward+backward+eval`` ...) are named under the
              axis, never stacked; a straggler is the tallest bar of its group
@@ -89,8 +89,8 @@ def _has_accuracy(runs) -> bool:
 def _phase_kinds(run: dict) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """(top-level phases: stacked, parent ``epoch``; roots other than ``epoch``: on top;
     (nested timing, its parent): in no stack) of the timings with a finite value, in
-    :func:`~hpcgnn.run.output.timing_parents` order."""
-    from hpcgnn.run.output import timing_parents
+    :func:`~hpcgnn.run.runfile.timing_parents` order."""
+    from hpcgnn.run.runfile import timing_parents
 
     t = run["timings"]
     parents = {k: v for k, v in timing_parents(run).items() if k != "epoch" and _finite(t[k]).any()}
@@ -387,7 +387,7 @@ WIDE = ("phases",)
 
 
 def build_figure(runs: list[dict]):
-    """The report figure of ``runs`` (dicts of :func:`~hpcgnn.run.output.read_run`; the first is
+    """The report figure of ``runs`` (dicts of :func:`~hpcgnn.run.runfile.read_run`; the first is
     the run of the per-run panels, the others are overlaid on loss and accuracy). Returns a
     matplotlib Figure with an Agg canvas; InputError when the runs have nothing to draw."""
     if not runs:

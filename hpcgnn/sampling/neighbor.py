@@ -16,7 +16,6 @@ draws). Results are identical for any OpenMP thread count and between calls.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +89,13 @@ class SampledBatch:
         return SampledBatch(self.seeds, frontiers, blocks)
 
 
+def _as_index_numpy(x) -> np.ndarray:
+    """Contiguous source ids: int32 kept as they are, anything else as int64."""
+    if isinstance(x, np.ndarray) and x.dtype == np.int32:
+        return np.ascontiguousarray(x)
+    return _as_int64_numpy(x)
+
+
 def check_fanouts(fanouts, where: str = "fanouts") -> list[int]:
     """Validated fanout list: each an integer >= 1 or -1 (all neighbours); InputError otherwise."""
     out = []
@@ -109,7 +115,8 @@ class NeighborSampler:
     neighbours for the seeds (last block) and 5 in the input-most block; ``-1`` takes all
     neighbours. ``num_local`` (solid + halo count) defaults to
     ``max(num_solid, max(indices) + 1)``; pass it when seeds may be unreferenced halo IDs.
-    The CSR arrays are used in place (no copy when they are contiguous int64).
+    The CSR arrays are used in place (no copy when ``indptr`` is contiguous int64 and
+    ``indices`` contiguous int64 or int32); the draws do not depend on the indices' dtype.
     """
 
     def __init__(self, indptr, indices, num_solid: int, fanouts, seed: int = 0,
@@ -117,11 +124,12 @@ class NeighborSampler:
         self.fanouts = check_fanouts(fanouts)
         self.seed = int(seed)
         self._indptr = _as_int64_numpy(indptr)
-        self._indices = _as_int64_numpy(indices)
+        self._indices = _as_index_numpy(indices)
         if num_local is None:
             top = int(self._indices.max()) + 1 if self._indices.size else 0
             num_local = max(int(num_solid), top)
-        self._native = _native.Sampler(self._indptr, self._indices, int(num_solid), int(num_local))
+        native = _native.Sampler32 if self._indices.dtype == np.int32 else _native.Sampler
+        self._native = native(self._indptr, self._indices, int(num_solid), int(num_local))
 
     @property
     def num_layers(self) -> int:
@@ -138,6 +146,12 @@ class NeighborSampler:
     def sample(self, seeds, epoch: int = 0, step: int = 0) -> SampledBatch:
         """Sample the blocks of one minibatch; ``seeds`` are distinct local vertex IDs."""
         return self._run(seeds, self.fanouts, sample_key(self.seed, epoch, step))
+
+    def sample_hop(self, seeds, fanout: int, seed: int, epoch: int = 0, step: int = 0) -> SampledBatch:
+        """One block of ``fanout`` neighbours per seed, drawn from the stream of ``seed`` instead
+        of the sampler's own: what ``NeighborSampler(..., [fanout], seed=seed).sample(seeds,
+        epoch, step)`` draws, without a second sampler (each holds a [num_local] scratch)."""
+        return self._run(seeds, [int(fanout)], sample_key(int(seed), epoch, step))
 
     def full_neighbor_blocks(self, seeds, num_layers: int | None = None) -> SampledBatch:
         """All in-neighbours at every layer (layer-wise inference / evaluation); no randomness."""
@@ -166,54 +180,3 @@ def full_neighbor_blocks(indptr, indices, num_solid: int, seeds, num_layers: int
     """All-neighbour blocks of ``seeds`` over ``num_layers`` layers (see :class:`NeighborSampler`)."""
     return NeighborSampler(indptr, indices, num_solid, [-1] * int(num_layers),
                            num_local=num_local).full_neighbor_blocks(seeds)
-
-
-def random_csr(num_nodes: int, avg_degree: float, seed: int = 0,
-               num_halo: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Random in-edge CSR for benchmarks: Poisson(avg_degree) row lengths, uniform sources in
-    ``[0, num_nodes + num_halo)`` (rows are the first ``num_nodes`` vertices)."""
-    rng = np.random.default_rng(seed)
-    deg = rng.poisson(avg_degree, size=num_nodes).astype(np.int64)
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(deg, out=indptr[1:])
-    indices = rng.integers(0, num_nodes + num_halo, size=int(indptr[-1]), dtype=np.int64)
-    return indptr, indices
-
-
-def benchmark(num_nodes: int = 1_000_000, avg_degree: float = 20.0, fanouts=(5, 10, 15),
-              batch_size: int = 1000, num_batches: int = 20, threads: int | None = None,
-              seed: int = 0) -> dict:
-    """Sampler throughput on a random CSR (see :func:`random_csr`).
-
-    Returns a dict with the sampled edges/s and frontier vertices/s (sum over all blocks
-    and all frontiers ``S_0..S_{L-1}``), seconds per batch, and the mean sizes. Run it with
-    ``python -c "from hpcgnn.sampling.neighbor import benchmark; print(benchmark())"``.
-    """
-    before = int(_native.max_threads())
-    if threads is not None:
-        _native.set_threads(int(threads))
-    try:
-        return _benchmark(num_nodes, avg_degree, fanouts, batch_size, num_batches, seed)
-    finally:
-        _native.set_threads(before)
-
-
-def _benchmark(num_nodes, avg_degree, fanouts, batch_size, num_batches, seed) -> dict:
-    indptr, indices = random_csr(num_nodes, avg_degree, seed)
-    sampler = NeighborSampler(indptr, indices, num_nodes, list(fanouts), seed=seed)
-    order = np.random.default_rng(seed + 1).permutation(num_nodes)
-    batches = [order[i * batch_size:(i + 1) * batch_size] for i in range(num_batches)]
-    sampler.sample(batches[0], epoch=0, step=0)   # warm-up (page-in of the CSR)
-    edges = verts = inputs = 0
-    start = time.perf_counter()
-    for step, seeds in enumerate(batches):
-        batch = sampler.sample(seeds, epoch=1, step=step)
-        edges += batch.num_sampled_edges
-        verts += sum(int(f.shape[0]) for f in batch.frontiers[:-1])
-        inputs += int(batch.frontiers[0].shape[0])
-    elapsed = time.perf_counter() - start
-    return {"num_nodes": num_nodes, "num_edges": int(indptr[-1]), "fanouts": list(fanouts),
-            "batch_size": batch_size, "num_batches": num_batches,
-            "threads": int(_native.max_threads()), "seconds_per_batch": elapsed / num_batches,
-            "edges_per_s": edges / elapsed, "vertices_per_s": verts / elapsed,
-            "mean_edges_per_batch": edges / num_batches, "mean_input_nodes": inputs / num_batches}

@@ -1,7 +1,7 @@
 """``store.device_memory`` -> a device budget in bytes (torch-free: the config checks it).
 
 ``'auto'`` on a GPU is sized from the device memory the rank has left for the store: the
-pre-run device check (:func:`hpcgnn.engine.estimate.check_device_memory`) states it on the
+pre-run device check (:func:`hpcgnn.engine.memory_check.check_device_memory`) states it on the
 runtime (``Runtime.store_device_available``: the GPU's free memory from
 ``torch.cuda.mem_get_info``, or ``runtime.device_memory_limit``, minus the engine's other device
 terms), and the engine passes it here as ``available``; the store takes what it can use of it:

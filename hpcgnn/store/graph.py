@@ -1,4 +1,4 @@
-"""Host graph store: a partition's in-edge CSR (local source ids) in host memory.
+"""Host graph store: a partition's in-edge CSR (local source ids, int64 or int32) in host memory.
 
 The native sampler (:class:`~hpcgnn.sampling.neighbor.NeighborSampler`) reads these arrays in
 place (``csr()``); layer-wise evaluation and the exact mode's distributed sampler use the same
@@ -20,7 +20,8 @@ class HostGraphStore(GraphStore):
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, num_solid: int, num_local: int):
         self._indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-        self._indices = np.ascontiguousarray(indices, dtype=np.int64)
+        # int32 local ids stay int32 (the sampler reads either)
+        self._indices = np.ascontiguousarray(indices, dtype=np.int32 if indices.dtype == np.int32 else np.int64)
         self._num_solid, self._num_local = int(num_solid), int(num_local)
 
     def csr(self) -> tuple[np.ndarray, np.ndarray]:

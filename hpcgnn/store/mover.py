@@ -1,6 +1,6 @@
 """The one host <-> device staging component: feature-store reads (:mod:`hpcgnn.store`), the
 offloaded full-graph engine's chunks (:mod:`hpcgnn.engine.offload`) and the tensor engine's
-staged rounds (:class:`hpcgnn.engine.tensor.DeviceStage`) all copy through :class:`DeviceMover`.
+staged rounds (:class:`hpcgnn.engine.tensor_staging.DeviceStage`) all copy through :class:`DeviceMover`.
 The small one-off copies of a step (indices, masks, sampled blocks) go through
 :func:`hpcgnn.upload.upload` instead: no pool, no side stream, and no wait for the device either.
 

@@ -1,4 +1,4 @@
-"""`make bench-aggregate` (hpcgnn/bench/aggregate.py) on the CPU: every (op, width, path) row is
+"""`make bench-aggregate` (benchmarks/aggregate.py) on the CPU: every (op, width, path) row is
 timed, the table is printed and the HDF5 file holds the same rows; the torch path's output equals
 the native kernels' on the benchmark's own block (so the paths time the same computation)."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import h5py
 import torch
 from mpiutil import ROOT, clean_env, python
 
-from hpcgnn.bench import aggregate as ba
+from benchmarks import aggregate as ba
 
 
 def test_bench_aggregate_writes_every_row(tmp_path):
     out = tmp_path / "agg.h5"
-    proc = subprocess.run([*python(), "-m", "hpcgnn.bench.aggregate", "--nodes", "600", "--degree", "4",
+    proc = subprocess.run([*python(), "-m", "benchmarks.aggregate", "--nodes", "600", "--degree", "4",
                            "--widths", "8,12", "--repeats", "1", "--threads", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=180, cwd=ROOT, env=clean_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr

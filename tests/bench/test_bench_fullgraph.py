@@ -1,4 +1,4 @@
-"""`python -m hpcgnn.bench.fullgraph` end to end on a tiny products-like graph (PyG skipped)."""
+"""`python -m benchmarks.fullgraph` end to end on a tiny products-like graph (PyG skipped)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ from mpiutil import clean_env, python
 
 def test_fullgraph_benchmark_writes_its_figures(tmp_path):
     out = tmp_path / "fg.h5"
-    cmd = [*python(), "-m", "hpcgnn.bench.fullgraph", "--out", str(out), "--work", str(tmp_path / "work"),
+    cmd = [*python(), "-m", "benchmarks.fullgraph", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--rounds", "1", "--skip-pyg", "--offload-chunks", "1,4",
            "--bw-nodes", "20000", "--bw-edges", "100000", "--bw-repeats", "1", "--parts", "2", "--chunks", "4",
            "--batch-chunks", "1,2", "--threads", "1"]

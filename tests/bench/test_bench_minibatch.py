@@ -1,4 +1,4 @@
-"""`python -m hpcgnn.bench.minibatch` end to end on a tiny products-like graph (real mpiexec runs)."""
+"""`python -m benchmarks.minibatch` end to end on a tiny products-like graph (real mpiexec runs)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +11,7 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
     out = tmp_path / "mb.h5"
     # Batch 100: each rank holds about 195 training vertices, so every epoch has >= 2 iterations
     # and AEP pushes (it pushes at iterations k < M - d, d = 1) whatever the partition's balance.
-    cmd = [*python(), "-m", "hpcgnn.bench.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
+    cmd = [*python(), "-m", "benchmarks.minibatch", "--out", str(out), "--work", str(tmp_path / "work"),
            "--scale", "0.002", "--epochs", "2", "--runs", "hec-1,hec-2,exact-2",
            "--set", "minibatch.batch_size=100", "--set", "minibatch.cache_lines=10000", "--timeout", "240",
            "--store-budgets", "0.2", "--store-sync", ""]
@@ -42,7 +42,7 @@ def test_minibatch_benchmark_writes_its_figures(tmp_path):
 def test_minibatch_benchmark_runs_on_a_given_store_and_refuses_a_wrong_one(cora_parts, tmp_path):
     store = cora_parts(2)
     work = tmp_path / "work"
-    base = [*python(), "-m", "hpcgnn.bench.minibatch", "--out", str(tmp_path / "mb.h5"), "--work", str(work),
+    base = [*python(), "-m", "benchmarks.minibatch", "--out", str(tmp_path / "mb.h5"), "--work", str(work),
             "--epochs", "1", "--runs", "hec-2", "--store-budgets", "", "--peer-rounds", "0", "--timeout", "240"]
     for bad, says in ((f"3={store}", "has 2 parts, not 3"), (str(store), "expected K=DIR")):
         proc = subprocess.run(base + ["--store", bad], capture_output=True, text=True, timeout=120, env=clean_env())

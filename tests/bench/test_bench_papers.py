@@ -1,7 +1,7 @@
 """`make bench-papers` end to end on a tiny papers-like graph (4 ranks, 2 epochs of small batches):
 every stage runs, the table is printed, the HDF5 file holds each stage's wall time and peaks (per
-rank and summed for the MPI stages), and infer wrote exactly the test vertices' predictions,
-equal to those of the same rows written for every vertex. Then the fit of two result files."""
+rank and summed for the MPI stages), and infer wrote exactly the test vertices' predictions
+(sampled inference, the default), equal to those of the same rows written for every vertex. Then the fit of two result files."""
 from __future__ import annotations
 
 import subprocess
@@ -11,11 +11,11 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcgnn.bench.launch import child_env, find_mpiexec
+from benchmarks.launch import child_env, find_mpiexec
 
 
 def test_bench_papers_end_to_end(tmp_path, monkeypatch, capsys):
-    from hpcgnn.bench import papers
+    from benchmarks import papers
 
     monkeypatch.setenv("HPCGNN_THREADS", "1")
     out = tmp_path / "papers.h5"
@@ -59,13 +59,26 @@ def test_bench_papers_end_to_end(tmp_path, monkeypatch, capsys):
     preds = work / "test-predictions.h5"
     full = tmp_path / "all.h5"
     proc = subprocess.run([find_mpiexec() or "mpiexec", "-n", "4", sys.executable, "-m", "hpcgnn", "infer",
-                           str(work / "run"), "--what", "predictions", "--out", str(full)],
+                           str(work / "run"), "--what", "predictions", "--method", "sampled", "--out", str(full)],
                           env=child_env(HPCGNN_THREADS="1"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with h5py.File(preds, "r") as t, h5py.File(full, "r") as a:
         assert t.attrs["vertices"] == "test" and a.attrs["vertices"] == "all"
+        assert t.attrs["method"] == a.attrs["method"] == "sampled"
         assert np.array_equal(t["vertex_ids"][()], test_ids)
         assert np.array_equal(t["predictions"][()], a["predictions"][()][test_ids])
+    # --reuse: the kept graph and store, prepare and partition's figures kept, train and infer again
+    with h5py.File(out, "r") as f:
+        before = {name: dict(f[name].attrs) for name in ("prepare", "partition", "train")}
+    assert papers.main(["--scale", "0.0002", "--ranks", "4", "--epochs", "1", "--out", str(out), "--timeout", "120",
+                        "--set", "minibatch.batch_size=16", "--set", "model.hidden=32", "--keep-data",
+                        "--reuse"]) == 0
+    with h5py.File(out, "r") as f:
+        for name in ("prepare", "partition"):
+            assert dict(f[name].attrs) == before[name]
+        assert f["train"].attrs["epochs"] == 1 and before["train"]["epochs"] == 2
+        assert f["infer"].attrs["rc"] == 0
+    capsys.readouterr()
     # the fit of two scales: a line through both points, projected to papers100M
     second = tmp_path / "papers-2.h5"
     with h5py.File(out, "r") as f, h5py.File(second, "w") as g:
@@ -89,7 +102,7 @@ def test_bench_papers_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_papers_needs_a_scale(capsys):
-    from hpcgnn.bench import papers
+    from benchmarks import papers
 
     with pytest.raises(SystemExit) as exc:
         papers.main(["--scale", "0"])

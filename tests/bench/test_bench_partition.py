@@ -1,4 +1,4 @@
-"""`python -m hpcgnn.bench.partition` end to end on a tiny graph: table printed, figures written."""
+"""`python -m benchmarks.partition` end to end on a tiny graph: table printed, figures written."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import numpy as np
 
 def test_partition_benchmark_writes_its_figures(tmp_path):
     out = tmp_path / "bench" / "partition.h5"
-    proc = subprocess.run([sys.executable, "-m", "hpcgnn.bench.partition", "--out", str(out), "--nodes", "3000",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.partition", "--out", str(out), "--nodes", "3000",
                            "--edges", "30000", "--features", "8", "--parts", "2", "4", "--niter", "3", "10",
                            "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

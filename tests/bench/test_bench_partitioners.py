@@ -1,4 +1,4 @@
-"""`python -m hpcgnn.bench.partitioners` end to end on a tiny graph: table printed, figures written."""
+"""`python -m benchmarks.partitioners` end to end on a tiny graph: table printed, figures written."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ def test_partitioners_benchmark_writes_its_figures(tmp_path):
     assert main(["prepare", "--dataset", "sbm", "--nodes", "3000", "--edges", "30000", "--features", "8",
                  "--out", str(graph)]) == 0
     out = tmp_path / "bench" / "partitioners.h5"
-    proc = subprocess.run([sys.executable, "-m", "hpcgnn.bench.partitioners", str(graph), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.partitioners", str(graph), "--out", str(out),
                            "--parts", "2", "4", "--budget", "1MiB"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr

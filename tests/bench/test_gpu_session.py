@@ -1,4 +1,4 @@
-"""`make check-gpu-all` (hpcgnn/bench/gpu_session.py): its steps' commands, and the budget: a step
+"""`make check-gpu-all` (tools/gpu_session.py): its steps' commands, and the budget: a step
 that outlives what is left is killed as TIMED OUT, a step with too little time left is skipped,
 and the whole session ends within its budget. (Without a GPU the command itself is one line:
 tests/bench/test_gpu_check.py.)"""
@@ -8,7 +8,7 @@ import argparse
 import sys
 import time
 
-from hpcgnn.bench import gpu_session as gs
+from tools import gpu_session as gs
 
 
 def test_steps_run_in_order_within_the_budget(tmp_path, monkeypatch):
@@ -68,11 +68,11 @@ def test_archive_holds_the_results_but_no_work_folders(tmp_path):
 def test_step_commands_name_the_drivers(tmp_path):
     args = argparse.Namespace(scale=0.25)
     cmds = {s: " ".join(gs.step_command(s, args, tmp_path / "o", tmp_path / "w")) for s in gs.STEPS}
-    assert "-m hpcgnn.bench.gpu_check --out" in cmds["check"] and "--deadline" not in cmds["check"]
+    assert "-m tools.gpu_check --out" in cmds["check"] and "--deadline" not in cmds["check"]
     assert gs.step_command("check", args, tmp_path / "o", tmp_path / "w", 1000.0)[-2:] == [
         "--deadline", f"{1000 - gs.WRAP_UP_S:.0f}"]
     assert "-m pytest -q -m cuda tests -k not test_cuda_mode_matches_the_cpu" in cmds["units"]
-    assert "-m hpcgnn.bench.aggregate --device cuda" in cmds["aggregate"]
+    assert "-m benchmarks.aggregate --device cuda" in cmds["aggregate"]
     assert ("--scale 0.25 --ranks 2 --epochs 1 --engines minibatch,fullgraph,tensor,offload,cached "
             "--device cuda") in cmds["scale"]
     assert f"--work {tmp_path / 'w' / 'scale-s0.25'}" in cmds["scale"] and "--deadline" not in cmds["scale"]

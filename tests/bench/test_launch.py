@@ -1,11 +1,11 @@
-"""hpcgnn.bench.launch: the environment of a bench's MPI children (a fresh world,
+"""benchmarks.launch: the environment of a bench's MPI children (a fresh world,
 tests/runtime/test_child_launch.py; this checkout on PYTHONPATH); its logged and checked child
 runs."""
 import sys
 
 import pytest
 
-from hpcgnn.bench import launch
+from benchmarks import launch
 from hpcgnn.runtime import fresh_world_env
 
 
@@ -62,9 +62,9 @@ def test_run_logged_and_run_checked_keep_the_log_and_stop_on_failure(tmp_path):
 
     bad = [sys.executable, "-c", "import sys; print('no input'); sys.exit(3)"]
     with pytest.raises(SystemExit) as e:
-        launch.run_checked(bad, tmp_path / "bad.log", 60, "hpcgnn.bench.x")
+        launch.run_checked(bad, tmp_path / "bad.log", 60, "benchmarks.x")
     first, *rest = str(e.value.code).splitlines()
-    assert first == f"hpcgnn.bench.x: {' '.join(bad)} failed (exit 3)" and "no input" in rest
+    assert first == f"benchmarks.x: {' '.join(bad)} failed (exit 3)" and "no input" in rest
 
     slow = [sys.executable, "-c", "import time; time.sleep(60)"]
     rc, wall = launch.run_logged(slow, tmp_path / "slow.log", timeout=0.5)

@@ -1,4 +1,4 @@
-"""Benchmark peers in their own interpreters (hpcgnn/bench/peers.py): fake peer scripts print
+"""Benchmark peers in their own interpreters (benchmarks/peers.py): fake peer scripts print
 JSON, fail, hang or print garbage; the benchmark side gets the figures or a one-line reason and
 goes on. No DGL needed; the last test runs the real DGL peer only where `make peer-dgl` made
 .venv-dgl."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcgnn.bench import peers
+from benchmarks import peers
 
 ROOT = Path(__file__).resolve().parents[2]
 

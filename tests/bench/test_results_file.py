@@ -1,10 +1,10 @@
-"""hpcgnn.bench.results_file: the layout of every benchmark's HDF5 file, read back exactly."""
+"""benchmarks.results_file: the layout of every benchmark's HDF5 file, read back exactly."""
 from __future__ import annotations
 
 import h5py
 import numpy as np
 
-from hpcgnn.bench.results_file import write_results
+from benchmarks.results_file import write_results
 
 
 def test_layout_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 
 def test_bench_scale_smoke(tmp_path, monkeypatch):
-    from hpcgnn.bench import scale
+    from benchmarks import scale
 
     monkeypatch.setenv("HPCGNN_THREADS", "1")
     out = tmp_path / "scale.h5"
@@ -47,7 +47,7 @@ def test_bench_scale_smoke(tmp_path, monkeypatch):
 
 
 def test_bench_scale_names_an_unknown_engine(capsys):
-    from hpcgnn.bench import scale
+    from benchmarks import scale
 
     with pytest.raises(SystemExit) as exc:
         scale.main(["--engines", "minibatch,graphsaint"])
@@ -60,7 +60,7 @@ def test_bench_scale_skips_what_the_deadline_leaves_no_time_for(tmp_path, capsys
     """Past ``--deadline`` no step starts; the file still says which steps were skipped."""
     import time
 
-    from hpcgnn.bench import scale
+    from benchmarks import scale
 
     out = tmp_path / "scale.h5"
     assert scale.main(["--scale", "0.01", "--ranks", "2", "--out", str(out), "--deadline", f"{time.time() - 1:.0f}",

@@ -11,7 +11,8 @@ import socket
 def data_plane(backend: str):
     from mpi4py import MPI
 
-    from hpcgnn.comm.communicator import MpiCommunicator, TorchCommunicator
+    from hpcgnn.comm.communicator_mpi import MpiCommunicator
+    from hpcgnn.comm.communicator_torch import TorchCommunicator
 
     comm = MPI.COMM_WORLD
     if backend == "mpi4py":

@@ -75,8 +75,7 @@ for backend in ("mpi4py", "gloo"):
     ch.close()
     # tensor-parallel split / gather (chunks started together, finished in reverse) and GAT's
     # allgather of attention scalars with its adjoint
-    from hpcgnn.comm.tensor_parallel import TPComm, TPLayout, column_bounds
-    from hpcgnn.engine.tensor import AllgatherRows
+    from hpcgnn.comm.tensor_parallel import AllgatherRows, TPComm, TPLayout, column_bounds
     V, C = 40, 7
     nbr = np.sort(np.stack([(np.arange(V) - 1) % V, (np.arange(V) + 7) % V], 1), 1).reshape(-1)
     lay = TPLayout.build(np.arange(V + 1) * 2, nbr, np.array([0, 13, 27, V]), P, r)
@@ -138,7 +137,7 @@ def test_choose_backend_refuses_impossible_pairs():
 
 
 def test_single_rank_planes_move_nothing():
-    from hpcgnn.comm.communicator import TorchCommunicator
+    from hpcgnn.comm.communicator_torch import TorchCommunicator
 
     c = TorchCommunicator("gloo", 0, 1, "cpu")      # size 1: no process group is touched
     x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
@@ -153,7 +152,7 @@ def test_single_rank_results_stay_on_the_senders_device():
     """A one-rank torch communicator whose device is not the sender's (nccl on a GPU, host
     buffers from the exact fetch) returns the rows on the sender's device, never on its own;
     ``meta`` stands in for the GPU (nothing can be copied out of it)."""
-    from hpcgnn.comm.communicator import TorchCommunicator
+    from hpcgnn.comm.communicator_torch import TorchCommunicator
 
     c = TorchCommunicator("nccl", 0, 1, torch.device("meta"))
     x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
@@ -164,7 +163,7 @@ def test_single_rank_results_stay_on_the_senders_device():
 def test_reduced_copy_goes_back_into_the_callers_buffer():
     """An allreduce of a buffer that is not on the communicator's device reduces a copy there
     and, on wait(), copies the sum back into the caller's buffer (any size) and returns None."""
-    from hpcgnn.comm.communicator import _TorchWork, copy_back_into
+    from hpcgnn.comm.communicator_torch import _TorchWork, copy_back_into
 
     buf = torch.zeros(4, 3)
     reduced = torch.arange(12, dtype=torch.float32).reshape(4, 3)
@@ -197,6 +196,7 @@ def test_ranks_sharing_a_gpu_get_no_nccl(monkeypatch):
     import torch.distributed as dist
 
     from hpcgnn.comm import communicator as c
+    from hpcgnn.comm import data_plane
     from hpcgnn.errors import InputError
     from hpcgnn.runtime import shared_gpus
 
@@ -206,11 +206,11 @@ def test_ranks_sharing_a_gpu_get_no_nccl(monkeypatch):
     assert c.choose_backend("auto", "cuda") == "mpi4py"
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     job = _job({"n1:GPU-a": 2})
-    assert c.make_communicator(job, "auto", "cuda:0").name == "mpi4py"
+    assert data_plane.make_communicator(job, "auto", "cuda:0").name == "mpi4py"
     with pytest.raises(InputError, match=r"runtime.backend = 'nccl' but 2 ranks share GPU n1:GPU-a .* "
                                          r"NCCL takes one rank per GPU; use 'auto' or 'mpi4py'"):
-        c.make_communicator(_job({"n1:GPU-a": 2}), "nccl", "cuda:0")
+        data_plane.make_communicator(_job({"n1:GPU-a": 2}), "nccl", "cuda:0")
     started = []
     own = _job({})
     own.init_torch_distributed = lambda name, device: started.append(name) or "gloo"
-    assert c.make_communicator(own, "auto", "cuda:0").name == "gloo" and started == ["nccl"]
+    assert data_plane.make_communicator(own, "auto", "cuda:0").name == "gloo" and started == ["nccl"]

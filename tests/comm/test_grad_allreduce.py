@@ -164,7 +164,8 @@ def _divergence(comm, rank, size):
 
 def main(out: str) -> None:
     """Every scenario on the mpi4py data plane and on gloo, in one job."""
-    from hpcgnn.comm.communicator import MpiCommunicator, make_communicator
+    from hpcgnn.comm.communicator_mpi import MpiCommunicator
+    from hpcgnn.comm.data_plane import make_communicator
     from hpcgnn.runtime import Runtime
 
     torch.set_num_threads(1)

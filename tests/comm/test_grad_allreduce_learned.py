@@ -20,7 +20,7 @@ DRIVER = r'''
 import json, sys
 import torch
 from hpcgnn.runtime import Runtime
-from hpcgnn.comm.communicator import make_communicator
+from hpcgnn.comm.data_plane import make_communicator
 from hpcgnn.comm.allreduce import GradientAllreduce
 
 backend, out = sys.argv[1], sys.argv[2]

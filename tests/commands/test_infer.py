@@ -50,6 +50,10 @@ BAD = {
     "other_graph": (["--partitions", "{other}"], "the run was trained on"),
     "output_exists": ([], "already exists"),
     "moved_store": ([], "partition directory not found (the run's store"),
+    "fanouts_per_layer": (["--method", "sampled", "--fanouts", "5,5,5"], "3 fanouts for a model of 2 layers"),
+    "fanouts_not_integers": (["--method", "sampled", "--fanouts", "5,x"], "--fanouts '5,x'"),
+    "fanouts_without_sampled": (["--fanouts", "5,5"], "only --method sampled"),
+    "sampled_tensor": (["--method", "sampled", "--checkpoint", "{tensor_ckpt}"], "engine 'tensor'"),
 }
 
 
@@ -102,6 +106,11 @@ def world(cora_graph, cora_parts, tmp_path_factory):
         "train", "--config", str(ENGINES["minibatch"][0]), "--set", f"data.partitions={stores[2]}",
         "--set", f"output.dir={shape_run}", "--set", "train.epochs=1", "--set", "model.hidden=16",
         "--force"]})
+    sampled_run = work / "run-sampled"   # sampled evaluation: what infer --method sampled repeats
+    cases.append({"name": "train-sampled", "args": [
+        "train", "--config", str(ENGINES["minibatch"][0]), "--set", f"data.partitions={stores[2]}",
+        "--set", f"output.dir={sampled_run}", "--set", "train.epochs=2", "--set", "minibatch.eval=sampled",
+        "--set", "minibatch.eval_batch_size=7", "--force"]})
     settings_run = work / "run-settings"   # per-rank runtime.threads and retained host memory
     cases.append({"name": "train-settings", "args": [
         "train", "--config", str(ENGINES["minibatch"][0]), "--set", f"data.partitions={stores[2]}",
@@ -115,6 +124,18 @@ def world(cora_graph, cora_parts, tmp_path_factory):
         "infer", str(runs["minibatch"]), "--out", str(out[2] / "epoch1.h5"),
         "--checkpoint", str(runs["minibatch"] / "checkpoints" / "ckpt-000001.pt")]})
     cases.append({"name": "settings", "args": ["infer", str(settings_run), "--out", str(out[2] / "settings.h5")]})
+    for split in ("val", "test"):
+        cases.append({"name": f"sampled-{split}", "args": [
+            "infer", str(sampled_run), "--out", str(out[2] / f"sampled-{split}.h5"), "--what", "predictions",
+            "--vertices", split, "--method", "sampled"]})
+    cases.append({"name": "sampled-logits", "args": [
+        "infer", str(sampled_run), "--out", str(out[2] / "sampled-logits.h5"), "--vertices", "val",
+        "--method", "sampled"]})
+    cases.append({"name": "sampled-embeddings", "args": [
+        "infer", str(sampled_run), "--out", str(out[2] / "sampled-embeddings.h5"), "--what", "embeddings",
+        "--method", "sampled", "--fanouts", "4,25"]})
+    cases.append({"name": "full-embeddings", "args": [
+        "infer", str(sampled_run), "--out", str(out[2] / "full-embeddings.h5"), "--what", "embeddings"]})
     # bad input
     bad_dir, exists_dir = work / "bad", work / "exists"
     bad_dir.mkdir()
@@ -132,7 +153,8 @@ def world(cora_graph, cora_parts, tmp_path_factory):
     cases.append({"name": "copy-run", "copy": [str(runs["minibatch"] / "run.h5"), str(nockpt / "run.h5")]})
     subst = {"shape_ckpt": str(shape_run / "checkpoints" / "ckpt-000001.pt"), "p4": str(stores[4]),
              "fg_ckpt": str(runs["fullgraph"] / "checkpoints" / "ckpt-000002.pt"),
-             "other": str(work / "other-p2")}
+             "other": str(work / "other-p2"),
+             "tensor_ckpt": str(runs["tensor"] / "checkpoints" / "ckpt-000002.pt")}
     for name, (extra, _) in BAD.items():
         run = {"no_checkpoint": nockpt, "moved_store": moved}.get(name, runs["minibatch"])
         target = exists_dir / "taken.h5" if name == "output_exists" else bad_dir / f"{name}.h5"
@@ -200,7 +222,7 @@ def test_same_file_from_1_2_and_4_ranks(world, engine):
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_predictions_are_argmax_and_accuracy_is_the_runs(world, engine):
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     metrics = read_run(world["runs"][engine])["metrics"]
     with h5py.File(world["graph"], "r") as g:
@@ -222,7 +244,7 @@ def test_embeddings_and_logits_equal_a_single_process_reference(world):
     layer, the coupled one's a GCN layer (computed here with numpy)."""
     from hpcgnn.engine.model import build_model_from_config
     from hpcgnn.commands.infer import run_config
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
     from hpcgnn.sampling.block import Block
 
     with h5py.File(world["graph"], "r") as g:
@@ -294,3 +316,49 @@ def test_bad_input_exit_2_on_every_rank_and_nothing_written(world, name):
     assert sorted(p.name for p in world["bad_dir"].iterdir()) == []
     assert sorted(p.name for p in world["exists_dir"].iterdir()) == ["taken.h5"]
     assert (world["exists_dir"] / "taken.h5").read_bytes() == b"not ours"
+
+
+def test_sampled_inference_repeats_the_runs_sampled_evaluation(world):
+    """``--method sampled --vertices val|test``: the minibatch engine's sampled evaluation
+    (another batch size: the rows do not depend on it), so the accuracies from the file are the
+    run's last evaluation; the logits' argmax are those predictions; the file records the
+    method and fanouts."""
+    from hpcgnn.run.runfile import read_run
+
+    assert world["results"][2]["train-sampled"]["rc"] == [0, 0]
+    metrics = read_run(world["work"] / "run-sampled")["metrics"]
+    with h5py.File(world["graph"], "r") as g:
+        labels = g["labels"][()]
+        masks = {s: g[f"{s}_mask"][()] for s in ("val", "test")}
+    for split, mask in masks.items():
+        res = world["results"][2][f"sampled-{split}"]
+        assert res["rc"] == [0, 0], res
+        attrs, data = _read(world["out"][2] / f"sampled-{split}.h5")
+        assert attrs["method"] == "sampled" and json.loads(attrs["fanouts"]) == [10, 10]
+        assert np.array_equal(data["vertex_ids"], np.flatnonzero(mask))
+        acc = float((data["predictions"] == labels[mask]).mean())
+        assert acc == pytest.approx(float(metrics[f"{split}_acc"][-1]), abs=1e-12), split
+    logits = _read(world["out"][2] / "sampled-logits.h5")[1]["logits"]
+    pred = _read(world["out"][2] / "sampled-val.h5")[1]["predictions"]
+    assert np.array_equal(logits.argmax(1), pred)
+    full = _read(_file(world, 2, "minibatch", "logits"))[1]["logits"]
+    assert logits.shape == (int(masks["val"].sum()), full.shape[1])
+
+
+def test_sampled_embeddings_run_the_first_layers_with_the_given_fanouts(world):
+    """``--what embeddings --method sampled --fanouts 4,25``: every vertex's layer-1 rows,
+    sampled with the input-most fanout 4: a vertex of in-degree <= 4 keeps all its neighbours,
+    so its row is the full inference's; most others differ."""
+    res = world["results"][2]["sampled-embeddings"]
+    assert res["rc"] == [0, 0], res
+    attrs, data = _read(world["out"][2] / "sampled-embeddings.h5")
+    assert json.loads(attrs["fanouts"]) == [4] and attrs["layer"] == 1
+    emb = data["embeddings"]
+    full = _read(world["out"][2] / "full-embeddings.h5")[1]["embeddings"]
+    assert emb.shape == full.shape == (2708, 64)
+    with h5py.File(world["graph"], "r") as g:
+        degree = np.diff(g["indptr"][()])
+    low = degree <= 4
+    np.testing.assert_allclose(emb[low], full[low], rtol=0, atol=1e-5)
+    differs = np.abs(emb[~low] - full[~low]).max(axis=1) > 1e-4
+    assert differs.mean() > 0.5, differs.mean()

@@ -7,7 +7,7 @@ few to learn 172 classes from. Every papers-like vertex has a class (``balanced_
 preset's seed; the preset publishes it for the split vertices only), so this test labels more
 vertices of a small graph: scale 0.0003 (33.3k vertices, 0.89M directed edges) with 16,000
 training vertices (93 per class), 4,000 validation and 4,000 test vertices, then trains a
-feature-only MLP and full-neighbour GraphSAGE (hpcgnn.data.baselines) on it. Measured (figures
+feature-only MLP and full-neighbour GraphSAGE (benchmarks.baselines) on it. Measured (figures
 in docs/benchmarks.md): gap 31.5 points at seed 0, 27.8 at seed 1 (MLP 32.8 / 34.4 %, SAGE
 64.3 / 62.3 %); 10 s on 2 idle cores, 40 s when they are shared.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcgnn.data.baselines import mlp_vs_sage
+from benchmarks.baselines import mlp_vs_sage
 from hpcgnn.data.build import materialize
 from hpcgnn.data.synthetic import PAPERS_DIFFICULTY, PAPERS_SHAPE, balanced_classes, papers_like_source
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcgnn.data.baselines import mlp_vs_sage
+from benchmarks.baselines import mlp_vs_sage
 from hpcgnn.data.synthetic import generate_sbm, products_like_params
 
 pytestmark = pytest.mark.slow   # trains an MLP and GraphSAGE on a 60k-vertex graph

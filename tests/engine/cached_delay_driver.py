@@ -153,7 +153,7 @@ def main() -> int:
                                      ("plain-bf16", False, "bf16"), ("delayed-bf16", True, "bf16")):
         inj.active, inj.slept, inj.blocked, inj.skipped, inj.calls = delayed, 0.0, 0, 0, 0
         ref.digests, ref.checked = [], 0
-        from hpcgnn.comm.communicator import MpiCommunicator
+        from hpcgnn.comm.communicator_mpi import MpiCommunicator
 
         plane = MpiCommunicator(comm)     # the data plane (halo exchanges)
         lg = build_local_graph(part, plane, fetch_halo=False)

@@ -40,7 +40,7 @@ with rt.guard():  # a failed check on one rank aborts the job instead of hanging
         feats[p.solid_begin:p.solid_end] = p.features
 
     fanouts = [3, 2]
-    from hpcgnn.comm.communicator import MpiCommunicator
+    from hpcgnn.comm.communicator_mpi import MpiCommunicator
 
     fetch = ExactFetch(MpiCommunicator(rt.comm), part, meta.part_offsets, fanouts, seed=5)
     # the last rank asks for nothing but must take part in every collective

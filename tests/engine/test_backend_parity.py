@@ -24,7 +24,7 @@ import mb_support as mb  # noqa: E402
 from mpiutil import run_jobs  # noqa: E402
 
 from hpcgnn.commands.report import format_table, summarise  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 EPOCHS = 20
 BACKENDS = ("mpi4py", "gloo")

@@ -1,6 +1,6 @@
 """The chunk-streaming loop (hpcgnn.engine.chunk_stream) as its two consumers drive it: the
 offloaded full graph (engine/offload.py) and the tensor engine's staged rounds
-(engine/tensor.DeviceStage). On a GPU every tensor these loops keep alive is device memory, so
+(engine/tensor_staging.DeviceStage). On a GPU every tensor these loops keep alive is device memory, so
 the loop holds one chunk's tensors at a time: when a chunk gathers its sources from the row
 buffer, no earlier chunk's gathered sources are still referenced, and no unit's arriving rows
 outlive their copy into the buffer (only the next unit's pending load may be in flight). Both

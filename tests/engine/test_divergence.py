@@ -27,7 +27,7 @@ from hpcgnn.comm.allreduce import GradientAllreduce  #noqa: E402
 from hpcgnn.engine.loop import require_finite_state  # noqa: E402
 from hpcgnn.errors import InputError, TrainingDiverged  # noqa: E402
 from hpcgnn.run.config import load_config, schema  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 DIVERGED = re.compile(r"hpcgnn: error: (training diverged at epoch (\d+), step (\d+) of (\d+): the loss or a "
                       r"gradient is not finite \((nan|inf)\); no checkpoint was written for it \(lower "

@@ -34,7 +34,7 @@ from hpcgnn.nn.models import build_model
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
-from hpcgnn.comm.communicator import MpiCommunicator
+from hpcgnn.comm.communicator_mpi import MpiCommunicator
 plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
@@ -214,7 +214,7 @@ cache_device_memory = "1KiB"
 def test_train_report_and_resume_with_cached_pipelined_halo(tmp_path):
     from mpiutil import run_cli
 
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     g = toy_graph(200, 6.0, num_features=F, num_classes=4, seed=2)
     store = toy_store(tmp_path / "p2", g, 2, seed=2)
@@ -267,7 +267,7 @@ def test_run_files_nocache_bytes_equal_the_exact_runs_forward_bytes(tmp_path):
     ``counters/halo_fwd_nocache_bytes`` equal the exact run's ``counters/halo_fwd_bytes`` every
     epoch on every rank, and both runs send the same adjoint bytes; the cached run keeps what the
     exact one sends (layer 2, 8 -> 4 classes: its 4-wide projection)."""
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     g = toy_graph(200, 6.0, num_features=F, num_classes=4, seed=5)
     store = toy_store(tmp_path / "p2", g, 2, seed=5)

@@ -37,7 +37,7 @@ from hpcgnn.nn.models import build_model
 store, out, epochs, F, HIDDEN, LAYERS = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
-from hpcgnn.comm.communicator import MpiCommunicator
+from hpcgnn.comm.communicator_mpi import MpiCommunicator
 plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)
@@ -201,7 +201,7 @@ def test_bad_precision_exits_2_with_one_line_on_every_rank(tmp_path):
 
 def test_train_exact_bf16_through_the_config(tmp_path):
     from hpcgnn.partition.store import load_partition
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     g = toy_graph(120, 5.0, num_features=F, num_classes=3, seed=3)
     store = toy_store(tmp_path / "p2", g, 2, seed=3)
@@ -235,7 +235,7 @@ def test_offload_with_bf16_is_refused():
 
 
 def test_bench_case_names_with_bf16():
-    from hpcgnn.bench.fullgraph_cached import case_overrides, run_dir
+    from benchmarks.fullgraph_cached import case_overrides, run_dir
 
     assert case_overrides("S2+pipe+bf16") == ["fullgraph.pipeline=true", "fullgraph.halo_precision=bf16",
                                               "fullgraph.halo=cached", "fullgraph.staleness=2"]

@@ -15,7 +15,7 @@ from mpiutil import ROOT, run_cli, run_mpi  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 
 from hpcgnn.run.config import load_config  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = """
 [model]

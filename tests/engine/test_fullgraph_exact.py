@@ -31,7 +31,7 @@ from hpcgnn.sampling.block import Block
 graph_path, store, out = sys.argv[1:4]
 torch.set_num_threads(1)
 comm = MPI.COMM_WORLD
-from hpcgnn.comm.communicator import MpiCommunicator
+from hpcgnn.comm.communicator_mpi import MpiCommunicator
 plane = MpiCommunicator(comm)   # the data plane (halo exchanges)
 r = comm.Get_rank()
 meta = read_meta(store)

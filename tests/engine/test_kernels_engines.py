@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mb_support import tiny_graph, tiny_store  # noqa: E402
 from mpiutil import ROOT, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 EPOCHS = 20
 BASE = f"""

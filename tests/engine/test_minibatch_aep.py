@@ -22,9 +22,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
+from mpiutil import debug_env  # noqa: E402
 
 from hpcgnn.partition.store import load_partition  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 P, D, NC, L, LS = 3, 2, 4, 2, 2
 CONFIG = f"""
@@ -37,7 +38,6 @@ dropout = 0.3
 epochs = 2
 lr = 0.01
 eval_every = 0
-debug_record = true
 [minibatch]
 batch_size = 6
 fanouts = [4, 10]
@@ -55,7 +55,7 @@ def hec_run(tmp_path_factory):
     graph = mb.tiny_graph()
     parts = mb.tiny_store(tmp / "parts", graph, P)
     cfg = mb.write_config(tmp / "cfg.toml", CONFIG)
-    proc = mb.train(P, cfg, parts, tmp / "run", timeout=120)
+    proc = mb.train(P, cfg, parts, tmp / "run", timeout=120, env=debug_env(record=True))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {"parts": [load_partition(parts, p) for p in range(P)], "run": tmp / "run",
             "debug": [mb.read_debug(tmp / "run", p) for p in range(P)], "stdout": proc.stdout}

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import ROOT  # noqa: E402
+from mpiutil import ROOT, debug_env  # noqa: E402
 
 from hpcgnn.run.config import load_config  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = ROOT / "inputs" / "cora-sage.toml"
 ONE_THREAD = {"HPCGNN_THREADS": "1"}
@@ -34,8 +34,8 @@ def runs(cora_parts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cora_mb")
     out = {}
     for p in (1, 4):
-        extra = ["--set", "train.debug_record=true"] if p == 1 else []
-        proc = mb.train(p, CONFIG, cora_parts(p), tmp / f"run{p}", *extra, timeout=240, env=ONE_THREAD)
+        env = {**ONE_THREAD, **debug_env(record=True)} if p == 1 else ONE_THREAD
+        proc = mb.train(p, CONFIG, cora_parts(p), tmp / f"run{p}", timeout=240, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[p] = tmp / f"run{p}"
     return out

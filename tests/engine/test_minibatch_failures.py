@@ -15,8 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
+from mpiutil import debug_env  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = mb.small_config(epochs=3, batch_size=16, fanouts=4, nc=8, checkpoint_every=1, eval_every=1)
 
@@ -72,7 +73,7 @@ def test_killed_rank_ends_job_and_resume_is_exact(stores):
     proc = mb.train(2, cfg, a, full)
     assert proc.returncode == 0, proc.stderr
     # rank 1 SIGKILLs itself before step 1 of epoch 2 (after checkpoint 1 was written)
-    proc = mb.train(2, cfg, a, cut, "--set", "train.debug_kill=[1, 2, 1]", timeout=90)
+    proc = mb.train(2, cfg, a, cut, timeout=90, env=debug_env(kill=[1, 2, 1]))
     ended = time.time()
     assert proc.returncode != 0
     assert "hpcgnn: error: rank 1 was killed by SIGKILL (out of memory? its peak resident memory was" \

@@ -23,9 +23,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import ROOT, run_jobs, train_job  # noqa: E402
+from mpiutil import ROOT, debug_env, run_jobs, train_job  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 ONE_THREAD = {"HPCGNN_THREADS": "1"}
 SAGE = ROOT / "inputs" / "cora-sage.toml"
@@ -35,8 +35,9 @@ NC = 8      # the degree-biased push's cap per destination
 
 
 def _train_all(n, runs: dict, workdir, timeout=400) -> None:
-    """Every run of ``runs`` (run directory -> (config, parts, sets)) in one launch on n ranks."""
-    jobs = [train_job(config, run, f"data.partitions={parts}", *sets) for run, (config, parts, sets) in runs.items()]
+    """Every run of ``runs`` (run directory -> (config, parts, sets[, env])) in one launch on n ranks."""
+    jobs = [train_job(config, run, f"data.partitions={parts}", *sets, env=more[0] if more else None)
+            for run, (config, parts, sets, *more) in runs.items()]
     proc = run_jobs(n, jobs, workdir, timeout=timeout, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
@@ -48,8 +49,8 @@ def cora2(cora_parts, tmp_path_factory):
     random2 = cora_parts(2, "random")
     runs = {d / f"hec-ls{ls}": (SAGE, random2, [f"minibatch.cache_lifespan={ls}", "train.epochs=3", "train.eval_every=0"])
             for ls in (0, 2)}
-    runs[d / "push"] = (SAGE, random2, [f"minibatch.push_limit={NC}", "train.epochs=1", "train.eval_every=0",
-                                        "train.debug_record=true"])
+    runs[d / "push"] = (SAGE, random2, [f"minibatch.push_limit={NC}", "train.epochs=1", "train.eval_every=0"],
+                        debug_env(record=True))
     runs[d / "gat"] = (ROOT / "inputs" / "cora-gat.toml", cora_parts(2), ["train.epochs=8", "train.eval_every=4"])
     _train_all(2, runs, d)
     return d, random2

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mb_support as mb  # noqa: E402
 from mpiutil import ROOT, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run, timing_parents  # noqa: E402
+from hpcgnn.run.runfile import read_run, timing_parents  # noqa: E402
 
 CONFIG = mb.small_config(epochs=2, batch_size=12, fanouts=3, nc=6)
 

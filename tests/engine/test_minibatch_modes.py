@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mb_support as mb  # noqa: E402
 from mpiutil import ROOT, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 P = 3
 CONFIG = mb.small_config(epochs=2, batch_size=10, fanouts=3, nc=6)

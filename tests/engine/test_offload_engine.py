@@ -16,7 +16,7 @@ from toygraph import toy_graph, toy_store  # noqa: E402
 from hpcgnn.run.timer import PhaseTimer  #noqa: E402
 from hpcgnn.engine.fullgraph import (InMemoryFullGraph, LocalGraph, OffloadedFullGraph,  # noqa: E402
                                      build_local_graph, masked_loss_sum)
-from hpcgnn.engine.offload import ModelLayerOps, OffloadEngine, OffloadSettings  # noqa: E402
+from hpcgnn.engine.offload import ModelLayerOps, OffloadedPasses, OffloadSettings  # noqa: E402
 from hpcgnn.engine.transfer import TransferCounter  # noqa: E402
 from hpcgnn.nn.models import build_model  # noqa: E402
 from hpcgnn.partition.store import load_partition  # noqa: E402
@@ -163,7 +163,7 @@ def test_cost_model_order_reduces_measured_bytes():
     got = {}
     for order in ("natural", "cost"):
         counter = TransferCounter()
-        e = OffloadEngine(ops, indptr, indices, 8, 28, x0, None, "cpu",
+        e = OffloadedPasses(ops, indptr, indices, 8, 28, x0, None, "cpu",
                           OffloadSettings(chunks=4, batch_chunks=1, order=order), counter)
         logits = e.forward(training=True)
         e.backward(torch.ones_like(logits))

@@ -164,7 +164,7 @@ def test_device_run_synchronizes_only_at_the_epoch_end_and_phases_cover_the_epoc
 
     sys.path.insert(0, str(Path(__file__).parent))
     from mpiutil import ROOT, run_mpi
-    from hpcgnn.run.output import read_run, timing_parents
+    from hpcgnn.run.runfile import read_run, timing_parents
 
     config, ranks, threads, extra, phases = DEVICE_RUNS[name]
     epochs = 4

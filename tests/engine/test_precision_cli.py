@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
 from mpiutil import run_jobs, train_job  # noqa: E402
 from toygraph import toy_graph, toy_store  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = """
 [model]

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mb_support as mb  # noqa: E402
 from mpiutil import ROOT, run_cli, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 ENV = {"HPCGNN_THREADS": "1"}
 

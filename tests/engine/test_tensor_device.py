@@ -22,7 +22,7 @@ import mb_support as mb  # noqa: E402
 from mpiutil import run_jobs, train_job  # noqa: E402
 
 from hpcgnn.errors import InputError  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 EPOCHS = 20
 CONFIG = f"""
@@ -60,7 +60,7 @@ REFS = {"gcn-3": ["--set", "tensor.chunks=3"], "gat-3": [*GAT, "--set", "tensor.
 
 def _auto_budget(d: Path, store: Path) -> int:
     """A device budget between the estimates of 2 and 3 chunks (the estimate predicts 3)."""
-    from hpcgnn.engine.estimate import tensor_device_bytes
+    from hpcgnn.engine.memory_tensor import tensor_device_bytes
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
@@ -117,7 +117,7 @@ def test_staged_follows_the_unstaged_losses(setup, name):
 
 
 def _predicted(store, budget: int, cfg_extra: list[str], d: Path) -> tuple[int, int, int]:
-    from hpcgnn.engine.estimate import auto_chunks
+    from hpcgnn.engine.memory_tensor import auto_chunks
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
@@ -184,7 +184,7 @@ def test_device_budget_forms():
 
 
 def test_auto_is_one_chunk_without_a_budget_and_the_smallest_that_fits(setup):
-    from hpcgnn.engine.estimate import tensor_device_bytes
+    from hpcgnn.engine.memory_tensor import tensor_device_bytes
     from hpcgnn.partition.store import read_meta
     from hpcgnn.run.config import load_config
 
@@ -209,7 +209,8 @@ def _propagate_epochs(graph, kind: str, chunks: int, resident: bool, epochs: int
 
     from hpcgnn.comm.tensor_parallel import TPComm, TPLayout
     from hpcgnn.engine.chunk_schedule import chunk_bounds
-    from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun
+    from hpcgnn.comm.tp_propagate import TPPropagate, TPRun
+    from hpcgnn.engine.tensor_staging import DeviceStage
     from hpcgnn.nn.decoupled import Propagation
 
     torch.manual_seed(0)
@@ -292,7 +293,7 @@ def test_streamed_chunks_copy_the_host_transpose_instead_of_sorting_each_round(k
         _, plain = _propagate_epochs(graph, kind, 4, resident=False)
         plain_sorts = len(sorts)
         sorts.clear(), loads.clear()
-        from hpcgnn.engine import tensor as tensor_mod
+        from hpcgnn.engine import tensor_staging as tensor_mod
 
         orig_init = tensor_mod.DeviceStage.__init__
 
@@ -328,7 +329,8 @@ def test_deterministic_reaches_the_chunk_operators(deterministic_flags):
 
     from hpcgnn.comm.tensor_parallel import TPComm, TPLayout
     from hpcgnn.engine.chunk_schedule import chunk_bounds
-    from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun
+    from hpcgnn.comm.tp_propagate import TPPropagate, TPRun
+    from hpcgnn.engine.tensor_staging import DeviceStage
     from hpcgnn.nn.decoupled import Propagation
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
@@ -359,7 +361,7 @@ def test_resident_weight_copy_follows_each_pass_weights():
     import torch
 
     from hpcgnn.engine.chunk_schedule import chunk_bounds
-    from hpcgnn.engine.tensor import DeviceStage
+    from hpcgnn.engine.tensor_staging import DeviceStage
     from hpcgnn.nn.decoupled import Propagation
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
@@ -391,7 +393,7 @@ def test_chunk_aggregation_time_on_cuda_is_the_events_device_time():
     perf_counter."""
     import time
 
-    from hpcgnn.engine.tensor import TPRun
+    from hpcgnn.comm.tp_propagate import TPRun
 
     class Event:
         waits = 0
@@ -436,7 +438,7 @@ def test_last_round_gathers_are_posted_one_chunk_late_in_order():
     exchange posted once, in chunk order, each after its own chunk's copies settled."""
     from types import SimpleNamespace
 
-    from hpcgnn.engine.tensor import _LaggedPosts
+    from hpcgnn.comm.tp_propagate import _LaggedPosts
 
     log = []
 

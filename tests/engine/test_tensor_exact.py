@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpiutil import run_jobs, train_job  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 EPOCHS = 50
 CONFIG = f"""

@@ -15,7 +15,8 @@ from toygraph import toy_graph  # noqa: E402
 
 from hpcgnn.comm.tensor_parallel import TPComm, TPLayout, column_bounds  # noqa: E402
 from hpcgnn.engine.chunk_schedule import chunk_bounds  # noqa: E402
-from hpcgnn.engine.tensor import DeviceStage, TPPropagate, TPRun  # noqa: E402
+from hpcgnn.comm.tp_propagate import TPPropagate, TPRun  # noqa: E402
+from hpcgnn.engine.tensor_staging import DeviceStage  # noqa: E402
 from hpcgnn.nn.decoupled import Propagation  # noqa: E402
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import mb_support as mb  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = mb.small_config(epochs=2, batch_size=32, fanouts=4, nc=8, checkpoint_every=1, eval_every=1)
 

@@ -217,6 +217,21 @@ def test_ranks_refuse_a_budget_too_small_in_one_line(graph_files, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_disk_that_fills_while_the_parts_are_written_leaves_nothing(graph_files, tmp_path, small_tmpfs, ranks):
+    """The store's parts written into a 256 KiB file system (one process, or two ranks writing
+    in parallel): one line naming the store and ENOSPC, exit 2, and nothing left there."""
+    g = graph_files["plain"]
+    disk = small_tmpfs("256k")
+    proc = run_mpi(ranks, ["-m", "hpcgnn", "partition", g, "--parts", 3, "--method", "random", "--out",
+                           disk / "store", "--quiet"], timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(set(lines)) == 1 and lines[0].startswith(f"hpcgnn: error: {disk / 'store'}"), proc.stderr
+    assert "ENOSPC" in lines[0] and "Traceback" not in proc.stderr
+    assert list(disk.iterdir()) == []
+
+
 @pytest.mark.parametrize("feature_dtype,stored", [("float16", "float16"), ("bfloat16", "uint16")])
 def test_feature_dtype_is_carried_into_the_parts(tmp_path, feature_dtype, stored):
     import importlib.util

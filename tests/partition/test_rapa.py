@@ -12,7 +12,7 @@ from hpcgnn.data.graph import read_graph
 from hpcgnn.errors import InputError
 from hpcgnn.partition import rapa
 from hpcgnn.partition.store import load_partition, read_meta
-from hpcgnn.run.output import RUN_FILE, RUN_FORMAT, RUN_VERSION
+from hpcgnn.run.runfile import RUN_FILE, RUN_FORMAT, RUN_VERSION
 
 
 def partition(graph, out, *extra) -> int:
@@ -210,7 +210,7 @@ def test_speed_files(tmp_path):
 
 
 def _fake_run(path, store, compute, halo, status="finished"):
-    """A run file with the layout of hpcgnn.run.output: forward + backward - halo = compute."""
+    """A run file with the layout of hpcgnn.run.runfile: forward + backward - halo = compute."""
     meta = read_meta(store)
     compute, halo = np.asarray(compute, float), np.asarray(halo, float)
     path.mkdir()

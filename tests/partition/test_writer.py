@@ -159,3 +159,31 @@ def test_native_extract_part_rejects_inconsistent_input(graph_files):
         native.extract_part(g.indptr, g.indices, new_to_orig[offsets[1]:], orig_to_new, offsets, 0)
     with pytest.raises(ValueError, match="part_id out of range"):
         native.extract_part(g.indptr, g.indices, new_to_orig[:offsets[1]], orig_to_new, offsets, 2)
+
+
+def test_local_indices_load_equals_the_converted_global_ones(cora_graph, tmp_path):
+    """``load_partition(..., indices="local")`` converts the stored source IDs as it reads them,
+    in blocks (here also of 1,000 entries: many blocks): the same local CSR as converting the
+    global load, without a copy, and as int32 with ``local_dtype="auto"``; ``to_global`` gives
+    the stored IDs back."""
+    from hpcgnn.partition import store as st
+
+    out = tmp_path / "p"
+    assert main(["partition", str(cora_graph), "--parts", "3", "--out", str(out)]) == 0
+    meta = read_meta(out)
+    for p in range(3):
+        g = load_partition(out, p, meta)
+        assert g.index_space == "global"
+        ip, want = g.local_csr()
+        loc = load_partition(out, p, meta, indices="local")
+        assert loc.index_space == "local" and loc.indices.dtype == np.int64
+        assert np.array_equal(loc.indices, want) and np.array_equal(loc.local_csr()[1], want)
+        assert loc.local_csr()[1] is loc.indices          # no copy
+        assert np.array_equal(loc.to_global(loc.indices), g.indices)
+        narrow = load_partition(out, p, meta, indices="local", local_dtype="auto")   # every local id fits
+        assert narrow.indices.dtype == np.int32 and np.array_equal(narrow.indices, want)
+        with st.open_partition_file(out, p, meta) as f:
+            small = st.read_indices(f, (g.solid_begin, g.solid_end, g.halo_ids), block=1000)
+        assert np.array_equal(small, want)
+    with pytest.raises(ValueError, match="indices must be one of"):
+        load_partition(out, 0, meta, indices="both")

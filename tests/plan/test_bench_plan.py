@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcgnn.bench.plan import pairwise_agreement, summarise
+from benchmarks.plan import pairwise_agreement, summarise
 
 
 def test_summarise_orders_agreement_and_memory():

@@ -20,7 +20,7 @@ from mpiutil import run_cli, run_mpi  # noqa: E402
 from hpcgnn.plan.calibrate import Calibration  # noqa: E402
 from hpcgnn.plan.planner import make_plan  # noqa: E402
 from hpcgnn.plan.topology import Topology  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = """
 [model]
@@ -84,7 +84,7 @@ def test_plan_predicts_halo_bytes_within_10_percent_and_ranks_them(cora_parts, s
     batch, mb_epochs = MINIBATCH[graph]
     cfg.write_text(CONFIG.format(batch=batch))
     rows = _predicted(cfg, store, ranks)
-    proc = run_mpi(ranks, ["-m", "hpcgnn.bench.fullgraph_cached", "--config", cfg, "--store", store,
+    proc = run_mpi(ranks, ["-m", "benchmarks.fullgraph_cached", "--config", cfg, "--store", store,
                            "--work", tmp_path / "runs", "--cases", ",".join(CASES)], timeout=240,
                    env={"HPCGNN_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -236,7 +236,7 @@ def test_bad_files_one_line_exit_2(setup, capsys, tmp_path):
 
 def test_cuda_plan_ranks_the_tensor_engine_and_drops_what_the_device_cannot_hold(setup):
     """With --device cuda the tensor engine is estimated and ranked like the others; a GPU
-    smaller than a candidate's device estimate (engine/estimate.py estimate_device_memory, the
+    smaller than a candidate's device estimate (hpcgnn.engine.estimate.estimate_device_memory, the
     figure train's pre-run check uses) drops exactly the candidates above it."""
     big = _plan(setup, topo=topology(device="cuda", device_memory=80 << 30))
     tensor = [r for r in big.rows if r.candidate.engine == "tensor" and not r.candidate.invalid]

@@ -17,7 +17,7 @@ from hpcgnn.cli import SUBCOMMANDS, main
 from hpcgnn.commands.config import reference, render_markdown, toml_value
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import canonical_names, load_config, schema
-from hpcgnn.run.output import config_changes
+from hpcgnn.run.resume import config_changes
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "config.md"

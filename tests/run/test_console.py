@@ -22,7 +22,7 @@ from mpiutil import ROOT, run_cli, run_mpi  # noqa: E402
 
 from hpcgnn import log  # noqa: E402
 from hpcgnn.run.console import WIDTH, RunConsole, epoch_line, phase_lines, summary_lines  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 EPOCHS = 3
 

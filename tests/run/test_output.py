@@ -10,7 +10,8 @@ import pytest
 
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import load_config
-from hpcgnn.run.output import RunOutput, read_run
+from hpcgnn.run.output import RunOutput
+from hpcgnn.run.runfile import read_run
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,7 @@ def _nested_run(run, rt, tmp_path, parents=PARENTS):
 def test_timing_parents_round_trip_and_report_sums_only_top_level(tmp_path, rt, capsys):
     from hpcgnn.cli import main
     from hpcgnn.commands.report import format_table, summarise
-    from hpcgnn.run.output import timing_parents
+    from hpcgnn.run.runfile import timing_parents
 
     r = _nested_run(tmp_path / "nest", rt, tmp_path)
     # recorded in the order first logged; "halo" as given, whatever the old name list says
@@ -186,7 +187,7 @@ def test_old_run_file_without_nesting_falls_back_to_the_names(tmp_path, rt):
     import h5py
 
     from hpcgnn.commands.report import summarise
-    from hpcgnn.run.output import timing_parents
+    from hpcgnn.run.runfile import timing_parents
 
     run = tmp_path / "old"
     _nested_run(run, rt, tmp_path)

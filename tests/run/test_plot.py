@@ -20,7 +20,7 @@ from mpiutil import run_jobs, train_job  # noqa: E402
 
 from hpcgnn.cli import main  # noqa: E402
 from hpcgnn.commands.report import load_run  # noqa: E402
-from hpcgnn.run.output import timing_parents  # noqa: E402
+from hpcgnn.run.runfile import timing_parents  # noqa: E402
 from hpcgnn.run.plot import build_figure, panels_of, save_figure  # noqa: E402
 
 ENV = {"HPCGNN_THREADS": "1"}

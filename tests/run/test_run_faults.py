@@ -22,9 +22,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 import mb_support as mb  # noqa: E402
-from mpiutil import MPIEXEC, ROOT, clean_env, run_mpi  # noqa: E402
+from mpiutil import MPIEXEC, ROOT, clean_env, debug_env, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 SAGE = ROOT / "inputs" / "cora-sage.toml"
 GCN = ROOT / "inputs" / "cora-gcn-fullgraph.toml"
@@ -189,7 +189,7 @@ def test_a_killed_rank_is_named_first_and_the_survivors_give_no_traceback(cora_p
     own line is tested deterministically in tests/runtime/test_failures.py.)"""
     run = tmp_path / "run"
     proc = mb.train(2, GCN, cora_parts(2), run, "--set", "train.epochs=5", "--set", "train.eval_every=0",
-                    "--set", "train.debug_kill=[1, 3, 0]", timeout=120)
+                    timeout=120, env=debug_env(kill=[1, 3, 0]))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hpcgnn:")]
     assert lines and lines[0].startswith("hpcgnn: error: rank 1 was killed by SIGKILL"), proc.stderr
@@ -248,7 +248,8 @@ import numpy as np
 from mpi4py import MPI
 from hpcgnn.errors import InputError
 from hpcgnn.run.config import load_config
-from hpcgnn.run.output import RunOutput, read_run
+from hpcgnn.run.output import RunOutput
+from hpcgnn.run.runfile import read_run
 from hpcgnn.runtime import Runtime
 
 mnt, free_kib = sys.argv[1], int(sys.argv[2])

@@ -11,7 +11,9 @@ import pytest
 from hpcgnn.errors import InputError
 from hpcgnn.run.checkpoint import checkpoint_path, write_checkpoint_file
 from hpcgnn.run.config import load_config
-from hpcgnn.run.output import SAFE_ON_RESUME, RunOutput, config_changes, read_run
+from hpcgnn.run.output import RunOutput
+from hpcgnn.run.resume import SAFE_ON_RESUME, config_changes
+from hpcgnn.run.runfile import read_run
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +213,7 @@ def test_every_setting_resume_accepts_is_in_the_docs_table():
     table, and no row names a key it refuses."""
     import re
 
-    from hpcgnn.run.output import safe_on_resume
+    from hpcgnn.run.resume import safe_on_resume
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "runs.md").read_text()
     table = text[text.index("| setting | why it is safe |"):]

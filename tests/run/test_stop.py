@@ -1,8 +1,8 @@
 """Stopping on a batch system's signal (hpcgnn.run.stop, ``train.stop_signals``) under real
 mpiexec: the epoch in progress ends, is checkpointed, every rank exits 75 and ``run.h5`` says
 ``stopped``; ``--resume`` then reaches exactly what an uninterrupted run reaches. The signals are
-real ones, sent by a rank to itself at a chosen step (``train.debug_kill = [rank, epoch, step,
-name]``) or by the test to ``mpiexec``, which forwards them to every rank as ``srun`` does.
+real ones, sent by a rank to itself at a chosen step (the debug hooks' ``kill = [rank, epoch, step,
+name]``, tests/debug_hooks.py) or by the test to ``mpiexec``, which forwards them to every rank as ``srun`` does.
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from mpiutil import MPIEXEC, ROOT, clean_env, python, run_jobs, run_mpi, train_job
+from mpiutil import MPIEXEC, ROOT, clean_env, debug_env, python, run_jobs, run_mpi, train_job
 
 from hpcgnn.commands.report import format_table, summarise
 from hpcgnn.run.checkpoint import list_checkpoints
-from hpcgnn.run.output import read_run
+from hpcgnn.run.runfile import read_run
 from hpcgnn.run.stop import EXIT_STOPPED, StopRequest, describe_ranks
 
 EPOCHS = 6
@@ -52,8 +52,8 @@ def test_a_stop_signal_ends_the_epoch_with_a_checkpoint_and_resume_is_exact(cora
     for engine, (config, _) in CONFIGS.items():
         cfg = ROOT / "inputs" / config
         jobs += [train_job(cfg, tmp_path / f"{engine}-ref", *_sets(engine, parts)),
-                 train_job(cfg, tmp_path / f"{engine}-stop", *_sets(engine, parts, "train.debug_kill=[1, 3, 0, 'SIGUSR1']"),
-                           expect=EXIT_STOPPED)]
+                 train_job(cfg, tmp_path / f"{engine}-stop", *_sets(engine, parts),
+                           env=debug_env(kill=[1, 3, 0, "SIGUSR1"]), expect=EXIT_STOPPED)]
     proc = run_jobs(2, jobs, tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -93,7 +93,7 @@ def test_a_signal_in_the_last_epoch_finishes_the_run_and_no_stop_signals_keep_th
     the job fails, and the run file keeps ``running`` (ended from outside)."""
     parts = cora_parts(2)
     cfg = ROOT / "inputs" / "cora-gcn-fullgraph.toml"
-    last = train_job(cfg, tmp_path / "last", *_sets("fullgraph", parts, f"train.debug_kill=[0, {EPOCHS}, 0, 'SIGTERM']"))
+    last = train_job(cfg, tmp_path / "last", *_sets("fullgraph", parts), env=debug_env(kill=[0, EPOCHS, 0, "SIGTERM"]))
     proc = run_jobs(2, [last], tmp_path, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = read_run(tmp_path / "last")
@@ -102,8 +102,8 @@ def test_a_signal_in_the_last_epoch_finishes_the_run_and_no_stop_signals_keep_th
 
     args = ["-m", "hpcgnn", "train", "--config", cfg, "--force", "--set", "train.stop_signals=[]",
             "--set", f"output.dir={tmp_path / 'plain'}",
-            *[a for s in _sets("fullgraph", parts, "train.debug_kill=[1, 2, 0, 'SIGTERM']") for a in ("--set", s)]]
-    proc = run_mpi(2, args, timeout=200)
+            *[a for s in _sets("fullgraph", parts) for a in ("--set", s)]]
+    proc = run_mpi(2, args, timeout=200, env=debug_env(kill=[1, 2, 0, "SIGTERM"]))
     assert proc.returncode not in (0, EXIT_STOPPED), (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "hpcgnn: error: rank 1 was killed by SIGTERM" in proc.stderr, proc.stderr[-2000:]
     assert read_run(tmp_path / "plain")["attrs"]["status"] == "running"
@@ -193,13 +193,18 @@ def test_stop_signals_and_debug_signals_are_validated():
     for bad, words in [("train.stop_signals=['SIGKILL']", "train.stop_signals = ['SIGKILL'], expected a list of "
                         "distinct signal names from SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP"),
                        ("train.stop_signals=['SIGTERM', 'SIGTERM']", "distinct"),
-                       ("train.stop_signals='SIGTERM'", "has type str, expected list"),
-                       ("train.debug_kill=[1, 2, 3, 'NOPE']", "train.debug_kill = [1, 2, 3, 'NOPE']"),
-                       ("train.debug_kill=[1, 2, 'SIGTERM']", "optionally with a signal name")]:
+                       ("train.stop_signals='SIGTERM'", "has type str, expected list")]:
         with pytest.raises(InputError) as exc:
             load_config(None, ["data.partitions=x", bad])
         assert words in str(exc.value), str(exc.value)
-    assert load_config(None, ["data.partitions=x", "train.debug_kill=[1, 2, 3, 'SIGUSR2']"]).train.debug_kill[3] == "SIGUSR2"
+    import debug_hooks   # tests/debug_hooks.py: the debug hooks' signals
+
+    for bad, words in [('{"kill": [1, 2, 3, "NOPE"]}', "kill = [1, 2, 3, 'NOPE']"),
+                       ('{"kill": [1, 2, "SIGTERM"]}', "optionally with a signal name")]:
+        with pytest.raises(InputError) as exc:
+            debug_hooks.parse(bad)
+        assert words in str(exc.value), str(exc.value)
+    assert debug_hooks.parse('{"kill": [1, 2, 3, "SIGUSR2"]}') == ([1, 2, 3, "SIGUSR2"], False)
 
 
 def test_the_handler_records_the_first_signal_and_restore_puts_the_old_one_back():

@@ -3,7 +3,7 @@ launcher, and a fresh world's environment (Open MPI in a GPU container: as root 
 ssh, as seen on the lent H200 machine)."""
 import shutil
 
-from hpcgnn import runtime
+from hpcgnn.runtime import child as runtime
 
 
 def test_a_child_world_drops_the_surrounding_jobs_variables(monkeypatch):

@@ -12,9 +12,11 @@ import os
 
 import numpy as np
 import pytest
-from mpiutil import run_mpi
+from mpiutil import ROOT, run_mpi
 
 from hpcgnn.demos.hello import parse
+
+EXCHANGE = ROOT / "tests" / "demos" / "exchange.py"
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -38,7 +40,7 @@ def _auto_on_cpu() -> str:
 @pytest.mark.parametrize("ranks,threads_env", [(2, "3"), (4, None)])
 def test_exchanges_match_reference(tmp_path, ranks, threads_env, backend):
     env = {"HPCGNN_THREADS": threads_env} if threads_env else {}
-    proc = run_mpi(ranks, ["-m", "hpcgnn.demos.exchange", "--seed", "7", "--backend", backend,
+    proc = run_mpi(ranks, [EXCHANGE, "--seed", "7", "--backend", backend,
                            "--out", tmp_path], timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -101,7 +103,7 @@ def test_backends_that_cannot_run_here_are_one_line(backend):
         pytest.skip("a GPU with NCCL is here: nccl runs")
     if backend == "ccl" and ccl_available():
         pytest.skip("oneccl_bindings_for_pytorch imports here: ccl runs")
-    proc = run_mpi(2, ["-m", "hpcgnn.demos.exchange", "--backend", backend], timeout=120)
+    proc = run_mpi(2, [EXCHANGE, "--backend", backend], timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"hpcgnn: error: --backend {backend}: runtime.backend = "

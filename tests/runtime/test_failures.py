@@ -1,6 +1,6 @@
 """The failure policy under real mpiexec: no failure on one rank may leave the others waiting.
 
-Each test runs hpcgnn.demos.fail, where one rank fails while the others wait in
+Each test runs tests/demos/fail.py, where one rank fails while the others wait in
 MPI_Barrier, and measures how long the job takes to end after the failure (the
 failing rank prints the Unix time just before it fails).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import time
 
-from mpiutil import run_mpi
+from mpiutil import ROOT, run_mpi
 
-FAIL = ["-m", "hpcgnn.demos.fail"]
+FAIL = [ROOT / "tests" / "demos" / "fail.py"]
 
 
 def failed_at(stdout: str, rank: int, mode: str) -> float:

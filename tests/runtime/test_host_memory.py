@@ -53,7 +53,7 @@ def test_training_with_retained_memory_gives_the_same_losses(cora_parts, tmp_pat
     import mb_support as mb
     from mpiutil import ROOT
 
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     losses = {}
     for mode in ("release", "retain"):

@@ -46,7 +46,7 @@ def test_launcher_mismatch_stops_with_one_line_and_exit_2(var):
 
 
 def test_launcher_size_prefers_the_mpi_launcher_over_the_allocation(monkeypatch):
-    from hpcgnn.runtime import _launcher_size
+    from hpcgnn.runtime.process import _launcher_size
 
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
@@ -61,7 +61,7 @@ def test_launcher_size_prefers_the_mpi_launcher_over_the_allocation(monkeypatch)
 
 def test_bad_thread_override_is_an_input_error(monkeypatch):
     from hpcgnn.errors import InputError
-    from hpcgnn.runtime import _env_int
+    from hpcgnn.runtime.process import _env_int
 
     monkeypatch.setenv("HPCGNN_THREADS", "two")
     with pytest.raises(InputError, match="HPCGNN_THREADS='two'"):

@@ -20,7 +20,7 @@ from hpcgnn.data.graph import write_graph  # noqa: E402
 from hpcgnn.errors import InputError  # noqa: E402
 from hpcgnn.partition.store import read_meta  # noqa: E402
 from hpcgnn.run.config import load_config  # noqa: E402
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = """
 [model]

@@ -1,7 +1,7 @@
 """NeighborSampler against a plain-Python reference and its contracts.
 
-Throughput (not asserted): ``.venv/bin/python -c "from hpcgnn.sampling.neighbor import
-benchmark; print(benchmark())"`` (1M vertices, ~20M edges, fanouts 5,10,15, batch 1000).
+Throughput (not asserted): ``.venv/bin/python -m benchmarks.kernels sampler`` (1M vertices,
+~20M edges, fanouts 5,10,15, batch 1000).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from sampling_reference import sample_reference  # noqa: E402
 
 from hpcgnn.errors import InputError  # noqa: E402
 from hpcgnn.native import sampler as native_sampler  # noqa: E402
-from hpcgnn.sampling.neighbor import (NeighborSampler, SampledBatch, full_neighbor_blocks,  # noqa: E402
-                                      random_csr)
+from benchmarks.kernels import random_csr  # noqa: E402
+from hpcgnn.sampling.neighbor import NeighborSampler, SampledBatch, full_neighbor_blocks  # noqa: E402
 
 
 def small_partition(num_solid=60, num_halo=20, seed=3):
@@ -61,11 +61,16 @@ def as_lists(batch: SampledBatch):
     return fr, bl
 
 
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("fanouts", [[3, 5], [2, 4, 6], [-1, 4], [1, -1, 2], [100, 70]])
-def test_matches_python_reference(fanouts):
+def test_matches_python_reference(fanouts, index_dtype):
+    """Also over int32 source ids (the minibatch engine's, when every local id fits): the same
+    draws, the CSR used in place."""
     for graph in (small_partition(), hub_partition()):
         indptr, indices, ns, nl = graph
+        indices = indices.astype(index_dtype)
         sampler = NeighborSampler(indptr, indices, ns, fanouts, seed=42, num_local=nl)
+        assert sampler._indices is indices
         for epoch, step, seeds in [(0, 0, [1, 5, 7, 0]), (3, 17, [9, 2, 30, 1]), (1, 2, [0])]:
             got = as_lists(sampler.sample(torch.tensor(seeds), epoch=epoch, step=step))
             ref = sample_reference(indptr, indices, ns, fanouts, 42, epoch, step, seeds)
@@ -82,6 +87,8 @@ def test_matches_python_reference_on_parallel_paths():
         native_sampler.set_threads(2)
         sampler = NeighborSampler(indptr, indices, 3_000, [8, 12], seed=5, num_local=3_300)
         got = as_lists(sampler.sample(seeds, epoch=4, step=1))
+        narrow = NeighborSampler(indptr, indices.astype(np.int32), 3_000, [8, 12], seed=5, num_local=3_300)
+        assert as_lists(narrow.sample(seeds, epoch=4, step=1)) == got
     finally:
         native_sampler.set_threads(before)
     assert len(got[1][0][1]) > 15_000
@@ -303,3 +310,14 @@ def test_halo_last_refuses_halo_seeds_and_edges_into_halo():
     assert (expanded > 7).any()
     with pytest.raises(ValueError, match="edges into halo destinations"):
         batch.halo_last(8)          # calls vertices >= 8 halo, though some were expanded
+
+
+def test_sample_hop_draws_what_a_one_hop_sampler_of_that_seed_draws():
+    """``sample_hop(seeds, f, seed, epoch, step)`` (one sampler shared by every hop of the exact
+    fetch) equals ``NeighborSampler(..., [f], seed=seed).sample(seeds, epoch, step)``."""
+    indptr, indices, ns, nl = hub_partition()
+    shared = NeighborSampler(indptr, indices, ns, [2, 2], seed=1, num_local=nl)
+    for f, seed, epoch, step in [(3, 11, 0, 0), (-1, 5, 2, 9), (1, 99, -1, 0)]:
+        own = NeighborSampler(indptr, indices, ns, [f], seed=seed, num_local=nl)
+        seeds = torch.tensor([0, 3, 1])
+        assert as_lists(shared.sample_hop(seeds, f, seed, epoch, step)) == as_lists(own.sample(seeds, epoch, step))

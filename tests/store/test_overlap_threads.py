@@ -166,7 +166,7 @@ device_memory = 0
 def test_team_sizes_are_recorded_and_do_not_change_the_loss(tmp_path):
     from hpcgnn.cli import main
     from hpcgnn.data.graph import write_graph
-    from hpcgnn.run.output import read_run
+    from hpcgnn.run.runfile import read_run
 
     write_graph(tmp_path / "g.h5", toy_graph(600, 6.0, num_features=24, num_classes=4, seed=3))
     assert main(["partition", str(tmp_path / "g.h5"), "--parts", "2", "--out", str(tmp_path / "p"),

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from mpiutil import ROOT, run_mpi  # noqa: E402
 
-from hpcgnn.run.output import read_run  # noqa: E402
+from hpcgnn.run.runfile import read_run  # noqa: E402
 
 CONFIG = ROOT / "inputs" / "cora-sage.toml"
 DRIVER = Path(__file__).parent / "store_engines_driver.py"

@@ -63,7 +63,7 @@ SPEC = EngineSpec(
     section="fullgraph",
     keys=KEYS,
     factory="hpcgnn.engine.fullgraph:make_engine",
-    memory_terms="hpcgnn.engine.estimate:fullgraph_terms",
+    memory_terms="hpcgnn.engine.memory_fullgraph:fullgraph_terms",
     validate=validate,
     # the halo cache is soft state (never checkpointed): a resumed run may change it; so may
     # the halo rows' wire format (the checkpoint holds no halo rows)

@@ -19,9 +19,9 @@ KEYS = {
                 "'sampled' (the training fanouts, validation and test vertices; train accuracy is that "
                 "of the epoch's training minibatches, dropout on)",
                 choices=("full", "sampled")),
-    "eval_batch_size": Key(int, 0, "sampled evaluation: seed vertices per rank per batch (0 = 10 x "
-                           "batch_size; no activations are kept for backward); the predictions do not "
-                           "depend on it", nonneg, ">= 0"),
+    "eval_batch_size": Key(int, 0, "sampled evaluation: seed vertices per rank per batch (0 = "
+                           "batch_size: a batch's fetched input rows grow with it, three hops out); "
+                           "the predictions do not depend on it", nonneg, ">= 0"),
     "eval_rows": Key(int, 0, "full evaluation: destination rows per chunk (0 = as many as keep "
                      "one chunk's temporaries within 256 MiB)", nonneg, ">= 0"),
     "eval_halo_rounds": Key(int, 0, "full evaluation: halo exchanges per layer, each with a part of "
@@ -57,7 +57,7 @@ SPEC = EngineSpec(
     section="minibatch",
     keys=KEYS,
     factory="hpcgnn.engine.minibatch:make_engine",
-    memory_terms="hpcgnn.engine.estimate:minibatch_terms",
+    memory_terms="hpcgnn.engine.memory_minibatch:minibatch_terms",
     validate=validate,
     safe_on_resume=("minibatch.eval", "minibatch.eval_batch_size", "minibatch.eval_rows", "minibatch.eval_halo_rounds",
                     # the store changes where rows live, never their values (docs/store.md)

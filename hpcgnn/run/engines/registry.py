@@ -30,8 +30,9 @@ class EngineSpec:
     keys            section key -> :class:`~hpcgnn.run.config.Key`
     factory         ``"module:function"``: ``function(cfg, rt, out, hooks) ->``
                     :class:`~hpcgnn.engine.loop.Engine` (collective)
-    memory_terms    ``"module:function"``: ``function(cfg, meta, shapes, est)`` adds the
-                    engine's named byte terms to a :class:`~hpcgnn.engine.estimate.MemoryEstimate`
+    memory_terms    ``"module:function"``: ``function(cfg, meta, shapes, est, device,
+                    store_available)`` adds the engine's coarse named byte terms (host and
+                    device, on ``device``) to a :class:`~hpcgnn.engine.estimate.MemoryEstimate`
     validate        ``validate(cfg, label)`` raises InputError on a bad combination of keys
                     (called for the configured engine only)
     safe_on_resume  dotted keys of the section that ``--resume`` may change

@@ -98,7 +98,7 @@ SPEC = EngineSpec(
     section="tensor",
     keys=KEYS,
     factory="hpcgnn.engine.tensor:make_engine",
-    memory_terms="hpcgnn.engine.estimate:tensor_terms",
+    memory_terms="hpcgnn.engine.memory_tensor:tensor_terms",
     validate=validate,
     safe_on_resume=("tensor.pipeline", "tensor.staged"),
 )
