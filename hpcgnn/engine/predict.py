@@ -56,27 +56,36 @@ class _InferOutput:
         self.attrs.update(values)
 
 
-def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Collective (minibatch / fullgraph checkpoints): (store ids [n_solid], output rows
-    [n_solid, width]) of this rank's partition of ``cfg.data.partitions`` after ``layer`` layers
-    (:func:`hpcgnn.engine.inference.partition_inference`, the minibatch engine's evaluation)."""
+def _partition_and_model(cfg, rt, meta, model_state: dict, ckpt: Path, local_dtype: str):
+    """Collective: this rank's partition (source ids local, ``local_dtype`` as
+    :func:`~hpcgnn.partition.store.load_partition` takes it), the device and the run's model with
+    the checkpoint's parameters; an InputError on any rank ends every rank with its line."""
     from hpcgnn.engine.device import resolve_device
     from hpcgnn.engine.model import build_model_from_config
-    from hpcgnn.engine.inference import partition_inference
     from hpcgnn.partition.store import load_partition
     from hpcgnn.run.checkpoint import load_model_state
-    from hpcgnn.store.host import HostFeatureStore
 
     error, part, model, device = None, None, None, None
     try:
         part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify,
-                              features=cfg.store.features, indices="local")
+                              features=cfg.store.features, indices="local", local_dtype=local_dtype)
         device = resolve_device(cfg, rt)
         model = build_model_from_config(cfg, int(meta.num_features), int(meta.num_classes), None, device)
         load_model_state(model, model_state, ckpt, cfg)
     except InputError as exc:
         error = str(exc)
     rt.agree(error)
+    return part, model, device
+
+
+def gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, layer: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Collective (minibatch / fullgraph checkpoints): (store ids [n_solid], output rows
+    [n_solid, width]) of this rank's partition of ``cfg.data.partitions`` after ``layer`` layers
+    (:func:`hpcgnn.engine.inference.partition_inference`, the minibatch engine's evaluation)."""
+    from hpcgnn.engine.inference import partition_inference
+    from hpcgnn.store.host import HostFeatureStore
+
+    part, model, device = _partition_and_model(cfg, rt, meta, model_state, ckpt, "int64")
     mb = cfg.minibatch
     features = HostFeatureStore(part.features).full_rows()
     from hpcgnn.comm.data_plane import make_communicator
@@ -98,23 +107,9 @@ def sampled_gnn_rows(cfg, rt, meta, model_state: dict, ckpt: Path, fanouts: list
     batch: no [num_solid, width] layer output."""
     from hpcgnn.comm.data_plane import make_communicator
     from hpcgnn.comm.exact_fetch import ExactFetch
-    from hpcgnn.engine.device import resolve_device
     from hpcgnn.engine.inference import sampled_inference
-    from hpcgnn.engine.model import build_model_from_config
-    from hpcgnn.partition.store import load_partition
-    from hpcgnn.run.checkpoint import load_model_state
 
-    error, part, model, device = None, None, None, None
-    try:
-        part = load_partition(cfg.data.partitions, rt.rank, meta, verify=cfg.data.verify,
-                              features=cfg.store.features, indices="local",
-                              local_dtype="auto")
-        device = resolve_device(cfg, rt)
-        model = build_model_from_config(cfg, int(meta.num_features), int(meta.num_classes), None, device)
-        load_model_state(model, model_state, ckpt, cfg)
-    except InputError as exc:
-        error = str(exc)
-    rt.agree(error)
+    part, model, device = _partition_and_model(cfg, rt, meta, model_state, ckpt, "auto")
     model.eval()
     mask = np.ones(part.num_solid, dtype=bool) if vertices == "all" else getattr(part, f"{vertices}_mask")
     local = np.flatnonzero(mask).astype(np.int64)
